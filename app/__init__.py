@@ -1,0 +1,1 @@
+"""attnscope's web side: settings, schemas, routes and the app factory."""

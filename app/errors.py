@@ -1,0 +1,65 @@
+"""Map engine errors and validation failures to JSON errors a person can read."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from model.errors import AttentionUnavailable, BadInput, EngineError, ModelLoadError, RunNotFound, UnknownModel
+
+log = logging.getLogger(__name__)
+
+STATUS: dict[type[EngineError], int] = {
+    UnknownModel: 404,
+    RunNotFound: 404,
+    BadInput: 422,
+    AttentionUnavailable: 422,
+    ModelLoadError: 503,
+}
+
+
+class Busy(Exception):
+    """Too many requests are already waiting for this model."""
+
+    def __init__(self, model: str, retry_after: int = 1) -> None:
+        self.retry_after = retry_after
+        super().__init__(f"model {model!r} is busy: too many requests are waiting; retry in {retry_after} s")
+
+
+def error_body(detail: object, message: str) -> dict[str, object]:
+    return {"detail": detail, "message": message}
+
+
+def _describe(error: dict[str, object]) -> str:
+    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
+    msg = str(error.get("msg", "invalid"))
+    return f"{where}: {msg.removeprefix('Value error, ')}"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(EngineError)
+    async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
+        status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 400)
+        return JSONResponse(error_body(str(exc), str(exc)), status_code=status)
+
+    @app.exception_handler(Busy)
+    async def busy(_request: Request, exc: Busy) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), str(exc)), status_code=503,
+                            headers={"Retry-After": str(exc.retry_after)})
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [
+            {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
+        ]
+        message = "; ".join(_describe(e) for e in errors) or "invalid request"
+        return JSONResponse(error_body(errors, message), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(exc.detail, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))

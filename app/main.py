@@ -1,0 +1,61 @@
+"""Build the FastAPI app. The models load in the lifespan, never at import."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.staticfiles import StaticFiles
+
+from app import errors
+from app.gate import Gate
+from app.middleware import BodyLimit, SecurityHeaders
+from app.routes import generate, models, pages, runs
+from app.settings import Settings
+from model.cache import RunStore
+from model.engine import Engine
+from model.loading import load_model
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).resolve().parents[1] / "static"
+
+DESCRIPTION = """Look inside a decoder-only transformer. `POST /api/runs` runs the model once over
+a prompt and keeps every activation server-side under a run id; the other endpoints hand
+out slices of that run (attention per head or layer, the residual stream, the logit lens).
+Activations are named after TransformerLens (`blocks.{i}.attn.hook_pattern`, ...)."""
+
+
+def build_engine(settings: Settings) -> Engine:
+    loaded = {name: load_model(name, source) for name, source in settings.models.items()}
+    return Engine(loaded, settings.default_model, RunStore(settings.cache_bytes), settings.max_tokens)
+
+
+def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.engine = engine or build_engine(settings)
+        yield
+        app.state.engine = None
+
+    app = FastAPI(title="attnscope", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
+    app.state.settings = settings
+    app.state.gate = Gate(settings.queue_length)
+    errors.install(app)
+    app.include_router(models.router)
+    app.include_router(runs.router)
+    app.include_router(generate.router)
+    app.include_router(pages.router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+                           allow_headers=["content-type"])
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)
+    return app

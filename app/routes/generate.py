@@ -1,0 +1,72 @@
+"""Serial generation streamed as Server-Sent Events."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from app.deps import EngineDep, GateDep
+from app.schemas import ErrorOut, GenerateRequest
+from model.errors import BadInput
+from model.generation import GenerationSession, SamplingParams
+from model.tokens import ids_tensor
+
+log = logging.getLogger(__name__)
+router = APIRouter(prefix="/api", tags=["generate"])
+
+SSE_DOC = """Server-Sent Events. One `token` event per new token:
+`{"step", "id", "token", "prob", "top": [{"id", "token", "prob"}], "ms"}` (`prob` is the chosen
+token's probability under the sampling distribution, `top` the model's own top-5 at
+temperature 1, `ms` the step's time: one forward over the newest token with the KV cache,
+the first step being the prefill over the whole prompt). A final `done` event:
+`{"text", "n_new", "stop", "total_ms"}`. Generation stops when the client disconnects."""
+
+
+def sse(event: str, data: dict[str, object]) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+@router.post("/generate", responses={200: {"content": {"text/event-stream": {}}, "description": SSE_DOC},
+                                     404: {"model": ErrorOut}, 422: {"model": ErrorOut}},
+             summary="Generate token by token with the KV cache (SSE)", description=SSE_DOC)
+def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: GateDep) -> StreamingResponse:
+    lm = engine.model(body.model)
+    tokens = engine.tokenize(lm, body.text)
+    limit = engine.token_limit(lm)
+    if len(tokens) + body.max_new_tokens > limit:
+        raise BadInput(f"prompt ({len(tokens)} tokens) + max_new_tokens ({body.max_new_tokens}) "
+                       f"exceeds this model's limit of {limit} tokens")
+    if not lm.info.has_lm_head:
+        raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it cannot generate")
+    params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
+                            top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+    session = GenerationSession(lm, ids_tensor(tokens), params)
+    request.state.generation = session  # tests and logs can see how far it went
+
+    async def events() -> AsyncIterator[str]:
+        start = time.perf_counter()
+        stop = "length"
+        with gate.enter(lm.info.name):
+            while not session.done:
+                if await request.is_disconnected():
+                    stop = "disconnected"
+                    log.info("generation stopped: client went away after %d tokens", session.steps)
+                    return
+                step = await run_in_threadpool(session.step)
+                yield sse("token", {"step": step.index, "id": step.id, "token": step.token, "prob": step.prob,
+                                    "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top],
+                                    "ms": step.ms})
+            if session.eos is not None and int(session.ids[-1]) == session.eos:
+                stop = "eos"
+        new_ids = session.ids[len(tokens):].tolist()
+        yield sse("done", {"text": lm.tokenizer.decode(new_ids), "n_new": len(new_ids), "stop": stop,
+                           "total_ms": 1e3 * (time.perf_counter() - start)})
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

@@ -1,0 +1,49 @@
+"""The browser app's page, API docs page, and plotly.js from the installed package."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.templating import Jinja2Templates
+
+ROOT = Path(__file__).resolve().parents[2]
+templates = Jinja2Templates(directory=str(ROOT / "templates"))
+router = APIRouter(include_in_schema=False)
+
+
+def plotly_js_path() -> Path:
+    import plotly
+
+    return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+def swagger_dir() -> Path:
+    import swagger_ui_bundle
+
+    return Path(swagger_ui_bundle.swagger_ui_path)
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(request: Request) -> HTMLResponse:
+    return templates.TemplateResponse(request, "index.html", {})
+
+
+@router.get("/docs", response_class=HTMLResponse)
+def docs(request: Request) -> HTMLResponse:
+    return templates.TemplateResponse(request, "docs.html", {})
+
+
+@router.get("/vendor/plotly.min.js")
+def plotly_js() -> FileResponse:
+    return FileResponse(plotly_js_path(), media_type="text/javascript",
+                        headers={"Cache-Control": "public, max-age=86400"})
+
+
+@router.get("/vendor/swagger/{name}")
+def swagger_asset(name: str) -> FileResponse:
+    allowed = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css"}
+    if name not in allowed:
+        raise HTTPException(404, f"no such asset {name!r}")
+    return FileResponse(swagger_dir() / name, media_type=allowed[name])

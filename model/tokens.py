@@ -1,0 +1,52 @@
+"""Text -> tokens with character offsets and display strings people can read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+# BPE / SentencePiece / WordPiece markers, as the raw vocabulary spells them
+_MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}
+
+
+@dataclass(frozen=True)
+class Token:
+    index: int
+    id: int
+    text: str  # what a person sees: markers cleaned, whole characters
+    start: int  # character offsets into the prompt; start == end for special tokens
+    end: int
+
+
+def display(raw: str) -> str:
+    if raw.startswith("##"):
+        return raw[2:]
+    return "".join(_MARKERS.get(ch, ch) for ch in raw)
+
+
+def tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> list[Token]:
+    """Tokens of ``text`` as the model sees them (special tokens included).
+
+    The display string is the prompt's own slice when the token covers characters,
+    so that any Unicode round-trips; a byte-level token that holds only part of a
+    character (an emoji split in bytes) shares its character's span.
+    """
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    ids: list[int] = enc["input_ids"]
+    raws = tokenizer.convert_ids_to_tokens(ids)
+    tokens = []
+    for i, (tid, raw, (start, end)) in enumerate(zip(ids, raws, enc["offset_mapping"], strict=True)):
+        shown = text[start:end] if end > start else display(raw)
+        tokens.append(Token(index=i, id=int(tid), text=shown, start=int(start), end=int(end)))
+    return tokens
+
+
+def token_strings(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
+    """Display strings for vocabulary ids out of context (predictions, logit lens)."""
+    return [tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in ids]
+
+
+def ids_tensor(tokens: list[Token]) -> torch.Tensor:
+    return torch.tensor([t.id for t in tokens], dtype=torch.long)  # (n,)

@@ -1,0 +1,174 @@
+"""Train the bundled decoder: a byte-level BPE tokenizer and a small GPT-2, on CPU.
+
+A plain PyTorch loop in the spirit of nanoGPT's train.py: AdamW, linear warm-up then
+cosine decay, gradient clipping, a fixed seed, a held-out split and a progress bar.
+A share of the training sequences repeat a random segment of themselves, so that
+in-context copying (induction heads) has a reason to form at this small scale.
+
+Usage (after scripts/build_corpus.py)::
+
+    nohup python scripts/train_bundled.py --corpus data/corpus \
+        --out model/bundled/attnscope-tiny > train.log 2>&1 &
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tqdm import tqdm
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+log = logging.getLogger("train_bundled")
+EOS = "<|endoftext|>"
+
+
+def train_tokenizer(corpus: Path, vocab_size: int) -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train([str(corpus / "train.txt")], trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token=EOS, eos_token=EOS, unk_token=EOS, model_max_length=512
+    )
+
+
+def encode_docs(tokenizer: PreTrainedTokenizerFast, path: Path) -> torch.Tensor:
+    """The whole file as one stream of ids, documents separated by EOS."""
+    docs = path.read_text(encoding="utf-8").split("\n\n")
+    eos = tokenizer.convert_tokens_to_ids(EOS)
+    ids: list[int] = []
+    for start in range(0, len(docs), 4096):
+        for enc in tokenizer(docs[start : start + 4096])["input_ids"]:
+            ids.extend(enc)
+            ids.append(eos)
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def get_batch(
+    data: torch.Tensor, batch: int, seq: int, gen: torch.Generator, repeat_share: float
+) -> torch.Tensor:
+    """(batch, seq+1) windows; a share of rows copy a segment of themselves later on."""
+    starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=gen)
+    x = torch.stack([data[s : s + seq + 1] for s in starts])  # (B, T+1)
+    for row in range(batch):
+        if torch.rand((), generator=gen).item() < repeat_share:
+            length = int(torch.randint(16, seq // 4, (), generator=gen))
+            src = int(torch.randint(0, seq // 2 - length, (), generator=gen))
+            dst = int(torch.randint(src + length, seq + 1 - length, (), generator=gen))
+            x[row, dst : dst + length] = x[row, src : src + length].clone()
+    return x
+
+
+@torch.no_grad()
+def evaluate(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, n_batches: int = 8) -> float:
+    model.eval()
+    gen = torch.Generator().manual_seed(1234)
+    losses = []
+    for _ in range(n_batches):
+        x = get_batch(data, 8, seq, gen, repeat_share=0.0)
+        losses.append(model(x[:, :-1], labels=x[:, :-1]).loss.item())
+    model.train()
+    return sum(losses) / len(losses)
+
+
+def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, max_steps - warmup)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--out", type=Path, default=Path("model/bundled/attnscope-tiny"))
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--d-model", type=int, default=256)
+    p.add_argument("--positions", type=int, default=512)
+    p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=1800)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--repeat-share", type=float, default=0.15)
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+
+    torch.manual_seed(args.seed)
+    random.seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.time()
+    tokenizer = train_tokenizer(args.corpus, args.vocab)
+    tokenizer.save_pretrained(args.out)
+    train = encode_docs(tokenizer, args.corpus / "train.txt")
+    held = encode_docs(tokenizer, args.corpus / "heldout.txt")
+    log.info("tokenizer: %d tokens, train %d tokens, held-out %d tokens (%.0fs)",
+             len(tokenizer), len(train), len(held), time.time() - t0)
+
+    config = GPT2Config(
+        vocab_size=len(tokenizer), n_positions=args.positions, n_embd=args.d_model,
+        n_layer=args.layers, n_head=args.heads, bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    model = GPT2LMHeadModel(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    log.info("model: %d parameters", n_params)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.95),
+    )
+    gen = torch.Generator().manual_seed(args.seed)
+    curve: list[dict[str, float]] = []
+    model.train()
+    start = time.time()
+    bar = tqdm(range(args.steps), mininterval=30, desc="train")
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.warmup, args.lr, args.lr / 10)
+        x = get_batch(train, args.batch, args.seq, gen, args.repeat_share)
+        loss = model(x[:, :-1], labels=x[:, :-1]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+            held_loss = evaluate(model, held, args.seq)
+            elapsed = time.time() - start
+            tokens = (step + 1) * args.batch * args.seq
+            curve.append({"step": step + 1, "tokens": tokens, "train_loss": loss.item(),
+                          "heldout_loss": held_loss, "seconds": elapsed})
+            log.info("step %d tokens %d train %.3f held-out %.3f (%.0f tok/s)",
+                     step + 1, tokens, loss.item(), held_loss, tokens / elapsed)
+            model.save_pretrained(args.out)
+            (args.out / "training.json").write_text(json.dumps({
+                "n_params": n_params, "train_tokens_in_corpus": len(train),
+                "heldout_tokens": len(held), "args": {k: str(v) for k, v in vars(args).items()},
+                "curve": curve}, indent=1))
+    log.info("done in %.0f s", time.time() - start)
+
+
+if __name__ == "__main__":
+    main()

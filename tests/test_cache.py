@@ -1,0 +1,58 @@
+"""The run store: LRU by bytes, expired runs say so, nothing leaks across runs."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from model.errors import RunNotFound
+from model.loading import LoadedModel
+from tests.conftest import make_engine
+
+
+def test_lru_evicts_oldest_and_says_expired(tiny_models: dict[str, LoadedModel]) -> None:
+    engine = make_engine({"m": tiny_models["gpt2"]}, "m", cache_bytes=1)
+    first = engine.analyse("one two three")
+    engine.run(first.run_id)
+    second = engine.analyse("four five six")
+    with pytest.raises(RunNotFound) as err:
+        engine.run(first.run_id)
+    assert err.value.expired and str(err.value) == "run expired, analyse again"
+    assert engine.run(second.run_id).text == "four five six"
+    assert engine.store.nbytes == engine.run(second.run_id).nbytes
+
+
+def test_lru_keeps_recently_used(tiny_models: dict[str, LoadedModel]) -> None:
+    engine = make_engine({"m": tiny_models["gpt2"]}, "m")
+    a = engine.analyse("alpha beta")  # every run below has the same size
+    size = engine.run(a.run_id).nbytes
+    engine.store.max_bytes = 2 * size + size // 2
+    b = engine.analyse("alpha beta")
+    engine.run(a.run_id)  # a is now the most recent
+    engine.analyse("alpha beta")
+    engine.run(a.run_id)
+    with pytest.raises(RunNotFound):
+        engine.run(b.run_id)
+
+
+def test_expired_run_is_404_over_http(tiny_models: dict[str, LoadedModel]) -> None:
+    engine = make_engine({"m": tiny_models["gpt2"]}, "m", cache_bytes=1)
+    with TestClient(create_app(Settings(models={}, default_model="m"), engine)) as client:
+        old = client.post("/api/runs", json={"text": "first prompt"}).json()["run_id"]
+        client.post("/api/runs", json={"text": "second prompt"})
+        r = client.get(f"/api/runs/{old}/residual")
+        assert r.status_code == 404 and r.json()["message"] == "run expired, analyse again"
+
+
+def test_cache_shapes_and_tl_names(tiny_models: dict[str, LoadedModel]) -> None:
+    engine = make_engine({"m": tiny_models["gpt2"]}, "m")
+    cache = engine.run(engine.analyse("a b c d e").run_id)
+    n = cache.n
+    assert cache["blocks.0.attn.hook_pattern"].shape == (4, n, n)
+    assert cache["blocks.1.hook_resid_pre"].shape == (n, 32)
+    assert (cache["blocks.0.hook_resid_post"] == cache["blocks.1.hook_resid_pre"]).all()
+    assert not cache.resid.requires_grad
+    with pytest.raises(KeyError):
+        cache["blocks.0.nonsense"]

@@ -1,0 +1,188 @@
+"""The captured activations are the model's own numbers (parity tests)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from model import analysis
+from model.cache import pack_pattern
+from model.hooks import hook_names, run_with_cache
+from model.loading import LoadedModel
+from model.tokens import ids_tensor, tokenize
+from tests.conftest import ARCHS
+
+TEXT = "The cat sat on the mat. The cat sat on the mat again, and the dog barked."
+
+
+def _hook_counts(lm: LoadedModel) -> list[int]:
+    """Hooks on every module (transformers keeps a few of its own permanently)."""
+    return [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in lm.model.modules()]
+
+
+def _ids(lm: LoadedModel, text: str = TEXT) -> torch.Tensor:
+    return ids_tensor(tokenize(lm.tokenizer, text))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_patterns_equal_output_attentions(tiny_models: dict[str, LoadedModel], arch: str) -> None:
+    lm = tiny_models[arch]
+    ids = _ids(lm)
+    acts = run_with_cache(lm, ids)
+    with torch.inference_mode():
+        ref = lm.model(input_ids=ids[None], output_attentions=True).attentions
+    assert len(ref) == lm.info.n_layers
+    for i, expected in enumerate(ref):
+        got = acts[f"blocks.{i}.attn.hook_pattern"]
+        assert got.shape == (lm.info.n_heads, len(ids), len(ids))
+        torch.testing.assert_close(got, expected[0], atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_hook_fires_and_hooks_are_removed(tiny_models: dict[str, LoadedModel], arch: str) -> None:
+    lm = tiny_models[arch]
+    before = _hook_counts(lm)
+    acts = run_with_cache(lm, _ids(lm))
+    assert set(hook_names(lm.info.n_layers)) | {"logits"} == set(acts)
+    assert _hook_counts(lm) == before
+
+
+def test_names_filter_keeps_only_what_was_asked(tiny_models: dict[str, LoadedModel]) -> None:
+    lm = tiny_models["gpt2"]
+    acts = run_with_cache(lm, _ids(lm), ["blocks.1.hook_resid_post"])
+    assert list(acts) == ["blocks.1.hook_resid_post"]
+
+
+def test_hooks_removed_when_forward_fails(tiny_models: dict[str, LoadedModel]) -> None:
+    lm = tiny_models["gpt2"]
+    before = _hook_counts(lm)
+    too_long = torch.zeros(lm.info.max_positions + 10, dtype=torch.long)
+    with pytest.raises((IndexError, RuntimeError)):
+        run_with_cache(lm, too_long)
+    assert _hook_counts(lm) == before
+
+
+def test_gpt2_pattern_recomputed_by_hand(tiny_models: dict[str, LoadedModel]) -> None:
+    lm = tiny_models["gpt2"]
+    ids = _ids(lm)
+    n, h, dh = len(ids), lm.info.n_heads, lm.info.d_head
+    acts = run_with_cache(lm, ids)
+    for i, block in enumerate(lm.blocks):
+        x = block.ln_1(acts[f"blocks.{i}.hook_resid_pre"])  # (n, d)
+        q, k, _v = block.attn.c_attn(x).split(lm.info.d_model, dim=-1)
+        q = q.view(n, h, dh).transpose(0, 1)  # (h, n, dh)
+        k = k.view(n, h, dh).transpose(0, 1)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(dh)  # (h, n, n)
+        mask = torch.ones(n, n, dtype=torch.bool).tril()
+        scores = scores.masked_fill(~mask, float("-inf"))
+        torch.testing.assert_close(acts[f"blocks.{i}.attn.hook_pattern"], scores.softmax(-1), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_rows_sum_to_one_and_future_is_exactly_zero(tiny_models: dict[str, LoadedModel], arch: str) -> None:
+    lm = tiny_models[arch]
+    ids = _ids(lm)
+    acts = run_with_cache(lm, ids)
+    future = ~torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    for i in range(lm.info.n_layers):
+        p = acts[f"blocks.{i}.attn.hook_pattern"]
+        torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:2]), atol=1e-5, rtol=0)
+        assert torch.all(p[:, future] == 0)
+        packed = pack_pattern(p, causal=True)
+        assert packed.shape == (lm.info.n_heads, len(ids) * (len(ids) + 1) // 2)
+
+
+def test_gpt2_embedding_is_wte_plus_wpe(tiny_models: dict[str, LoadedModel]) -> None:
+    lm = tiny_models["gpt2"]
+    ids = _ids(lm)
+    acts = run_with_cache(lm, ids)
+    tr = lm.model.transformer
+    expected = tr.wte.weight[ids] + tr.wpe.weight[torch.arange(len(ids))]
+    torch.testing.assert_close(acts["blocks.0.hook_resid_pre"], expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_resid_post_is_pre_plus_attn_plus_mlp(tiny_models: dict[str, LoadedModel], arch: str) -> None:
+    """Pre-norm blocks: x + attn(ln1 x) + mlp(ln2(x + attn)). Parallel blocks (GPT-NeoX):
+    x + attn(ln1 x) + mlp(ln2 x). Both give resid_post = resid_pre + attn_out + mlp_out."""
+    lm = tiny_models[arch]
+    acts = run_with_cache(lm, _ids(lm))
+    for i in range(lm.info.n_layers):
+        total = acts[f"blocks.{i}.hook_resid_pre"] + acts[f"blocks.{i}.hook_attn_out"] + acts[f"blocks.{i}.hook_mlp_out"]
+        torch.testing.assert_close(total, acts[f"blocks.{i}.hook_resid_post"], atol=1e-5, rtol=1e-5)
+        if i + 1 < lm.info.n_layers:
+            torch.testing.assert_close(acts[f"blocks.{i}.hook_resid_post"], acts[f"blocks.{i + 1}.hook_resid_pre"])
+
+
+def test_neox_parallel_residual_reads_the_same_input(tiny_models: dict[str, LoadedModel]) -> None:
+    """In a parallel block the MLP reads ln2(resid_pre), not the attention's output."""
+    lm = tiny_models["gpt_neox"]
+    assert lm.spec.residual == "parallel"
+    acts = run_with_cache(lm, _ids(lm))
+    block = lm.blocks[0]
+    with torch.inference_mode():
+        mlp = block.mlp(block.post_attention_layernorm(acts["blocks.0.hook_resid_pre"]))
+    torch.testing.assert_close(mlp, acts["blocks.0.hook_mlp_out"], atol=1e-6, rtol=0)
+
+
+def test_encoder_post_norm_identity(encoder: LoadedModel) -> None:
+    """BERT is post-norm: resid_post = LN2(h + mlp_out) with h = LN1(resid_pre + attn_out)."""
+    ids = _ids(encoder, "dog bites man")
+    acts = run_with_cache(encoder, ids)
+    assert encoder.spec.residual == "post_norm" and not encoder.info.causal
+    for i, layer in enumerate(encoder.blocks):
+        with torch.inference_mode():
+            h = layer.attention.output.LayerNorm(acts[f"blocks.{i}.hook_resid_pre"] + acts[f"blocks.{i}.hook_attn_out"])
+            post = layer.output.LayerNorm(h + acts[f"blocks.{i}.hook_mlp_out"])
+        torch.testing.assert_close(post, acts[f"blocks.{i}.hook_resid_post"], atol=1e-5, rtol=1e-5)
+    p = acts["blocks.0.attn.hook_pattern"]
+    assert (p[:, 0, -1] > 0).all()  # an encoder's first token sees the last one
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logit_lens_last_layer_equals_logits(tiny_models: dict[str, LoadedModel], arch: str) -> None:
+    lm = tiny_models[arch]
+    ids = _ids(lm)
+    acts = run_with_cache(lm, ids)
+    last = acts[f"blocks.{lm.info.n_layers - 1}.hook_resid_post"][None]  # (1, n, d)
+    probs, top = analysis.logit_lens(last, lm.final_norm, lm.unembed, k=5)
+    ref = acts["logits"].softmax(-1).topk(5)
+    torch.testing.assert_close(probs[0], ref.values, atol=1e-5, rtol=0)
+    assert torch.equal(top[0], ref.indices)
+
+
+def test_head_scores_on_a_known_pattern() -> None:
+    n = 6
+    prev = torch.zeros(n, n)
+    prev[0, 0] = 1
+    for i in range(1, n):
+        prev[i, i - 1] = 1
+    sink = torch.zeros(n, n)
+    sink[:, 0] = 1
+    ids = torch.tensor([5, 6, 7, 5, 6, 7])  # query 3 (5) -> key 1, query 4 (6) -> key 2, 5 -> 3
+    induct = torch.zeros(n, n)
+    induct[:3, 0] = 1
+    induct[3, 1] = induct[4, 2] = induct[5, 3] = 1
+    scores = analysis.head_scores(0, torch.stack([prev, sink, induct]), ids)
+    assert scores[0].prev_token == pytest.approx(1.0) and scores[0].first_token == pytest.approx(0.2)
+    assert scores[1].first_token == pytest.approx(1.0) and scores[1].entropy == pytest.approx(0.0, abs=1e-6)
+    assert scores[2].induction == pytest.approx(1.0)
+    assert scores[0].top1 == pytest.approx(1.0) and scores[0].keys_90 == pytest.approx(1.0)
+
+
+def test_keys_90_counts_diffuse_rows_exactly() -> None:
+    n = 200
+    uniform = torch.full((1, n, n), 1.0 / n)
+    counts = analysis._keys_for_mass(uniform, 0.9)
+    assert counts[0].item() == pytest.approx(180, abs=1)
+
+
+def test_predictions_rank_and_prob() -> None:
+    logits = torch.tensor([[0.0, 2.0, 1.0], [3.0, 0.0, 1.0]])
+    preds = analysis.predictions(logits, torch.tensor([0, 2]), k=2)
+    assert preds[0].top_ids == [1, 2]
+    assert preds[0].next_id == 2 and preds[0].next_rank == 2
+    assert preds[0].next_prob == pytest.approx(logits[0].softmax(-1)[2].item())
+    assert preds[1].next_id is None
