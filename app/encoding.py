@@ -15,7 +15,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from model.cache import row_offsets
 
 
 def sqrt_u8(packed: torch.Tensor) -> bytes:
@@ -28,8 +27,9 @@ def decode_sqrt_u8(data: bytes) -> np.ndarray:
     return (np.frombuffer(data, dtype=np.uint8).astype(np.float32) / 255.0) ** 2
 
 
-def rows(packed_head: torch.Tensor, n: int, causal: bool, decimals: int = 6) -> list[list[float]]:
-    """(cells,) -> ragged rows of visible weights, rounded for JSON."""
-    values = np.round(packed_head.numpy().astype(np.float64), decimals).tolist()
-    offsets = row_offsets(n, causal)
-    return [values[offsets[i]:offsets[i + 1]] for i in range(n)]
+def rows(pattern: torch.Tensor, causal: bool, decimals: int = 6) -> list[list[float]]:
+    """(n, n) one head -> rows of visible weights (causal: row i keeps i+1), rounded for JSON."""
+    values = np.round(pattern.numpy().astype(np.float64), decimals)
+    if not causal:
+        return values.tolist()
+    return [values[i, : i + 1].tolist() for i in range(values.shape[0])]

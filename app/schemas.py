@@ -81,14 +81,23 @@ class PredictionOut(BaseModel):
 class HeadOut(BaseModel):
     layer: int
     head: int
-    entropy: float = Field(description="mean row entropy, nats")
+    entropy: float = Field(description="mean row entropy, nats (over up to 128 evenly spaced rows)")
     prev_token: float = Field(description="mean attention from token i to i-1")
     first_token: float = Field(description="mean attention from token i to token 0 (sink)")
-    max: float = Field(description="mean over rows of the largest weight")
+    max: float = Field(description="mean over rows of the largest weight (same rows as entropy)")
     induction: float | None = Field(description="mean attention to the token after an earlier copy of the query's token; null without repeats")
+
+
+class SparsityHead(BaseModel):
+    layer: int
+    head: int
     top1: float = Field(description="mean share of a row's mass on its largest key")
     top5: float = Field(description="mean share of a row's mass on its 5 largest keys")
     keys_90: float = Field(description="mean number of keys that hold 90% of a row's mass")
+
+
+class SparsityOut(BaseModel):
+    heads: list[SparsityHead]
 
 
 class RunOut(BaseModel):

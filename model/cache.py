@@ -30,12 +30,15 @@ class ActivationCache:
 
     Shapes (n tokens, L layers, H heads, d = d_model):
 
-    * ``patterns``  list of L tensors (H, n(n+1)/2) float32 for causal models — each query
-      row i keeps only its i+1 visible keys, row after row — or (H, n*n) for encoders;
-    * ``resid``     (L+1, n, d) float32: entry 0 is the embedding output
+    * ``patterns``  list of L tensors (H, n, n) float32, exactly as the model's eager
+      attention produced them (kept without a copy: capture costs no extra pass); the
+      masked future of a causal model holds exact zeros and is dropped when sliced;
+    * ``resid``     L+1 tensors (n, d) float32: entry 0 is the embedding output
       (``blocks.0.hook_resid_pre``), entry i+1 is ``blocks.{i}.hook_resid_post``;
-    * ``attn_out``  (L, n, d) float16, ``blocks.{i}.hook_attn_out``;
-    * ``mlp_out``   (L, n, d) float16, ``blocks.{i}.hook_mlp_out``;
+    * ``attn_out``  L tensors (n, d), ``blocks.{i}.hook_attn_out``;
+    * ``mlp_out``   L tensors (n, d), ``blocks.{i}.hook_mlp_out``;
+
+    All are the captured tensors themselves, not copies.
     * ``input_ids`` (n,) int64.
 
     ``summary`` holds the JSON-ready run response (tokens, predictions, head scores).
@@ -45,9 +48,9 @@ class ActivationCache:
     causal: bool
     input_ids: torch.Tensor
     patterns: list[torch.Tensor]
-    resid: torch.Tensor
-    attn_out: torch.Tensor
-    mlp_out: torch.Tensor
+    resid: list[torch.Tensor]
+    attn_out: list[torch.Tensor]
+    mlp_out: list[torch.Tensor]
     summary: dict[str, Any] = field(default_factory=dict)
     text: str = ""
 
@@ -65,21 +68,17 @@ class ActivationCache:
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.input_ids, self.resid, self.attn_out, self.mlp_out, *self.patterns]
+        tensors = [self.input_ids, *self.resid, *self.attn_out, *self.mlp_out, *self.patterns]
         return sum(t.numel() * t.element_size() for t in tensors)
 
-    def packed(self, layer: int) -> torch.Tensor:
-        """(H, cells): the visible cells of every head of one layer, row-major."""
-        return self.patterns[layer]
+    def packed(self, layer: int, head: int | None = None) -> torch.Tensor:
+        """(H or 1, cells): the visible cells of one layer (or one head), row-major."""
+        pattern = self.patterns[layer] if head is None else self.patterns[layer][head : head + 1]
+        return pack_pattern(pattern, self.causal)
 
     def pattern(self, layer: int) -> torch.Tensor:
         """(H, n, n) dense pattern with exact zeros in the masked future."""
-        packed, n = self.patterns[layer], self.n
-        if not self.causal:
-            return packed.view(-1, n, n)
-        dense = torch.zeros(packed.shape[0], n, n, dtype=packed.dtype)
-        dense[:, tril_mask(n)] = packed
-        return dense
+        return self.patterns[layer]
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """TransformerLens-style access: ``cache["blocks.0.attn.hook_pattern"]``."""
@@ -90,7 +89,7 @@ class ActivationCache:
         if kind == "attn.hook_pattern":
             return self.pattern(i)
         table = {"hook_resid_pre": lambda: self.resid[i], "hook_resid_post": lambda: self.resid[i + 1],
-                 "hook_attn_out": lambda: self.attn_out[i].float(), "hook_mlp_out": lambda: self.mlp_out[i].float()}
+                 "hook_attn_out": lambda: self.attn_out[i], "hook_mlp_out": lambda: self.mlp_out[i]}
         if kind not in table:
             raise KeyError(name)
         return table[kind]()

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from model import analysis
-from model.cache import ActivationCache, RunStore, pack_pattern
+from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
 from model.hooks import run_with_cache
 from model.loading import LoadedModel
@@ -111,7 +111,7 @@ class Engine:
         if lm.unembed is None:
             raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no logit lens")
         with lm.lock:
-            probs, ids = analysis.logit_lens(cache.resid, lm.final_norm, lm.unembed, top_k)  # (L+1, n, k)
+            probs, ids = analysis.logit_lens(torch.stack(cache.resid), lm.final_norm, lm.unembed, top_k)  # (L+1, n, k)
         vocab = sorted(set(ids.flatten().tolist()))
         strings = dict(zip(vocab, token_strings(lm.tokenizer, vocab), strict=True))
         layers = []
@@ -129,18 +129,16 @@ class Engine:
 
 
 def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: dict[str, torch.Tensor]) -> ActivationCache:
+    """Keep references to the captured tensors: no copy, no dtype conversion."""
     n_layers = lm.info.n_layers
-    causal = lm.info.causal
-    resid = torch.stack([acts["blocks.0.hook_resid_pre"]] +
-                        [acts[f"blocks.{i}.hook_resid_post"] for i in range(n_layers)]).float()  # (L+1, n, d)
     return ActivationCache(
         model=lm.info.name,
-        causal=causal,
+        causal=lm.info.causal,
         input_ids=ids,
-        patterns=[pack_pattern(acts[f"blocks.{i}.attn.hook_pattern"].float(), causal) for i in range(n_layers)],
-        resid=resid,
-        attn_out=torch.stack([acts[f"blocks.{i}.hook_attn_out"] for i in range(n_layers)]).half(),
-        mlp_out=torch.stack([acts[f"blocks.{i}.hook_mlp_out"] for i in range(n_layers)]).half(),
+        patterns=[acts[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)],
+        resid=[acts["blocks.0.hook_resid_pre"]] + [acts[f"blocks.{i}.hook_resid_post"] for i in range(n_layers)],
+        attn_out=[acts[f"blocks.{i}.hook_attn_out"] for i in range(n_layers)],
+        mlp_out=[acts[f"blocks.{i}.hook_mlp_out"] for i in range(n_layers)],
     )
 
 

@@ -252,3 +252,11 @@ def test_security_headers_and_plotly_from_package(client: TestClient) -> None:
     js = client.get("/vendor/plotly.min.js")
     assert js.status_code == 200 and len(js.content) > 1_000_000 and b"plotly" in js.content[:2000].lower()
     assert "access-control-allow-origin" not in client.get("/api/models", headers={"Origin": "http://evil.example"}).headers
+
+
+def test_sparsity_endpoint(client: TestClient) -> None:
+    run = analyse(client)
+    heads = client.get(f"/api/runs/{run['run_id']}/sparsity").json()["heads"]
+    assert len(heads) == 8
+    for h in heads:
+        assert 0 < h["top1"] <= h["top5"] <= 1.0001 and 1 <= h["keys_90"] <= len(run["tokens"])

@@ -53,6 +53,6 @@ def test_cache_shapes_and_tl_names(tiny_models: dict[str, LoadedModel]) -> None:
     assert cache["blocks.0.attn.hook_pattern"].shape == (4, n, n)
     assert cache["blocks.1.hook_resid_pre"].shape == (n, 32)
     assert (cache["blocks.0.hook_resid_post"] == cache["blocks.1.hook_resid_pre"]).all()
-    assert not cache.resid.requires_grad
+    assert not any(t.requires_grad for t in cache.resid)
     with pytest.raises(KeyError):
         cache["blocks.0.nonsense"]

@@ -169,14 +169,26 @@ def test_head_scores_on_a_known_pattern() -> None:
     assert scores[0].prev_token == pytest.approx(1.0) and scores[0].first_token == pytest.approx(0.2)
     assert scores[1].first_token == pytest.approx(1.0) and scores[1].entropy == pytest.approx(0.0, abs=1e-6)
     assert scores[2].induction == pytest.approx(1.0)
-    assert scores[0].top1 == pytest.approx(1.0) and scores[0].keys_90 == pytest.approx(1.0)
+    sparsity = analysis.head_sparsity(0, torch.stack([prev, sink]))
+    assert sparsity[0].top1 == pytest.approx(1.0) and sparsity[0].keys_90 == pytest.approx(1.0)
 
 
-def test_keys_90_counts_diffuse_rows_exactly() -> None:
+def test_sparsity_counts_diffuse_rows_exactly() -> None:
     n = 200
     uniform = torch.full((1, n, n), 1.0 / n)
-    counts = analysis._keys_for_mass(uniform, 0.9)
-    assert counts[0].item() == pytest.approx(180, abs=1)
+    (s,) = analysis.head_sparsity(0, uniform)
+    assert s.keys_90 == pytest.approx(180, abs=1) and s.top5 == pytest.approx(5 / n)
+
+
+def test_long_prompt_scores_sample_rows_but_gathers_exactly() -> None:
+    n = 600
+    p = torch.rand(2, n, n).tril()
+    p = p / p.sum(-1, keepdim=True)
+    (a, _b) = analysis.head_scores(0, p, torch.arange(n))
+    rows = torch.arange(1, n)
+    assert a.prev_token == pytest.approx(p[0, rows, rows - 1].mean().item(), rel=1e-5)
+    exact_entropy = -torch.special.xlogy(p[0], p[0]).sum(-1).mean().item()
+    assert a.entropy == pytest.approx(exact_entropy, rel=0.05)
 
 
 def test_predictions_rank_and_prob() -> None:

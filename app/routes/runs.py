@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
+import torch
 from fastapi import APIRouter, Query, Response
 
 from app.deps import EngineDep, GateDep
 from app.encoding import rows, sqrt_u8
-from app.schemas import AttentionOut, ErrorOut, LayerAttentionOut, LogitLensOut, ResidualOut, RunOut, RunRequest
+from app.schemas import AttentionOut, ErrorOut, LayerAttentionOut, LogitLensOut, ResidualOut, RunOut, RunRequest, SparsityOut
 from model import analysis
 from model.cache import ActivationCache
 
@@ -25,9 +26,12 @@ BINARY_DOC = (
 )
 
 
+RUN_FIELDS = ("model", "tokens", "predictions", "heads", "timing_ms")
+
+
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
     return RunOut(run_id=run_id, causal=cache.causal, n_layers=cache.n_layers, n_heads=cache.n_heads,
-                  **cache.summary)
+                  **{k: cache.summary[k] for k in RUN_FIELDS})
 
 
 @router.post("/runs", status_code=201, response_model=RunOut, responses=ERRORS,
@@ -65,26 +69,26 @@ def attention(
 ) -> Response:
     cache = engine.run(run_id)
     engine.check_layer_head(cache, layer, head)
-    packed = cache.packed(layer)  # (H, cells)
-    selected = packed if head is None else packed[head : head + 1]
     if format == "bin":
+        selected = cache.packed(layer, head)  # (H or 1, cells)
         headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(selected.shape[0]),
                    "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
                    "X-Attn-Head": "all" if head is None else str(head), "X-Attn-Encoding": "sqrt-u8",
                    "Cache-Control": "private, max-age=3600"}
         return Response(sqrt_u8(selected), media_type="application/octet-stream", headers=headers)
+    pattern = cache.pattern(layer)  # (H, n, n)
     if head is not None:
         return _json({"layer": layer, "head": head, "n": cache.n, "causal": cache.causal,
-                      "rows": rows(selected[0], cache.n, cache.causal)})
+                      "rows": rows(pattern[head], cache.causal)})
     return _json({"layer": layer, "n_heads": cache.n_heads, "n": cache.n, "causal": cache.causal,
-                  "heads": [rows(h, cache.n, cache.causal, decimals=4) for h in selected]})
+                  "heads": [rows(h, cache.causal, decimals=4) for h in pattern]})
 
 
 @router.get("/runs/{run_id}/residual", response_model=ResidualOut, responses=ERRORS,
             summary="The residual stream layer by layer: norms, change, attention vs MLP")
 def residual(run_id: str, engine: EngineDep) -> ResidualOut:
     cache = engine.run(run_id)
-    layers = analysis.residual_stats(cache.resid, cache.attn_out, cache.mlp_out)
+    layers = analysis.residual_stats(torch.stack(cache.resid), torch.stack(cache.attn_out), torch.stack(cache.mlp_out))
     return ResidualOut(n_layers=cache.n_layers, n=cache.n, embed_norm=cache.resid[0].norm(dim=-1).tolist(),
                        layers=[layer.__dict__ for layer in layers])
 
@@ -96,3 +100,13 @@ def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
     cache = engine.run(run_id)
     with gate.enter(cache.model):
         return LogitLensOut(**engine.logit_lens(cache, top_k))
+
+
+@router.get("/runs/{run_id}/sparsity", response_model=SparsityOut, responses=ERRORS,
+            summary="How concentrated each head is: top-1 / top-5 mass and keys holding 90%, exact over all rows")
+def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
+    cache = engine.run(run_id)
+    if "sparsity" not in cache.summary:
+        heads = [s.__dict__ for layer in range(cache.n_layers) for s in analysis.head_sparsity(layer, cache.pattern(layer))]
+        cache.summary["sparsity"] = heads
+    return SparsityOut(heads=cache.summary["sparsity"])

@@ -1,0 +1,70 @@
+"""The console script: serve prints its URL, a broken model exits non-zero, analyze --json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.servers import free_port
+
+
+def _env(models: dict[str, str], default: str) -> dict[str, str]:
+    return {**os.environ, "ATTNSCOPE_MODELS": json.dumps(models), "ATTNSCOPE_DEFAULT_MODEL": default,
+            "HF_HUB_OFFLINE": "1"}
+
+
+def test_serve_with_a_broken_model_exits_with_one_line(tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())],
+                          env=_env({"bad": str(broken)}, "bad"), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("attnscope: model 'bad' could not be loaded")
+
+
+def test_serve_missing_folder(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())],
+                          env=_env({"gone": str(tmp_path / "nowhere")}, "gone"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "does not exist" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_serve_prints_url_and_answers(tiny_dirs: dict[str, Path]) -> None:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+                            env=_env({"tiny": str(tiny_dirs["gpt2"])}, "tiny"), stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert f"http://127.0.0.1:{port}/" in line
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=5).json()["models"]
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server never answered"
+                time.sleep(0.2)
+        assert models[0]["name"] == "tiny" and models[0]["default"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_analyze_json(tiny_dirs: dict[str, Path]) -> None:
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "analyze", "dog bites man", "--json"],
+                          env=_env({"tiny": str(tiny_dirs["gpt2"])}, "tiny"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    run = json.loads(proc.stdout)
+    assert "".join(t["text"] for t in run["tokens"]) == "dog bites man"
+    assert len(run["predictions"]) == len(run["tokens"])
