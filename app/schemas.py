@@ -129,6 +129,14 @@ class LayerAttentionOut(BaseModel):
     heads: list[list[list[float]]] = Field(description="[head][query][key], rows as in AttentionOut")
 
 
+class NextOut(BaseModel):
+    position: int
+    temperature: float
+    top: list[TopToken] = Field(description="softmax(logits / temperature) over the whole vocabulary, top-k")
+    actual_next: ActualNext | None = Field(description="the prompt's own next token at this temperature")
+    entropy: float = Field(description="entropy of the re-scaled distribution, nats")
+
+
 class ResidualLayerOut(BaseModel):
     layer: int
     resid_norm: list[float] = Field(description="‖resid_post‖ per token")

@@ -106,10 +106,38 @@ class Engine:
             raise BadInput(f"head {head} is out of range: this model has heads 0..{cache.n_heads - 1}")
 
     # ---- views of a run -------------------------------------------------------------
-    def logit_lens(self, cache: ActivationCache, top_k: int) -> dict[str, Any]:
+    def _decoder(self, cache: ActivationCache, what: str) -> LoadedModel:
         lm = self.model(cache.model)
         if lm.unembed is None:
-            raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no logit lens")
+            raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}")
+        return lm
+
+    def next_distribution(self, cache: ActivationCache, position: int, temperature: float, top_k: int) -> dict[str, Any]:
+        """The exact next-token distribution at one position, from the stored final residual."""
+        lm = self._decoder(cache, "next-token distribution")
+        if not 0 <= position < cache.n:
+            raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
+        with lm.lock, torch.inference_mode():
+            h = cache.resid[-1][position]  # (d,)
+            logits = lm.unembed(lm.final_norm(h) if lm.final_norm is not None else h).float()  # (V,)
+        logp = (logits / temperature).log_softmax(-1)
+        probs = logp.exp()
+        top = probs.topk(min(top_k, probs.shape[-1]))
+        ids = top.indices.tolist()
+        actual = None
+        if position + 1 < cache.n:
+            nxt = int(cache.input_ids[position + 1])
+            actual = {"id": nxt, "prob": float(probs[nxt]), "rank": int((probs > probs[nxt]).sum()) + 1}
+            ids.append(nxt)
+        strings = token_strings(lm.tokenizer, ids)
+        if actual is not None:
+            actual["token"] = strings[-1]
+        return {"position": position, "temperature": temperature,
+                "top": [{"id": i, "token": t, "prob": p} for i, t, p in zip(ids, strings, top.values.tolist())],
+                "actual_next": actual, "entropy": float(-(probs * logp).sum())}
+
+    def logit_lens(self, cache: ActivationCache, top_k: int) -> dict[str, Any]:
+        lm = self._decoder(cache, "logit lens")
         with lm.lock:
             probs, ids = analysis.logit_lens(torch.stack(cache.resid), lm.final_norm, lm.unembed, top_k)  # (L+1, n, k)
         vocab = sorted(set(ids.flatten().tolist()))

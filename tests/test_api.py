@@ -260,3 +260,30 @@ def test_sparsity_endpoint(client: TestClient) -> None:
     assert len(heads) == 8
     for h in heads:
         assert 0 < h["top1"] <= h["top5"] <= 1.0001 and 1 <= h["keys_90"] <= len(run["tokens"])
+
+
+def test_next_distribution_matches_predictions_and_rescales(client: TestClient) -> None:
+    run = analyse(client, top_k=5)
+    url = f"/api/runs/{run['run_id']}/next"
+    at1 = client.get(url, params={"position": 1, "top_k": 5}).json()
+    pred = run["predictions"][1]
+    assert [c["id"] for c in at1["top"]] == [c["id"] for c in pred["top"]]
+    np.testing.assert_allclose([c["prob"] for c in at1["top"]], [c["prob"] for c in pred["top"]], atol=1e-5)
+    assert at1["actual_next"]["rank"] == pred["actual_next"]["rank"]
+    cold = client.get(url, params={"position": 1, "top_k": 5, "temperature": 0.25}).json()
+    hot = client.get(url, params={"position": 1, "top_k": 5, "temperature": 4}).json()
+    assert cold["top"][0]["prob"] > at1["top"][0]["prob"] > hot["top"][0]["prob"]
+    assert cold["entropy"] < at1["entropy"] < hot["entropy"]
+    last = client.get(url, params={"position": len(run["tokens"]) - 1}).json()
+    assert last["actual_next"] is None
+    for bad in ({"position": 99}, {"position": -1}, {"position": 0, "temperature": 0}, {"position": 0, "temperature": "nan"}):
+        r = client.get(url, params=bad)
+        assert r.status_code == 422 and r.json()["message"], bad
+
+
+def test_pooled_layer_thumbnails(client: TestClient) -> None:
+    run = analyse(client, " ".join(["word"] * 40))
+    r = client.get(f"/api/runs/{run['run_id']}/attention", params={"layer": 0, "format": "bin", "size": 16})
+    assert r.headers["x-attn-size"] == "16" and len(r.content) == 4 * 16 * 16
+    small = client.get(f"/api/runs/{run['run_id']}/attention", params={"layer": 0, "format": "bin", "size": 64})
+    assert "x-attn-size" not in small.headers and len(small.content) == 4 * 40 * 41 // 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Literal
 
 import torch
@@ -10,9 +11,10 @@ from fastapi import APIRouter, Query, Response
 
 from app.deps import EngineDep, GateDep
 from app.encoding import rows, sqrt_u8
-from app.schemas import AttentionOut, ErrorOut, LayerAttentionOut, LogitLensOut, ResidualOut, RunOut, RunRequest, SparsityOut
+from app.schemas import AttentionOut, NextOut, ErrorOut, LayerAttentionOut, LogitLensOut, ResidualOut, RunOut, RunRequest, SparsityOut
 from model import analysis
 from model.cache import ActivationCache
+from model.errors import BadInput
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -48,6 +50,12 @@ def get_run(run_id: str, engine: EngineDep) -> RunOut:
     return run_out(run_id, engine.run(run_id))
 
 
+def pool(pattern: torch.Tensor, size: int) -> torch.Tensor:
+    """(H, n, n) -> (H, size, size) block means, rescaled so each block row sums like a row."""
+    pooled = torch.nn.functional.adaptive_avg_pool2d(pattern[None], size)[0]  # (H, size, size)
+    return pooled / pooled.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)
+
+
 def _json(payload: dict[str, object]) -> Response:
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
 
@@ -66,9 +74,19 @@ def attention(
     layer: Annotated[int, Query(ge=-(2**31), le=2**31)],
     head: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
     format: Literal["json", "bin"] = "json",
+    size: Annotated[int | None, Query(ge=2, le=256, description="bin only: mean-pool each head to size x size "
+                                      "(full square, masked cells 0) for thumbnails; ignored when n <= size")] = None,
 ) -> Response:
     cache = engine.run(run_id)
     engine.check_layer_head(cache, layer, head)
+    if format == "bin" and size is not None and cache.n > size:
+        pattern = cache.pattern(layer) if head is None else cache.pattern(layer)[head : head + 1]
+        pooled = pool(pattern, size)  # (H, size, size)
+        headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(pooled.shape[0]), "X-Attn-Size": str(size),
+                   "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
+                   "X-Attn-Head": "all" if head is None else str(head), "X-Attn-Encoding": "sqrt-u8-pooled"}
+        return Response(sqrt_u8(pooled.reshape(pooled.shape[0], -1)), media_type="application/octet-stream",
+                        headers=headers)
     if format == "bin":
         selected = cache.packed(layer, head)  # (H or 1, cells)
         headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(selected.shape[0]),
@@ -110,3 +128,15 @@ def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
         heads = [s.__dict__ for layer in range(cache.n_layers) for s in analysis.head_sparsity(layer, cache.pattern(layer))]
         cache.summary["sparsity"] = heads
     return SparsityOut(heads=cache.summary["sparsity"])
+
+
+@router.get("/runs/{run_id}/next", response_model=NextOut, responses=ERRORS,
+            summary="Next-token distribution at one position, re-scaled by a temperature")
+def next_token(run_id: str, engine: EngineDep,
+               position: Annotated[int, Query(ge=-(2**31), le=2**31)],
+               temperature: Annotated[float, Query(gt=0, le=100)] = 1.0,
+               top_k: Annotated[int, Query(ge=1, le=100)] = 10) -> NextOut:
+    if not math.isfinite(temperature):
+        raise BadInput("temperature must be a finite number")
+    cache = engine.run(run_id)
+    return NextOut(**engine.next_distribution(cache, position, temperature, top_k))

@@ -1,0 +1,55 @@
+// The JSON API, and the compact binary attention slices.
+
+export class ApiError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+async function check(response) {
+  if (response.ok) return response;
+  let message = `${response.status} ${response.statusText}`;
+  try {
+    const body = await response.json();
+    if (body.message) message = body.message;
+    else if (typeof body.detail === "string") message = body.detail;
+  } catch (_) { /* not JSON: keep the status line */ }
+  throw new ApiError(response.status, message);
+}
+
+export async function getJSON(url) {
+  return (await check(await fetch(url))).json();
+}
+
+export async function postJSON(url, body) {
+  const r = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  return (await check(r)).json();
+}
+
+// Binary layout (see /docs): one byte q per visible cell, weight = (q/255)^2, row-major by
+// query; causal rows hold i+1 keys. Returns {n, heads, causal, size, data: Float32Array}.
+export async function getAttentionBin(runId, layer, head = null, size = null) {
+  const params = new URLSearchParams({ layer, format: "bin" });
+  if (head !== null) params.set("head", head);
+  if (size !== null) params.set("size", size);
+  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`));
+  const bytes = new Uint8Array(await r.arrayBuffer());
+  const data = new Float32Array(bytes.length);
+  for (let i = 0; i < bytes.length; i++) { const v = bytes[i] / 255; data[i] = v * v; }
+  return {
+    n: Number(r.headers.get("x-attn-n")),
+    heads: Number(r.headers.get("x-attn-heads")),
+    causal: r.headers.get("x-attn-causal") === "1",
+    size: r.headers.get("x-attn-size") ? Number(r.headers.get("x-attn-size")) : null,
+    data,
+  };
+}
+
+// Row i of one head as a Float32Array of its visible keys.
+export function rowOf(slice, i, head = 0) {
+  const { n, causal, data } = slice;
+  const perHead = causal ? (n * (n + 1)) / 2 : n * n;
+  const start = head * perHead + (causal ? (i * (i + 1)) / 2 : i * n);
+  return data.subarray(start, start + (causal ? i + 1 : n));
+}

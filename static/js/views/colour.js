@@ -1,0 +1,19 @@
+// White -> deep blue, the scale shared by the heatmap, thumbnails and charts.
+export const SCALE = [
+  [0, "#ffffff"], [0.1, "#e3eef9"], [0.25, "#b7d4ea"], [0.45, "#6baed6"], [0.7, "#2171b5"], [1, "#08306b"],
+];
+
+const STOPS = SCALE.map(([t, hex]) => [t, parseInt(hex.slice(1, 3), 16), parseInt(hex.slice(3, 5), 16), parseInt(hex.slice(5, 7), 16)]);
+
+export function rgb(t) {
+  const x = Math.min(1, Math.max(0, t));
+  for (let i = 1; i < STOPS.length; i++) {
+    if (x <= STOPS[i][0]) {
+      const [t0, r0, g0, b0] = STOPS[i - 1];
+      const [t1, r1, g1, b1] = STOPS[i];
+      const f = (x - t0) / (t1 - t0 || 1);
+      return [r0 + f * (r1 - r0), g0 + f * (g1 - g0), b0 + f * (b1 - b0)];
+    }
+  }
+  return STOPS[STOPS.length - 1].slice(1);
+}

@@ -1,0 +1,35 @@
+// The next-token distribution at the selected position, re-scaled by temperature on
+// the server (exactly, over the whole vocabulary) as the slider moves.
+import { plotlyText, showToken, fmt } from "../dom.js";
+import { getJSON } from "../api.js";
+
+export async function fetchNext(runId, pos, temperature, k = 10) {
+  const params = new URLSearchParams({ position: pos, temperature, top_k: k });
+  return getJSON(`/api/runs/${encodeURIComponent(runId)}/next?${params}`);
+}
+
+export function drawNext(div, actualEl, next) {
+  const top = next.top.slice().reverse();
+  const actualId = next.actual_next ? next.actual_next.id : null;
+  const data = [{
+    type: "bar", orientation: "h",
+    x: top.map((c) => c.prob),
+    y: top.map((c, i) => `${top.length - i}`),
+    text: top.map((c) => plotlyText(`${showToken(c.token)}  ${fmt(c.prob, 3)}`)),
+    textposition: "auto", hoverinfo: "text",
+    marker: { color: top.map((c) => (c.id === actualId ? "#8b1f8f" : "#2171b5")) },
+  }];
+  const layout = {
+    margin: { l: 28, r: 8, t: 8, b: 30 },
+    xaxis: { range: [0, 1], title: { text: "probability" } },
+    yaxis: { title: { text: "rank" } },
+  };
+  window.Plotly.react(div, data, layout, { displaylogo: false, responsive: true });
+  if (next.actual_next) {
+    const a = next.actual_next;
+    actualEl.textContent = `Actual next token: ${showToken(a.token)} — p = ${fmt(a.prob, 4)}, rank ${a.rank}. ` +
+      `Entropy ${fmt(next.entropy, 2)} nats at T = ${fmt(next.temperature, 2)}.`;
+  } else {
+    actualEl.textContent = `Last position: the prediction for a token not yet written. Entropy ${fmt(next.entropy, 2)} nats at T = ${fmt(next.temperature, 2)}.`;
+  }
+}

