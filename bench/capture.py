@@ -31,6 +31,7 @@ from app.settings import Settings  # noqa: E402
 from model.cache import RunStore  # noqa: E402
 from model.engine import Engine  # noqa: E402
 from model.loading import BUNDLED_DIR, load_model  # noqa: E402
+from bench.report import write_section  # noqa: E402
 
 log = logging.getLogger("bench.capture")
 BUNDLED = BUNDLED_DIR / "attnscope-tiny"
@@ -124,20 +125,6 @@ def main() -> None:
     sys.stdout.write(text + "\n")
     if args.write:
         write_section(args.write, "capture", text, "python bench/capture.py --write BENCHMARKS.md")
-
-
-def write_section(path: Path, key: str, body: str, command: str) -> None:
-    """Replace the block between <!-- key --> markers, keeping the rest of the file."""
-    start, end = f"<!-- {key}:start -->", f"<!-- {key}:end -->"
-    block = (f"{start}\n_Measured {time.strftime('%Y-%m-%d')} with `{command}` "
-             f"({torch.get_num_threads()} torch threads, torch {torch.__version__})._\n\n{body}\n{end}")
-    old = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    if start in old:
-        head, rest = old.split(start, 1)
-        new = head + block + rest.split(end, 1)[1]
-    else:
-        new = old.rstrip() + "\n\n" + block + "\n"
-    path.write_text(new, encoding="utf-8")
 
 
 if __name__ == "__main__":

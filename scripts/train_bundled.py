@@ -86,6 +86,19 @@ def evaluate(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, n_batches: in
     return sum(losses) / len(losses)
 
 
+def grow_positions(model: GPT2LMHeadModel, positions: int) -> GPT2LMHeadModel:
+    """Extend the learned position table to ``positions`` rows (new rows = the last one)."""
+    old = model.transformer.wpe.weight.data  # (P_old, d)
+    if positions <= old.shape[0]:
+        return model
+    grown = torch.nn.Embedding(positions, old.shape[1])
+    grown.weight.data[: old.shape[0]] = old
+    grown.weight.data[old.shape[0]:] = old[-1]
+    model.transformer.wpe = grown
+    model.config.n_positions = positions
+    return model
+
+
 def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -111,6 +124,9 @@ def main() -> None:
     p.add_argument("--repeat-share", type=float, default=0.15)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", type=Path, default=None,
+                   help="continue from a trained folder (its tokenizer too); with --positions larger than "
+                        "the folder's, the position table grows and the new rows start from the last one")
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
@@ -118,7 +134,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.time()
-    tokenizer = train_tokenizer(args.corpus, args.vocab)
+    if args.resume:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.resume)
+        tokenizer.model_max_length = args.positions
+    else:
+        tokenizer = train_tokenizer(args.corpus, args.vocab)
     tokenizer.save_pretrained(args.out)
     train = encode_docs(tokenizer, args.corpus / "train.txt")
     held = encode_docs(tokenizer, args.corpus / "heldout.txt")
@@ -130,7 +150,8 @@ def main() -> None:
         n_layer=args.layers, n_head=args.heads, bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )
-    model = GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(config) if args.resume is None else grow_positions(
+        GPT2LMHeadModel.from_pretrained(args.resume), args.positions)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %d parameters", n_params)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
@@ -140,6 +161,7 @@ def main() -> None:
         lr=args.lr, betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(args.seed)
+    previous = json.loads((args.resume / "training.json").read_text()) if args.resume else None
     curve: list[dict[str, float]] = []
     model.train()
     start = time.time()
@@ -166,7 +188,7 @@ def main() -> None:
             (args.out / "training.json").write_text(json.dumps({
                 "n_params": n_params, "train_tokens_in_corpus": len(train),
                 "heldout_tokens": len(held), "args": {k: str(v) for k, v in vars(args).items()},
-                "curve": curve}, indent=1))
+                "curve": curve, "previous": previous}, indent=1))
     log.info("done in %.0f s", time.time() - start)
 
 

@@ -60,6 +60,7 @@ async function drawHead() {
   div.dataset.n = String(slice.n);
   div.dataset.layer = String(layer);
   div.dataset.head = String(head);
+  div.dataset.drawnAt = String(performance.now()); // read by bench/browser.py
   if (!hoverWired) {
     wireHover(div, $("#heat-tip"), () => state);
     div.on("plotly_click", (ev) => {

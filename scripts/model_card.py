@@ -1,0 +1,129 @@
+"""Measure the bundled decoder and write its model card (README.md, PNG, JSON).
+
+Everything in the card is measured here, by the same engine the app uses:
+held-out loss and perplexity, per-head previous-token scores on held-out text,
+induction scores on random token sequences repeated twice, and a greedy
+continuation. Usage::
+
+    python scripts/model_card.py --folder model/bundled/attnscope-tiny --heldout data/corpus/heldout.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from model.analysis import head_scores  # noqa: E402
+from model.hooks import run_with_cache  # noqa: E402
+from model.loading import load_model  # noqa: E402
+from model.probes import induction_scores  # noqa: E402
+from bench.report import write_section  # noqa: E402
+
+log = logging.getLogger("model_card")
+
+
+def heldout_windows(tokenizer: object, path: Path, length: int, count: int) -> list[torch.Tensor]:
+    ids = torch.tensor(tokenizer(path.read_text(encoding="utf-8"))["input_ids"])
+    step = max(length, (len(ids) - length) // count)
+    return [ids[s : s + length] for s in range(0, len(ids) - length, step)][:count]
+
+
+def measure(folder: Path, heldout: Path, windows: int) -> dict[str, object]:
+    lm = load_model("attnscope-tiny", str(folder))
+    length = min(512, lm.info.max_positions)
+    chunks = heldout_windows(lm.tokenizer, heldout, length, windows)
+    losses, prev = [], torch.zeros(lm.info.n_layers, lm.info.n_heads)
+    for ids in chunks:
+        with torch.inference_mode():
+            losses.append(lm.model(input_ids=ids[None], labels=ids[None]).loss.item())
+        acts = run_with_cache(lm, ids, lambda name: name.endswith("hook_pattern"))
+        for layer in range(lm.info.n_layers):
+            for s in head_scores(layer, acts[f"blocks.{layer}.attn.hook_pattern"], ids):
+                prev[layer, s.head] += s.prev_token / len(chunks)
+    induction = induction_scores(lm, length=50, seeds=8)
+    prompt = "The meaning of life is"
+    enc = lm.tokenizer(prompt, return_tensors="pt")
+    with torch.inference_mode():
+        out = lm.model.generate(**enc, max_new_tokens=20, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
+    loss = sum(losses) / len(losses)
+    return {
+        "n_params": lm.info.n_params, "config": {k: getattr(lm.info, k) for k in
+                                                  ("n_layers", "n_heads", "d_model", "d_head", "d_mlp", "vocab_size", "max_positions")},
+        "heldout_loss": loss, "heldout_ppl": math.exp(loss), "uniform_loss": math.log(lm.info.vocab_size),
+        "heldout_windows": len(chunks), "window_tokens": length,
+        "prev_token": prev.tolist(), "induction": induction,
+        "greedy": {"prompt": prompt, "continuation": lm.tokenizer.decode(out[0, enc["input_ids"].shape[1]:])},
+    }
+
+
+def plot_curve(training: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    phases = []
+    if training.get("previous"):
+        phases.append(("512-token phase", training["previous"]["curve"], 0))
+    offset = phases[0][1][-1]["tokens"] if phases else 0
+    phases.append(("1,024-token phase" if phases else "training", training["curve"], offset))
+    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    for label, curve, off in phases:
+        tokens = [(c["tokens"] + off) / 1e6 for c in curve]
+        ax.plot(tokens, [c["train_loss"] for c in curve], alpha=0.5, label=f"train ({label})")
+        ax.plot(tokens, [c["heldout_loss"] for c in curve], marker=".", label=f"held-out ({label})")
+    ax.set_xlabel("tokens seen (millions)")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--folder", type=Path, default=ROOT / "model/bundled/attnscope-tiny")
+    p.add_argument("--heldout", type=Path, default=ROOT / "data/corpus/heldout.txt")
+    p.add_argument("--windows", type=int, default=40)
+    args = p.parse_args()
+    stats = measure(args.folder, args.heldout, args.windows)
+    (args.folder / "measurements.json").write_text(json.dumps(stats, indent=1))
+    training = json.loads((args.folder / "training.json").read_text())
+    plot_curve(training, args.folder / "training_curve.png")
+    write_section(args.folder / "README.md", "measured", card_tables(stats),
+                  "python scripts/model_card.py")
+    log.info(json.dumps({k: v for k, v in stats.items() if k not in ("prev_token", "induction")}, indent=1))
+
+
+def card_tables(stats: dict) -> str:
+    lines = [
+        f"- parameters: {stats['n_params']:,}",
+        f"- held-out loss: **{stats['heldout_loss']:.3f} nats** (perplexity {stats['heldout_ppl']:.1f}; "
+        f"uniform over the vocabulary would be ln V = {stats['uniform_loss']:.3f}), "
+        f"{stats['heldout_windows']} windows of {stats['window_tokens']} tokens",
+        f"- greedy continuation of \"{stats['greedy']['prompt']}\": \"{stats['greedy']['continuation'].strip()}\"",
+        "",
+    ]
+    for key, title in (("prev_token", "Previous-token score (mean attention from i to i-1 on held-out text)"),
+                       ("induction", "Induction score (random tokens repeated twice; attention to the token after the earlier copy)")):
+        grid = stats[key]
+        lines += [f"**{title}**", "", "| layer | " + " | ".join(f"h{h}" for h in range(len(grid[0]))) + " |",
+                  "|---|" + "---|" * len(grid[0])]
+        for layer, row in enumerate(grid):
+            lines.append(f"| {layer} | " + " | ".join(f"**{v:.2f}**" if v >= 0.5 else f"{v:.2f}" for v in row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""The bundled models, loaded offline exactly as the app's default configuration loads them."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from transformers import AutoTokenizer
+
+from app.main import create_app
+from app.settings import Settings
+from model.analysis import head_scores
+from model.engine import Engine
+from model.hooks import run_with_cache
+from model.loading import BUNDLED_DIR
+from model.tokens import ids_tensor, tokenize
+
+FOLDER = BUNDLED_DIR / "attnscope-tiny"
+HELDOUT = Path(__file__).parent / "data" / "heldout_sample.txt"
+
+
+@pytest.fixture(scope="module")
+def default_client() -> Iterator[TestClient]:
+    """The app with its default settings: both bundled models, the decoder as default."""
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+    with TestClient(create_app(Settings())) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def default_engine(default_client: TestClient) -> Engine:
+    return default_client.app.state.engine
+
+
+def test_default_models_are_both_bundled_ones(default_client: TestClient) -> None:
+    models = {m["name"]: m for m in default_client.get("/api/models").json()["models"]}
+    assert set(models) == {"attnscope-tiny", "minilm-l6"}
+    tiny, enc = models["attnscope-tiny"], models["minilm-l6"]
+    assert tiny["default"] and tiny["causal"] and tiny["architecture"] == "gpt2"
+    assert tiny["n_heads"] == 8 and tiny["d_model"] == 8 * tiny["d_head"] and 4 <= tiny["n_layers"] <= 6
+    assert tiny["max_positions"] >= 512 and tiny["position_encoding"] == "learned"
+    assert not enc["default"] and not enc["causal"] and enc["architecture"] == "bert"
+    assert enc["n_layers"] == 6 and enc["n_heads"] == 12
+
+
+def test_weights_and_tokenizer_files() -> None:
+    weights = FOLDER / "model.safetensors"
+    assert weights.exists() and weights.stat().st_size <= 40 * 1024 * 1024
+    tok = AutoTokenizer.from_pretrained(FOLDER)
+    assert 7000 <= len(tok) <= 9000
+    assert tok.decode(tok("dog bites man")["input_ids"]) == "dog bites man"
+    assert (FOLDER / "README.md").exists() and (FOLDER / "training_curve.png").exists()
+
+
+def test_heldout_loss_is_well_below_uniform(default_engine: Engine) -> None:
+    lm = default_engine.model("attnscope-tiny")
+    ids = ids_tensor(tokenize(lm.tokenizer, HELDOUT.read_text(encoding="utf-8")))[:512]
+    with torch.inference_mode():
+        loss = lm.model(input_ids=ids[None], labels=ids[None]).loss.item()
+    assert loss < 0.7 * math.log(lm.info.vocab_size), loss
+
+
+def test_previous_token_heads_exist(default_engine: Engine) -> None:
+    lm = default_engine.model("attnscope-tiny")
+    ids = ids_tensor(tokenize(lm.tokenizer, HELDOUT.read_text(encoding="utf-8")))[:400]
+    acts = run_with_cache(lm, ids)
+    prev = [s.prev_token for i in range(lm.info.n_layers) for s in head_scores(i, acts[f"blocks.{i}.attn.hook_pattern"], ids)]
+    assert sum(p >= 0.5 for p in prev) >= 2, prev
+
+
+def test_greedy_continuation_is_english_words(default_engine: Engine) -> None:
+    lm = default_engine.model("attnscope-tiny")
+    enc = lm.tokenizer("The meaning of life is", return_tensors="pt")
+    with torch.inference_mode():
+        out = lm.model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
+    text = lm.tokenizer.decode(out[0, enc["input_ids"].shape[1]:])
+    corpus_words = set(re.findall(r"[a-z]+", HELDOUT.read_text(encoding="utf-8").lower()))
+    words = re.findall(r"[A-Za-z]+", text)
+    assert len(words) >= 3 and sum(w.lower() in corpus_words for w in words) >= 0.8 * len(words), text
+
+
+def test_encoder_runs_through_the_same_engine(default_client: TestClient) -> None:
+    run = default_client.post("/api/runs", json={"text": "dog bites man", "model": "minilm-l6"}).json()
+    assert not run["causal"] and run["predictions"] == [] and len(run["heads"]) == 72
+    texts = [t["text"] for t in run["tokens"]]
+    assert texts == ["[CLS]", "dog", "bites", "man", "[SEP]"]
+    rows = default_client.get(f"/api/runs/{run['run_id']}/attention", params={"layer": 5, "head": 0}).json()["rows"]
+    assert all(len(r) == 5 for r in rows) and rows[0][4] > 0
+
+
+def test_head_scores_come_from_the_engine(default_client: TestClient) -> None:
+    text = "one two three four five six seven. one two three four five six seven."
+    run = default_client.post("/api/runs", json={"text": text}).json()
+    assert all(h["induction"] is not None for h in run["heads"])  # the prompt repeats itself
+    models = default_client.get("/api/models").json()["models"]
+    for m in models:
+        scores = m["induction_scores"]
+        assert len(scores) == m["n_layers"] and len(scores[0]) == m["n_heads"]
+        assert len({round(v, 6) for row in scores for v in row}) > 1  # measured, not constant
