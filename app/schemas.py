@@ -192,3 +192,96 @@ class GenerateRequest(Strict):
 class ErrorOut(BaseModel):
     detail: str | list[dict[str, object]]
     message: str = Field(description="one line for a person")
+
+
+# ---- Learn views ---------------------------------------------------------------------------
+
+class ContributionsOut(BaseModel):
+    layer: int
+    head: int
+    position: int
+    weights: list[float] = Field(description="attention from the query to each visible source token")
+    value_norms: list[float] = Field(description="‖v_j W_O^h‖: how much source j would add at weight 1")
+    contributions: list[float] = Field(description="weight x value norm: how much each source actually adds")
+
+
+class Neighbour(BaseModel):
+    id: int
+    token: str
+    cos: float
+
+
+class EmbeddingOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: str
+    id: int
+    token: str
+    norm: float
+    vector: list[float] = Field(description="row id of the token embedding matrix E (d_model values)")
+    neighbours: list[Neighbour] = Field(description="nearest rows of E by cosine similarity")
+    adjacent: list[Neighbour] = Field(description="the ids k-1 and k+1: neighbours in number only")
+    random_mean: float = Field(description="mean cosine between random pairs of rows, for scale")
+    random_std: float
+
+
+class LayerParams(BaseModel):
+    layer: int
+    attention: int
+    mlp: int
+    norms: int
+
+
+class AnatomyOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: str
+    per_layer: list[LayerParams]
+    token_embedding: int
+    position_embedding: int
+    final_norm_and_other: int
+    lm_head: int = Field(description="0 when the LM head shares the token embedding's weights")
+    lm_head_tied: bool
+    total: int
+
+
+class PositionsOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: str
+    kind: str
+    count: int
+    d_model: int | None = None
+    matrix: list[list[float]] | None = Field(None, description="learned: the first `count` rows of the position table")
+    similarity: list[list[float]] | None = Field(None, description="learned: cosine between position rows")
+    theta: float | None = None
+    rotary_dims: int | None = None
+    inv_freq: list[float] | None = Field(None, description="rotary: the rotation frequency of each pair of dimensions")
+    angles: list[list[float]] | None = Field(None, description="rotary: cos(position x frequency)")
+
+
+class TimingRequest(Strict):
+    text: str
+    model: str | None = None
+
+    _check_text = field_validator("text")(_text_not_blank)
+
+
+class TimingOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: str
+    n: int
+    tokens: list[str]
+    parallel_ms: float = Field(description="one forward over all n tokens at once")
+    serial_cache_ms: list[float] = Field(description="step t: one token in, keys/values of earlier ones from the KV cache")
+    serial_no_cache_ms: list[float] = Field(description="step t: the whole prefix 0..t recomputed")
+
+
+class CompareToken(BaseModel):
+    a: int
+    b: int | None
+    token: str
+    cos: float | None = Field(description="cosine of the final hidden states of the same token in both prompts")
+
+
+class CompareOut(BaseModel):
+    a: str
+    b: str
+    tokens: list[CompareToken]

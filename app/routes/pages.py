@@ -30,6 +30,11 @@ def index(request: Request) -> HTMLResponse:
     return templates.TemplateResponse(request, "index.html", {})
 
 
+@router.get("/learn", response_class=HTMLResponse)
+def learn(request: Request) -> HTMLResponse:
+    return templates.TemplateResponse(request, "learn.html", {})
+
+
 @router.get("/docs", response_class=HTMLResponse)
 def docs(request: Request) -> HTMLResponse:
     return templates.TemplateResponse(request, "docs.html", {})

@@ -1,0 +1,97 @@
+"""Endpoints behind the Learn views: each one reads the running model's own numbers."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.deps import EngineDep, GateDep
+from app.routes.runs import ERRORS
+from app.schemas import (
+    AnatomyOut,
+    CompareOut,
+    ContributionsOut,
+    EmbeddingOut,
+    PositionsOut,
+    TimingOut,
+    TimingRequest,
+)
+from model import lessons
+from model.errors import BadInput
+from model.tokens import ids_tensor, token_strings
+
+router = APIRouter(prefix="/api", tags=["learn"])
+Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
+TIMING_MAX_TOKENS = 64
+
+
+@router.get("/runs/{run_id}/contributions", response_model=ContributionsOut, responses=ERRORS,
+            summary="What each source token adds to one head's output at one query")
+def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, head: Int, position: Int) -> ContributionsOut:
+    cache = engine.run(run_id)
+    engine.check_layer_head(cache, layer, head)
+    if not 0 <= position < cache.n:
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
+    lm = engine.model(cache.model)
+    with gate.enter(lm.info.name), lm.lock:
+        norms = lessons.value_contributions(lm, cache.input_ids, layer)[head]  # (n,)
+    visible = position + 1 if cache.causal else cache.n
+    weights = cache.pattern(layer)[head, position, :visible]
+    return ContributionsOut(layer=layer, head=head, position=position, weights=weights.tolist(),
+                            value_norms=norms[:visible].tolist(), contributions=(weights * norms[:visible]).tolist())
+
+
+@router.get("/models/{name}/embedding", response_model=EmbeddingOut, responses=ERRORS,
+            summary="A token's embedding row, its nearest neighbours and the ids next to it")
+def embedding(name: str, engine: EngineDep, id: Int, top: Annotated[int, Query(ge=1, le=50)] = 10) -> EmbeddingOut:
+    lm = engine.model(name)
+    data = lessons.embedding_neighbours(lm, id, top)
+    ids = [id] + [i for i, _ in data["neighbours"]] + [i for i, _ in data["adjacent"]]
+    strings = dict(zip(ids, token_strings(lm.tokenizer, ids), strict=True))
+    return EmbeddingOut(
+        model=name, id=id, token=strings[id], norm=data["norm"], vector=data["vector"],
+        neighbours=[{"id": i, "token": strings[i], "cos": c} for i, c in data["neighbours"]],
+        adjacent=[{"id": i, "token": strings[i], "cos": c} for i, c in data["adjacent"]],
+        random_mean=data["random_mean"], random_std=data["random_std"])
+
+
+@router.get("/models/{name}/anatomy", response_model=AnatomyOut, responses=ERRORS,
+            summary="Parameter counts by part of the network")
+def anatomy(name: str, engine: EngineDep) -> AnatomyOut:
+    lm = engine.model(name)
+    return AnatomyOut(model=name, **lessons.anatomy(lm))
+
+
+@router.get("/models/{name}/positions", response_model=PositionsOut, responses=ERRORS,
+            summary="How the model encodes position: its learned table, or its rotary frequencies")
+def positions(name: str, engine: EngineDep, count: Annotated[int, Query(ge=1, le=1024)] = 64) -> PositionsOut:
+    lm = engine.model(name)
+    return PositionsOut(model=name, **lessons.position_table(lm, min(count, lm.info.max_positions)))
+
+
+@router.post("/timing", response_model=TimingOut, responses=ERRORS,
+             summary="One parallel forward vs serial steps with and without the KV cache, measured now")
+def timing(body: TimingRequest, engine: EngineDep, gate: GateDep) -> TimingOut:
+    lm = engine.model(body.model)
+    if not lm.info.has_lm_head:
+        raise BadInput(f"model {lm.info.name!r} is an encoder: it does not generate, so there is nothing serial to time")
+    tokens = engine.tokenize(lm, body.text)
+    if len(tokens) > TIMING_MAX_TOKENS:
+        raise BadInput(f"the prompt has {len(tokens)} tokens; timing takes at most {TIMING_MAX_TOKENS} "
+                       "(the uncached serial run grows with the square of the length)")
+    with gate.enter(lm.info.name), lm.lock:
+        result = lessons.parallel_vs_serial(lm, ids_tensor(tokens))
+    return TimingOut(model=lm.info.name, tokens=[t.text for t in tokens], **result)
+
+
+@router.get("/compare", response_model=CompareOut, responses=ERRORS,
+            summary="Same tokens, another order: per-token cosine of the final hidden states of two runs")
+def compare(a: str, b: str, engine: EngineDep) -> CompareOut:
+    run_a, run_b = engine.run(a), engine.run(b)
+    if run_a.model != run_b.model:
+        raise BadInput("both runs must come from the same model")
+    texts = [t["text"] for t in run_a.summary["tokens"]]
+    pairs = lessons.hidden_similarity(texts, run_a.resid[-1], [t["text"] for t in run_b.summary["tokens"]], run_b.resid[-1])
+    return CompareOut(a=a, b=b, tokens=[{**p, "token": texts[p["a"]]} for p in pairs])
+

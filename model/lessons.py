@@ -1,0 +1,209 @@
+"""Numbers for the Learn views, each computed from the running model's own weights.
+
+* ``value_contributions`` — how much each source token *adds* to a head's output
+  (attention weight x ‖v_j W_O^h‖), not only where the head looks;
+* ``embedding_neighbours`` — a token's row of E, its nearest neighbours, and the ids next
+  to it (k ± 1), which are no closer than any random pair;
+* ``anatomy`` — parameter counts by part of the network;
+* ``position_table`` — the learned position embeddings, or what a rotary model uses;
+* ``parallel_vs_serial`` — one forward over n tokens vs n serial steps, with and without
+  the KV cache, timed;
+* ``hidden_similarity`` — per token, the cosine between the final hidden states of two
+  prompts made of the same tokens in another order.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from model.errors import BadInput
+from model.loading import LoadedModel
+
+
+# ---- 1. attention aggregates context ----------------------------------------------------------
+
+def _value_vectors(lm: LoadedModel, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(values (H, n, dh), W_O per head (H, dh, d)) of one layer, captured from a forward."""
+    info, block = lm.info, lm.blocks[layer]
+    H, dh, d = info.n_heads, info.d_head, info.d_model
+    kind = info.architecture
+    if kind == "gpt2":
+        module, out_w = block.attn.c_attn, block.attn.c_proj.weight.T  # Conv1D stores (in, out)
+    elif kind in ("llama", "qwen2", "mistral"):
+        module, out_w = block.self_attn.v_proj, block.self_attn.o_proj.weight
+    elif kind == "gpt_neox":
+        module, out_w = block.attention.query_key_value, block.attention.dense.weight
+    elif kind == "bert":
+        module, out_w = block.attention.self.value, block.attention.output.dense.weight
+    else:
+        raise BadInput(f"value contributions are not available for {kind!r}")
+    seen: dict[str, torch.Tensor] = {}
+    handle = module.register_forward_hook(lambda _m, _a, out: seen.__setitem__("v", out[0].detach()))
+    try:
+        with torch.inference_mode():
+            lm.model(input_ids=ids[None], use_cache=False)
+    finally:
+        handle.remove()
+    out = seen["v"]  # (n, ...)
+    n = out.shape[0]
+    if kind == "gpt2":
+        v = out[:, 2 * d:].view(n, H, dh)
+    elif kind == "gpt_neox":
+        v = out.view(n, H, 3 * dh)[..., 2 * dh:]
+    elif kind == "bert":
+        v = out.view(n, H, dh)
+    else:  # grouped-query: each K/V head serves n_heads / n_kv_heads query heads
+        v = out.view(n, info.n_kv_heads, dh).repeat_interleave(H // info.n_kv_heads, dim=1)
+    w_o = out_w.T.reshape(H, dh, d)  # (H, dh, d): head h's slice of the output projection
+    return v.transpose(0, 1), w_o
+
+
+def value_contributions(lm: LoadedModel, ids: torch.Tensor, layer: int) -> torch.Tensor:
+    """(H, n): ‖v_j^h W_O^h‖ for every head h and source token j. Caller holds the lock."""
+    v, w_o = _value_vectors(lm, layer, ids)
+    with torch.inference_mode():
+        projected = torch.einsum("hnk,hkd->hnd", v.float(), w_o.float())  # (H, n, d)
+    return projected.norm(dim=-1)
+
+
+# ---- 3-4. token ids and embeddings ------------------------------------------------------------
+
+def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, Any]:
+    E = lm.model.get_input_embeddings().weight.detach().float()  # (V, d)
+    V = E.shape[0]
+    if not 0 <= token_id < V:
+        raise BadInput(f"token id {token_id} is out of range: the vocabulary has ids 0..{V - 1}")
+    unit = torch.nn.functional.normalize(E, dim=-1)
+    cos = unit @ unit[token_id]  # (V,)
+    cos_others = cos.clone()
+    cos_others[token_id] = -2
+    best = cos_others.topk(top)
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randint(0, V, (4000,), generator=gen), torch.randint(0, V, (4000,), generator=gen)
+    keep = a != b
+    random_cos = (unit[a[keep]] * unit[b[keep]]).sum(-1)
+    adjacent = [i for i in (token_id - 1, token_id + 1) if 0 <= i < V]
+    return {
+        "id": token_id,
+        "vector": E[token_id].tolist(),
+        "norm": float(E[token_id].norm()),
+        "neighbours": list(zip(best.indices.tolist(), best.values.tolist(), strict=True)),
+        "adjacent": [(i, float(cos[i])) for i in adjacent],
+        "random_mean": float(random_cos.mean()),
+        "random_std": float(random_cos.std()),
+    }
+
+
+# ---- 5. d_model and heads ----------------------------------------------------------------------
+
+MLP_PARTS = {"bert": ("intermediate.", "output.dense.", "output.LayerNorm.")}
+
+
+def anatomy(lm: LoadedModel) -> dict[str, Any]:
+    """Parameter counts by part: token/position embeddings, attention and MLP per layer, norms, LM head."""
+    model, spec = lm.model, lm.spec
+    blocks = lm.blocks
+    block_of = {id(p): i for i, b in enumerate(blocks) for p in b.parameters()}
+    attn_root = spec.pattern.split(".")[0] + "."
+    mlp_prefixes = MLP_PARTS.get(lm.info.architecture, (spec.mlp_out.split(".")[0] + ".",))
+    per_layer = [{"layer": i, "attention": 0, "mlp": 0, "norms": 0} for i in range(len(blocks))]
+    totals = {"token_embedding": 0, "position_embedding": 0, "final_norm_and_other": 0, "lm_head": 0}
+    wte = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight.data_ptr() == wte.data_ptr()
+    pos_table = None
+    if spec.position_embeddings:
+        from model.arch import find
+
+        table = find(model, spec.position_embeddings)
+        pos_table = table.weight if table is not None else None
+    for block_idx, block in enumerate(blocks):
+        for name, p in block.named_parameters():
+            key = "attention" if name.startswith(attn_root) else "mlp" if name.startswith(mlp_prefixes) else "norms"
+            per_layer[block_idx][key] += p.numel()
+    for _name, p in model.named_parameters():
+        if id(p) in block_of:
+            continue
+        if p is wte:
+            totals["token_embedding"] += p.numel()
+        elif pos_table is not None and p is pos_table:
+            totals["position_embedding"] += p.numel()
+        elif head is not None and p is head.weight:
+            totals["lm_head"] += p.numel()
+        else:
+            totals["final_norm_and_other"] += p.numel()
+    return {"per_layer": per_layer, **totals, "lm_head_tied": tied,
+            "total": sum(p.numel() for p in model.parameters())}
+
+
+# ---- 6. position information ---------------------------------------------------------------------
+
+def position_table(lm: LoadedModel, count: int) -> dict[str, Any]:
+    from model.arch import find
+
+    spec, cfg = lm.spec, lm.model.config
+    if spec.position_encoding == "learned" and spec.position_embeddings:
+        table = find(lm.model, spec.position_embeddings).weight.detach().float()[:count]  # (P, d)
+        unit = torch.nn.functional.normalize(table, dim=-1)
+        return {"kind": "learned", "count": table.shape[0], "d_model": table.shape[1],
+                "matrix": table.tolist(), "similarity": (unit @ unit.T).tolist()}
+    if spec.position_encoding == "rotary":
+        params = getattr(cfg, "rope_parameters", None) or {}
+        theta = float(params.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+        pct = float(params.get("partial_rotary_factor", getattr(cfg, "rotary_pct", 1.0)))
+        rot = int(lm.info.d_head * pct) // 2 * 2
+        inv_freq = 1.0 / theta ** (torch.arange(0, rot, 2).float() / rot)  # (rot/2,)
+        angles = torch.arange(count).float()[:, None] * inv_freq[None]  # (P, rot/2)
+        return {"kind": "rotary", "count": count, "theta": theta, "rotary_dims": rot,
+                "inv_freq": inv_freq.tolist(), "angles": angles.cos().tolist()}
+    return {"kind": spec.position_encoding, "count": 0}
+
+
+# ---- 2. one parallel pass vs serial generation ------------------------------------------------
+
+def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor) -> dict[str, Any]:
+    """Time one forward over n tokens, n steps with the KV cache, n steps without. Caller holds the lock."""
+    n = ids.shape[0]
+    model = lm.model
+
+    def timed(fn: Any) -> float:
+        t0 = time.perf_counter()
+        fn()
+        return 1e3 * (time.perf_counter() - t0)
+
+    with torch.inference_mode():
+        model(input_ids=ids[None], use_cache=False)  # warm-up
+        parallel = min(timed(lambda: model(input_ids=ids[None], use_cache=False)) for _ in range(3))
+        with_cache: list[float] = []
+        cache = None
+        for t in range(n):
+            t0 = time.perf_counter()
+            out = model(input_ids=ids[None, t : t + 1], cache=cache, use_cache=True)
+            cache = out.cache
+            with_cache.append(1e3 * (time.perf_counter() - t0))
+        without: list[float] = [timed(lambda t=t: model(input_ids=ids[None, : t + 1], use_cache=False)) for t in range(n)]
+    return {"n": n, "parallel_ms": parallel, "serial_cache_ms": with_cache, "serial_no_cache_ms": without}
+
+
+# ---- 6. order: same tokens, another order ------------------------------------------------------
+
+def hidden_similarity(a_tokens: list[str], a_final: torch.Tensor, b_tokens: list[str], b_final: torch.Tensor) -> list[dict[str, Any]]:
+    """For each token of prompt A, the same word in prompt B (matched in order of occurrence,
+    ignoring the leading space BPE folds into a token: "dog" at the start and " dog" later
+    are different ids for the same word) and the cosine of their final hidden states.
+    a_final, b_final: (n, d)."""
+    a_keys = [t.strip() for t in a_tokens]
+    b_keys = [t.strip() for t in b_tokens]
+    used: set[int] = set()
+    out = []
+    for i, tok in enumerate(a_keys):
+        j = next((j for j, t in enumerate(b_keys) if t == tok and j not in used), None)
+        cos = None
+        if j is not None:
+            used.add(j)
+            cos = float(torch.nn.functional.cosine_similarity(a_final[i].float(), b_final[j].float(), dim=0))
+        out.append({"a": i, "b": j, "cos": cos})
+    return out
