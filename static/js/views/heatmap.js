@@ -51,8 +51,8 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "" 
   };
   const traces = slice.causal && n > 1 ? [maskTrace(n), heat] : [heat];
   const layout = {
-    margin: { l: 90, r: 10, t: 80, b: 10 },
-    title: { text: plotlyText(title), font: { size: 12 }, y: 0.995 },
+    margin: { l: 90, r: 10, t: 80, b: 28 },
+    title: { text: plotlyText(title), font: { size: 12 }, y: 0.005, yanchor: "bottom" },
     xaxis: { side: "top", tickangle: -60, ...tk, range: [-0.5, n - 0.5], showgrid: false, zeroline: false, title: { text: "key (read from)", standoff: 4 } },
     yaxis: { autorange: "reversed", ...tk, range: [n - 0.5, -0.5], showgrid: false, zeroline: false, title: { text: "query (reading)" } },
     plot_bgcolor: "#ffffff",

@@ -1,0 +1,15 @@
+// Small plotly helpers shared by the Learn views (labels escaped: token text is untrusted).
+import { plotlyText, showToken } from "../dom.js";
+
+export const CONFIG = { displaylogo: false, responsive: true };
+export const label = (s) => plotlyText(showToken(s));
+
+export function plot(div, data, layout = {}) {
+  return window.Plotly.react(div, data, { margin: { l: 50, r: 10, t: 24, b: 60 }, ...layout }, CONFIG);
+}
+
+export function tokenAxis(tokens, max = 40) {
+  const step = Math.max(1, Math.ceil(tokens.length / max));
+  const tickvals = tokens.map((_, i) => i).filter((i) => i % step === 0);
+  return { tickvals, ticktext: tickvals.map((i) => label(tokens[i])), tickangle: -50 };
+}

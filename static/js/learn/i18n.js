@@ -1,0 +1,68 @@
+// The Learn views' explanations, in English and Chinese (written for attnscope).
+
+export const TEXT = {
+  en: {
+    title: "Learn: from token IDs to the residual stream",
+    intro: "Each view below runs the model on your prompt and shows its real numbers. Change the prompt and press Run.",
+    run: "Run", lang: "中文", open: "Open in the explorer",
+    l1: { h: "1 · Attention aggregates context",
+      p: "For one token, a head computes how important every visible token is to it (the attention weights) and adds up their value vectors with those weights. A weight alone says where the head looks; weight × ‖value projected through the head's output‖ says how much each source token actually contributes to what the head writes." },
+    l2: { h: "2 · One parallel pass vs serial generation",
+      p: "Training and analysis see the whole sequence at once: one forward pass computes a next-token prediction at every position in parallel — the causal mask only limits what each position may see. Generation is serial because the next token does not exist until it is produced; the KV cache saves recomputing earlier tokens but cannot remove the dependency.",
+      prefix: "prefix", predicted: "predicted next", truth: "true next", ptruth: "p(true next)", generate: "Generate step by step",
+      timing: "Measured now on this prompt" },
+    l3: { h: "3 · Token IDs are indices",
+      p: "The tokenizer turns text into tokens and each token into an ID: a row number in the vocabulary. IDs carry no meaning in their size: k and k+1 are not related, and neither are k and 2k. Compare how similar the embeddings of neighbouring IDs are with the token's real nearest neighbours.",
+      id: "token id" },
+    l4: { h: "4 · Embedding",
+      p: "The embedding matrix E has one learnable row of d_model numbers per token. Looking up row E[id] turns a discrete token into a continuous vector; training moves these rows so that tokens used alike end up close together." },
+    l5: { h: "5 · d_model and heads",
+      p: "d_model is the width of the residual stream that every layer reads and writes. Attention splits it among h heads of d_head dimensions each (d_model = h × d_head); each head computes its own Q, K and V, and the heads' outputs are concatenated back to d_model." },
+    l6: { h: "6 · Position information",
+      p: "Attention compares token representations, so without position information a bag of the same words would look alike in any order. The token embedding says what a token is; the position signal says where it is. This model learns a table of position vectors; others use sinusoids or rotate Q and K (RoPE). Below, the same words in another order give different attention, predictions and hidden states.",
+      a: "prompt A", b: "prompt B", cos: "cosine of final hidden states, same word" },
+    l7: { h: "7 · Encoder vs decoder",
+      p: "An encoder's self-attention lets every token see the whole input, before and after it. A decoder applies a causal mask: token i sees only tokens 0..i, which is what makes training match left-to-right generation. The same sentence through the bundled encoder and decoder:",
+      enc: "encoder (full attention)", dec: "decoder (causal mask)" },
+    l8: { h: "8 · The decoder-only pipeline",
+      p: "Token IDs → embedding → L transformer blocks → final hidden state → LM head → one logit per vocabulary entry → softmax → the next-token distribution. The logit lens reads the residual stream after every block through the final norm and LM head, showing the prediction take shape layer by layer." },
+    l9: { h: "9 · The residual stream",
+      p: "Each block adds to the residual stream rather than replacing it. Attention is communication: it moves information between positions. The feed-forward network is computation: it transforms each position on its own. Follow the hidden state's size and direction layer by layer, and how much attention and FFN each add to the chosen token.",
+      token: "token" },
+  },
+  zh: {
+    title: "学习：从 Token ID 到残差流",
+    intro: "下面每个视图都会用你的提示词运行模型，展示的是模型真实的数值。修改提示词后点击“运行”。",
+    run: "运行", lang: "English", open: "在浏览器视图中打开",
+    l1: { h: "1 · 注意力聚合上下文",
+      p: "对于某个 token，一个注意力头会计算所有可见 token 对它的重要程度（注意力权重），再按这些权重把它们的 value 向量加起来。只看权重，知道的是“看向哪里”；权重 × 经过该头输出投影后的 value 向量长度，才说明每个来源 token 实际贡献了多少。" },
+    l2: { h: "2 · 一次并行计算与串行生成",
+      p: "训练和分析时整段序列已经存在：一次前向计算就能并行得到每个位置的下一个 token 预测——因果掩码只限制每个位置能看到什么。生成是串行的，因为下一个 token 在被生成之前并不存在；KV 缓存省去了重复计算前面的 token，却无法消除这种先后依赖。",
+      prefix: "前缀", predicted: "预测的下一个", truth: "真实的下一个", ptruth: "p(真实下一个)", generate: "逐步生成",
+      timing: "刚刚在这个提示词上测得" },
+    l3: { h: "3 · Token ID 只是索引",
+      p: "分词器把文本切成 token，再把每个 token 映射为 ID，也就是它在词表中的行号。ID 的大小本身没有含义：k 和 k+1 并不相近，k 和 2k 也毫无关系。下面比较相邻 ID 的嵌入相似度与该 token 真正的最近邻。",
+      id: "token id" },
+    l4: { h: "4 · 嵌入（Embedding）",
+      p: "嵌入矩阵 E 为每个 token 保存一行可学习的 d_model 维向量。查表取出 E[id]，就把离散的 token 变成了连续向量；训练通过反向传播调整这些行，让用法相近的 token 彼此靠近。" },
+    l5: { h: "5 · d_model 与注意力头",
+      p: "d_model 是残差流的宽度，每一层都从中读取、再写回。注意力把它分给 h 个头，每个头 d_head 维（d_model = h × d_head）；每个头各自计算 Q、K、V，最后把各头的输出拼接回 d_model 维。" },
+    l6: { h: "6 · 位置信息",
+      p: "注意力比较的是 token 的表示，如果没有位置信息，同样几个词换个顺序看起来几乎一样。token 嵌入说明“是什么”，位置信号说明“在哪里”。本模型学习了一张位置向量表；也有模型使用正弦编码或旋转 Q、K（RoPE）。下面把同样的词换个顺序，注意力、预测和隐藏状态都随之不同。",
+      a: "提示词 A", b: "提示词 B", cos: "同一个词的最终隐藏状态余弦相似度" },
+    l7: { h: "7 · 编码器与解码器",
+      p: "编码器的自注意力让每个 token 看到整个输入，包括前面和后面。解码器使用因果掩码：第 i 个 token 只能看到第 0..i 个 token，这样训练方式才与从左到右的生成一致。同一句话分别经过内置的编码器和解码器：",
+      enc: "编码器（全注意力）", dec: "解码器（因果掩码）" },
+    l8: { h: "8 · Decoder-only 的完整流程",
+      p: "Token ID → 嵌入 → L 个 Transformer 块 → 最终隐藏表示 → LM head → 词表中每个词一个 logit → softmax → 下一个 token 的概率分布。Logit lens 把每一层之后的残差流直接送入最终归一化和 LM head，可以看到预测是如何一层层形成的。" },
+    l9: { h: "9 · 残差流",
+      p: "每个块都是在残差流上“加”东西，而不是替换它。注意力是 token 之间的通信：在位置之间搬运信息；前馈网络（FFN）是位置内部的计算：对每个位置单独做变换。下面逐层追踪隐藏状态的大小和方向，以及注意力与 FFN 分别给所选 token 加了多少。",
+      token: "token" },
+  },
+};
+
+export function pickLanguage() {
+  const fromUrl = new URLSearchParams(location.search).get("lang");
+  if (fromUrl === "zh" || fromUrl === "en") return fromUrl;
+  return (navigator.language || "en").toLowerCase().startsWith("zh") ? "zh" : "en";
+}

@@ -1,0 +1,77 @@
+// 2. One parallel pass vs serial generation: the prefix table, streamed generation, timing.
+import { el, fmt, showToken } from "../dom.js";
+import { postJSON } from "../api.js";
+import { plot } from "./charts.js";
+
+async function* sse(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const lines = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 2)]));
+      yield { event: lines.event, data: JSON.parse(lines.data) };
+    }
+  }
+}
+
+export async function render(body, ctx) {
+  const { run, t } = ctx;
+  const rows = run.predictions.slice(0, 40).map((p, i) => {
+    const prefix = run.tokens.slice(0, i + 1).map((x) => x.text).join("");
+    const truth = p.actual_next;
+    return el("tr", {},
+      el("td", { class: "mono", text: prefix.length > 48 ? `…${prefix.slice(-48)}` : prefix }),
+      el("td", { class: "mono", text: `→ ${showToken(p.top[0].token)} (${fmt(p.top[0].prob, 2)})` }),
+      el("td", { class: "mono", text: truth ? showToken(truth.token) : "—" }),
+      el("td", { text: truth ? `${fmt(truth.prob, 3)} (rank ${truth.rank})` : "" }));
+  });
+  const table = el("table", { "data-testid": "l2-table" },
+    el("thead", {}, el("tr", {}, ...["prefix", "predicted", "truth", "ptruth"].map((k) => el("th", { text: t(`l2.${k}`) })))),
+    el("tbody", {}, ...rows));
+  const stream = el("div", { class: "stream", "data-testid": "l2-stream" });
+  const steps = el("div", { class: "chart", "data-testid": "l2-steps" });
+  const go = el("button", { type: "button", "data-testid": "l2-generate", text: t("l2.generate") });
+  const timing = el("div", { class: "chart tall", "data-testid": "l2-timing" });
+  body.replaceChildren(el("div", { class: "scroll wide" }, table), el("div", {}, go, stream, steps), el("div", {}, el("p", { class: "muted", text: t("l2.timing") }), timing));
+
+  go.addEventListener("click", async () => {
+    go.disabled = true;
+    stream.replaceChildren(el("span", { text: ctx.text }));
+    const ms = [];
+    try {
+      const r = await fetch("/api/generate", { method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 }) });
+      if (!r.ok) throw new Error((await r.json()).message);
+      for await (const ev of sse(r)) {
+        if (ev.event !== "token") continue;
+        stream.append(el("span", { class: "new", text: ev.data.token, title: `p=${fmt(ev.data.prob, 3)} · ${fmt(ev.data.ms, 1)} ms` }));
+        ms.push(ev.data.ms);
+        plot(steps, [{ type: "bar", x: ms.map((_, i) => i + 1), y: ms, marker: { color: "#2171b5" } }],
+          { xaxis: { title: { text: "generated token (step 1 = the prompt's prefill)" } }, yaxis: { title: { text: "ms" } } });
+      }
+      stream.dataset.done = String(ms.length);
+    } catch (err) {
+      ctx.error(err.message);
+    } finally {
+      go.disabled = false;
+    }
+  });
+
+  const words = run.tokens.slice(0, 64).map((x) => x.text).join("");
+  const tm = await postJSON("/api/timing", { text: words, model: run.model });
+  const cum = (xs) => xs.reduce((acc, v) => [...acc, (acc.at(-1) || 0) + v], []);
+  const x = tm.serial_cache_ms.map((_, i) => i + 1);
+  await plot(timing, [
+    { type: "scatter", mode: "lines", name: "serial, no KV cache (prefix recomputed)", x, y: cum(tm.serial_no_cache_ms) },
+    { type: "scatter", mode: "lines", name: "serial, with KV cache", x, y: cum(tm.serial_cache_ms) },
+    { type: "scatter", mode: "lines", name: `one parallel forward over all ${tm.n} tokens`, x: [1, tm.n], y: [tm.parallel_ms, tm.parallel_ms], line: { dash: "dot" } },
+  ], { xaxis: { title: { text: "tokens processed" } }, yaxis: { title: { text: "cumulative ms" } }, legend: { orientation: "h", y: 1.2 } });
+  ctx.link(2, {});
+}
