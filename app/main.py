@@ -46,6 +46,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app = FastAPI(title="attnscope", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
                   docs_url=None, redoc_url=None)
     app.state.settings = settings
+    app.state.engine = engine  # a prebuilt engine serves at once; otherwise the lifespan loads it
     app.state.gate = Gate(settings.queue_length)
     errors.install(app)
     app.include_router(models.router)

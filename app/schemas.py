@@ -43,6 +43,10 @@ class ModelsOut(BaseModel):
 def _text_not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("text is empty or only whitespace; type a prompt to analyse")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode: unpaired surrogate at character {exc.start}") from None
     return value
 
 

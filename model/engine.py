@@ -48,7 +48,7 @@ class Engine:
 
     # ---- lookup -----------------------------------------------------------------
     def model(self, name: str | None) -> LoadedModel:
-        key = name or self.default
+        key = self.default if name is None else name
         if key not in self.models:
             raise UnknownModel(key, list(self.models))
         return self.models[key]

@@ -1,0 +1,151 @@
+"""A corpus of malformed and hostile requests: each gets a clear 4xx, never a 5xx,
+and the server keeps answering."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app
+from app.settings import Settings
+from model.engine import Engine
+
+JSON = {"content-type": "application/json"}
+
+
+@pytest.fixture(scope="module")
+def raw(engine: Engine) -> TestClient:
+    """A client that shows a server error as a 500 instead of raising it."""
+    app = create_app(Settings(models={}, default_model="tiny-gpt2", max_body_bytes=64 * 1024), engine)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def run_id(raw: TestClient) -> str:
+    return raw.post("/api/runs", json={"text": "a small prompt for hostile tests"}).json()["run_id"]
+
+
+def _raw_bodies() -> list[tuple[bytes, dict[str, str]]]:
+    bodies = [b"", b"null", b"[]", b"{}", b'"text"', b"123", b"{", b"{'text': 'x'}", b'{"text": "a",}',
+              b'{"text": NaN}', b'{"text": Infinity}', b"\xff\xfe\x00", b'{"text": "a"}{"text": "b"}',
+              b'{"text": "\\ud800"}', b'{"text": "a", "top_k": NaN}', b'{"text": "a", "top_k": 1e400}']
+    cases = [(b, JSON) for b in bodies]
+    cases += [(b'{"text": "hi"}', {"content-type": "text/plain"}), (b"text=hi", {"content-type": "application/x-www-form-urlencoded"}),
+              (b'{"text": "hi"}', {"content-type": "application/xml"}), (b'{"text": "hi"}', {})]
+    return cases
+
+
+RUN_BODIES: list[Any] = [
+    {"text": v} for v in (5, 5.5, True, None, [], {}, ["a"], {"a": 1}, "", " ", "\n", "\t\r\n", "\u3000\u2003", "word " * 2000)
+] + [
+    {"text": "hi", "top_k": v} for v in (0, -1, 101, 10**20, "5x", 1.5, None, [], "")
+] + [
+    {"text": "hi", "model": v} for v in ("", "../../etc", "/etc/passwd", "gpt2", "openai-community/gpt2", 5, "tiny-gpt2\x00", "x" * 5000)
+] + [
+    {"text": "hi", "extra": 1}, {"txt": "hi"}, {"text": "hi", "text2": "x"}, {"text": "hi", "top_k": 3, "model": "tiny-gpt2", "x": []},
+]
+
+GENERATE_BODIES: list[Any] = [
+    {"text": "hi", "max_new_tokens": v} for v in (0, -1, 10**6, "many", 2.5)
+] + [
+    {"text": "hi", "temperature": v} for v in (-1, 11, "hot", None)
+] + [
+    {"text": "hi", "top_p": v} for v in (0, 1.5, -0.1)
+] + [
+    {"text": "hi", "seed": v} for v in (-1, 2**70, "abc")
+] + [
+    {"text": "hi", "top_k": -5}, {}, {"text": ""}, {"text": "  "}, {"text": "hi", "model": "/tmp"}, {"text": "word " * 2000},
+]
+
+
+def _query_cases(run: str) -> list[str]:
+    att = f"/api/runs/{run}/attention"
+    cases = [f"{att}?layer={v}" for v in ("-1", "99", str(2**40), "abc", "1.5", "", "NaN", "inf", "-0x1")]
+    cases += [f"{att}?layer=0&head={v}" for v in ("-1", "4", "999999999999", "h", "1e3")]
+    cases += [f"{att}?layer=0&head=0&format={v}" for v in ("xml", "BIN", "", "json;drop")]
+    cases += [f"{att}?layer=0&format=bin&size={v}" for v in ("1", "1000", "-4", "big")]
+    cases += [f"{att}", f"{att}?head=0"]
+    cases += [f"/api/runs/{v}/attention?layer=0" for v in ("..%2F..%2Fetc", "%00", "x" * 4000, "%3Cscript%3E", "nope")]
+    cases += [f"/api/runs/{run}/next?position={v}" for v in ("-1", "10000", "x", "")]
+    cases += [f"/api/runs/{run}/next?position=0&temperature={v}" for v in ("0", "-1", "nan", "inf", "1e309", "101")]
+    cases += [f"/api/runs/{run}/logit-lens?top_k={v}" for v in ("0", "51", "-5", "many")]
+    cases += [f"/api/runs/{run}/contributions?layer=0&head=0&position={v}" for v in ("-1", "99", "p")]
+    cases += [f"/api/models/tiny-gpt2/embedding?id={v}" for v in ("-1", "8192", str(2**40), "x", "")]
+    cases += ["/api/models/%2Fetc%2Fpasswd/embedding?id=1", "/api/models/nope/anatomy", "/api/models/nope/positions",
+              "/api/models/tiny-gpt2/positions?count=0", "/api/models/tiny-gpt2/positions?count=5000",
+              "/api/compare?a=nope&b=nope", "/api/compare?a=x", "/api/runs/nope", "/api/runs/nope/residual",
+              "/api/runs/nope/sparsity", "/api/nothing-here"]
+    return cases
+
+
+TRAVERSAL = ["/static/../pyproject.toml", "/static/%2e%2e/pyproject.toml", "/static/..%2fpyproject.toml",
+             "/static/%2e%2e%2fpyproject.toml", "/static/%252e%252e/pyproject.toml", "/static/....//pyproject.toml",
+             "/static/js/../../pyproject.toml", "/static/%2e%2e%5cpyproject.toml", "/vendor/swagger/..%2f..%2fsetup.py",
+             "/vendor/swagger/%2e%2e%2f__init__.py", "/static//etc/passwd", "/static/%00.css"]
+
+
+def _check(r: Any, what: str) -> None:
+    assert 400 <= r.status_code < 500, f"{what}: {r.status_code} {r.text[:200]}"
+    if r.headers.get("content-type", "").startswith("application/json"):
+        body = r.json()
+        assert body.get("message") or body.get("detail"), what
+
+
+def test_corpus_has_over_a_hundred_cases(run_id: str) -> None:
+    total = len(_raw_bodies()) + len(RUN_BODIES) + len(GENERATE_BODIES) + len(_query_cases(run_id)) + len(TRAVERSAL) + 3
+    assert total >= 100, total
+
+
+@pytest.mark.parametrize("i", range(len(_raw_bodies())))
+def test_raw_bodies(raw: TestClient, i: int) -> None:
+    body, headers = _raw_bodies()[i]
+    _check(raw.post("/api/runs", content=body, headers=headers), repr(body))
+
+
+@pytest.mark.parametrize("body", RUN_BODIES, ids=lambda b: json.dumps(b)[:40])
+def test_bad_run_bodies(raw: TestClient, body: Any) -> None:
+    _check(raw.post("/api/runs", json=body), json.dumps(body)[:80])
+
+
+@pytest.mark.parametrize("body", GENERATE_BODIES, ids=lambda b: json.dumps(b)[:40])
+def test_bad_generate_bodies(raw: TestClient, body: Any) -> None:
+    _check(raw.post("/api/generate", json=body), json.dumps(body)[:80])
+
+
+def test_bad_queries(raw: TestClient, run_id: str) -> None:
+    for url in _query_cases(run_id):
+        _check(raw.get(url), url)
+
+
+def test_big_bodies_and_methods(raw: TestClient) -> None:
+    big = json.dumps({"text": "a" * (10 * 1024 * 1024)}).encode()
+    _check(raw.post("/api/runs", content=big, headers=JSON), "10 MB body")
+    _check(raw.post("/api/timing", content=big, headers=JSON), "10 MB body")
+    _check(raw.put("/api/runs", json={"text": "hi"}), "PUT")
+    _check(raw.delete("/api/runs/x"), "DELETE")
+
+
+def test_static_files_cannot_escape(raw: TestClient) -> None:
+    for url in TRAVERSAL:
+        r = raw.get(url)
+        assert r.status_code in (400, 404), f"{url}: {r.status_code}"
+        assert "[build-system]" not in r.text and "root:" not in r.text
+
+
+@pytest.mark.parametrize("text", ["emoji 🐶🧠", "مرحبا", "zero\u200bwidth", "\u202eRTL override", "ctl\x00\x01\x7f",
+                                  "\"><svg onload=alert(1)>", "'; DROP TABLE runs; --", "\ufeffBOM", "a\u0301\u0301\u0301",
+                                  "𝕌𝕟𝕚𝕔𝕠𝕕𝕖"])
+def test_odd_but_valid_text_is_accepted(raw: TestClient, text: str) -> None:
+    r = raw.post("/api/runs", json={"text": text})
+    assert r.status_code == 201
+    for t in r.json()["tokens"]:
+        assert text[t["start"]:t["end"]] == t["text"]
+
+
+def test_server_still_answers(raw: TestClient) -> None:
+    assert raw.get("/api/models").status_code == 200
+    assert raw.post("/api/runs", json={"text": "still here"}).status_code == 201

@@ -1,0 +1,27 @@
+"""Schemathesis against our own /openapi.json: no 5xx, and responses match the schema."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import response_schema_conformance
+
+from app.main import create_app
+from app.settings import Settings
+from model.loading import load_model
+from tests.conftest import make_engine, save_tiny
+
+_folder = save_tiny("gpt2", Path(tempfile.mkdtemp(prefix="attnscope-fuzz-")) / "gpt2")
+_engine = make_engine({"tiny-gpt2": load_model("tiny-gpt2", str(_folder))}, "tiny-gpt2")
+_app = create_app(Settings(models={}, default_model="tiny-gpt2", max_body_bytes=64 * 1024), _engine)
+schema = schemathesis.openapi.from_asgi("/openapi.json", _app)
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_api_conforms(case: schemathesis.Case) -> None:
+    case.call_and_validate(checks=[not_a_server_error, response_schema_conformance])
