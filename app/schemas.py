@@ -182,6 +182,10 @@ class GenerateRequest(Strict):
     top_k: int = Field(0, ge=0, le=100_000, description="0 = no top-k filter")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2**63 - 1)
+    record: bool = Field(False, description="keep every step's activations; a final `run` event names the run "
+                                            "over prompt + generated text")
+    watch_layer: int | None = Field(None, ge=0, le=10_000, description="with record: send this head's new attention rows in each event")
+    watch_head: int | None = Field(None, ge=0, le=10_000)
 
     _check_text = field_validator("text")(_text_not_blank)
 

@@ -75,6 +75,14 @@ class Engine:
         with lm.lock:
             acts = run_with_cache(lm, ids)
         t2 = time.perf_counter()
+        return self.store_run(lm, text, tokens, acts, top_k,
+                              {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}, t0)
+
+    def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: dict[str, torch.Tensor],
+                  top_k: int, timing: dict[str, float], t0: float) -> RunResult:
+        """Score and keep one run's activations (from one forward, or a recorded generation)."""
+        t2 = time.perf_counter()
+        ids = ids_tensor(tokens)
         cache = build_cache(lm, ids, acts)
         heads = []
         for layer in range(lm.info.n_layers):
@@ -89,12 +97,22 @@ class Engine:
             "tokens": [asdict(t) for t in tokens],
             "predictions": preds,
             "heads": heads,
-            "timing_ms": {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1),
-                          "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
+            "timing_ms": {**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
         }
         run_id = self.store.add(cache)
-        log.info("run %s: %s, %d tokens, forward %.0f ms", run_id, lm.info.name, len(tokens), 1e3 * (t2 - t1))
+        log.info("run %s: %s, %d tokens, %.0f ms", run_id, lm.info.name, len(tokens), 1e3 * (t3 - t0))
         return RunResult(run_id=run_id, cache=cache)
+
+    def store_generation(self, lm: LoadedModel, prompt: str, prompt_tokens: list[Token], new_ids: list[int],
+                         acts: dict[str, torch.Tensor], top_k: int = 10) -> RunResult:
+        """A recorded generation as a normal run over prompt + generated text."""
+        t0 = time.perf_counter()
+        strings = token_strings(lm.tokenizer, new_ids)
+        tokens, text = list(prompt_tokens), prompt
+        for tid, s in zip(new_ids, strings, strict=True):
+            tokens.append(Token(index=len(tokens), id=tid, text=s, start=len(text), end=len(text) + len(s)))
+            text += s
+        return self.store_run(lm, text, tokens, acts, top_k, {"recorded_steps": float(len(new_ids))}, t0)
 
     def run(self, run_id: str) -> ActivationCache:
         return self.store.get(run_id)

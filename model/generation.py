@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
+from model.hooks import hooked
 from model.loading import LoadedModel
+from model.recording import Recorder
 from model.tokens import token_strings
 
 
@@ -53,7 +55,7 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 class GenerationSession:
     """Holds the KV cache between steps. Each step takes the model's lock itself."""
 
-    def __init__(self, lm: LoadedModel, prompt_ids: torch.Tensor, params: SamplingParams) -> None:
+    def __init__(self, lm: LoadedModel, prompt_ids: torch.Tensor, params: SamplingParams, record: bool = False) -> None:
         self.lm = lm
         self.params = params
         self.ids = prompt_ids.clone()  # (n,)
@@ -62,11 +64,17 @@ class GenerationSession:
         self.steps = 0
         self.eos = lm.tokenizer.eos_token_id
         self.forward_calls = 0  # counted so that tests can see generation stop
+        self.recorder = Recorder() if record else None
 
     def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
         """Feed the tokens the cache has not seen; returns the next-token logits (V,)."""
         with self.lm.lock, torch.inference_mode():
-            out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
+            if self.recorder is None:
+                out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
+            else:
+                with hooked(self.lm) as acts:
+                    out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
+                self.recorder.add(acts, out.logits[0])
         self.forward_calls += 1
         self.cache = out.cache
         return out.logits[0, -1].float()
@@ -98,3 +106,11 @@ class GenerationSession:
         return Step(index=self.steps - 1, id=choice, token=strings[0], prob=prob,
                     top=list(zip(top_ids, strings[1:], top.values.tolist(), strict=True)),
                     ms=1e3 * (time.perf_counter() - t0))
+
+    def finish_recording(self) -> dict[str, torch.Tensor]:
+        """Feed the last sampled token too, so the record covers every token; returns the
+        activations of the whole text under run_with_cache's names."""
+        assert self.recorder is not None, "this session does not record"
+        if self.recorder.n < len(self.ids):
+            self._forward(self.ids[-1:])
+        return self.recorder.assemble()

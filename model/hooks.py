@@ -18,7 +18,8 @@ logits                        (n, vocab)          the LM head's output (decoders
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -85,6 +86,31 @@ def _add_hooks(lm: LoadedModel, store: dict[str, torch.Tensor], wanted: Filter) 
     return handles
 
 
+def _filter(names: Iterable[str] | Filter | None) -> Filter:
+    if names is None:
+        return lambda _name: True
+    if callable(names):
+        return names
+    chosen = set(names)
+    return chosen.__contains__
+
+
+@contextmanager
+def hooked(lm: LoadedModel, names: Iterable[str] | Filter | None = None) -> Iterator[dict[str, torch.Tensor]]:
+    """Hooks live only inside the ``with``: every forward run there fills the dict.
+
+    With the KV cache a step's forward sees one new query: its pattern is then
+    (heads, 1, keys) and its residual tensors (1, d_model).
+    """
+    store: dict[str, torch.Tensor] = {}
+    handles = _add_hooks(lm, store, _filter(names))
+    try:
+        yield store
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def run_with_cache(
     lm: LoadedModel,
     input_ids: torch.Tensor,  # (n,)
@@ -95,21 +121,9 @@ def run_with_cache(
     ``names`` keeps only what was asked for (a list of names or a predicate), like
     TransformerLens' ``names_filter``. The caller holds ``lm.lock``.
     """
-    if names is None:
-        wanted: Filter = lambda _name: True  # noqa: E731
-    elif callable(names):
-        wanted = names
-    else:
-        chosen = set(names)
-        wanted = chosen.__contains__
-    store: dict[str, torch.Tensor] = {}
-    handles = _add_hooks(lm, store, wanted)
-    try:
-        with torch.inference_mode():
-            out = lm.model(input_ids=input_ids[None, :], use_cache=False)
-    finally:
-        for handle in handles:
-            handle.remove()
+    wanted = _filter(names)
+    with hooked(lm, wanted) as store, torch.inference_mode():
+        out = lm.model(input_ids=input_ids[None, :], use_cache=False)
     logits = getattr(out, "logits", None)
     if logits is not None and wanted("logits"):
         store["logits"] = logits[0].float()  # (n, vocab)

@@ -25,7 +25,12 @@ SSE_DOC = """Server-Sent Events. One `token` event per new token:
 token's probability under the sampling distribution, `top` the model's own top-5 at
 temperature 1, `ms` the step's time: one forward over the newest token with the KV cache,
 the first step being the prefill over the whole prompt). A final `done` event:
-`{"text", "n_new", "stop", "total_ms"}`. Generation stops when the client disconnects."""
+`{"text", "n_new", "stop", "total_ms"}`. Generation stops when the client disconnects.
+
+With `"record": true` every step's activations are kept; token events then carry `rows`
+(the new attention rows of `watch_layer`/`watch_head`, when given: the prefill's rows for
+the prompt, then one row per fed token), and a `run` event before `done` gives the
+`run_id` of an ordinary run over prompt + generated text (`{"run_id", "n"}`)."""
 
 
 def sse(event: str, data: dict[str, object]) -> str:
@@ -44,9 +49,17 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
                        f"exceeds this model's limit of {limit} tokens")
     if not lm.info.has_lm_head:
         raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it cannot generate")
+    watch = None
+    if body.watch_layer is not None or body.watch_head is not None:
+        if not body.record:
+            raise BadInput("watch_layer and watch_head need record: true")
+        layer, head = body.watch_layer or 0, body.watch_head or 0
+        if layer >= lm.info.n_layers or head >= lm.info.n_heads:
+            raise BadInput(f"watch layer/head out of range: layers 0..{lm.info.n_layers - 1}, heads 0..{lm.info.n_heads - 1}")
+        watch = (layer, head)
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
                             top_k=body.top_k, top_p=body.top_p, seed=body.seed)
-    session = GenerationSession(lm, ids_tensor(tokens), params)
+    session = GenerationSession(lm, ids_tensor(tokens), params, record=body.record)
     request.state.generation = session  # tests and logs can see how far it went
 
     async def events() -> AsyncIterator[str]:
@@ -59,11 +72,20 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
                     log.info("generation stopped: client went away after %d tokens", session.steps)
                     return
                 step = await run_in_threadpool(session.step)
-                yield sse("token", {"step": step.index, "id": step.id, "token": step.token, "prob": step.prob,
-                                    "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top],
-                                    "ms": step.ms})
+                event = {"step": step.index, "id": step.id, "token": step.token, "prob": step.prob,
+                         "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top], "ms": step.ms}
+                if watch and session.recorder is not None:
+                    event["rows"] = session.recorder.new_rows(*watch)
+                yield sse("token", event)
             if session.eos is not None and int(session.ids[-1]) == session.eos:
                 stop = "eos"
+            if session.recorder is not None:
+                acts = await run_in_threadpool(session.finish_recording)
+                new = session.ids[len(tokens):].tolist()
+                result = await run_in_threadpool(engine.store_generation, lm, body.text, tokens, new, acts)
+                if watch:
+                    yield sse("rows", {"rows": session.recorder.new_rows(*watch)})
+                yield sse("run", {"run_id": result.run_id, "n": result.cache.n})
         new_ids = session.ids[len(tokens):].tolist()
         yield sse("done", {"text": lm.tokenizer.decode(new_ids), "n_new": len(new_ids), "stop": stop,
                            "total_ms": 1e3 * (time.perf_counter() - start)})

@@ -1,0 +1,55 @@
+"""Record every step of a KV-cache generation and assemble it into one ordinary run.
+
+Each forward of a generation sees only the tokens the cache has not seen: the
+prefill sees the prompt (its patterns are (H, n, n)), each later step one token
+(patterns (H, 1, t + 1)). Stacking those rows gives exactly the (H, N, N) pattern a
+fresh forward over the whole text would give; the tests check it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Recorder:
+    chunks: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # (rows, V) per forward
+
+    def add(self, acts: dict[str, torch.Tensor], logits: torch.Tensor | None) -> None:
+        self.chunks.append(dict(acts))
+        if logits is not None:
+            self.logits.append(logits.float())
+
+    @property
+    def n(self) -> int:
+        return sum(c["blocks.0.hook_resid_pre"].shape[0] for c in self.chunks)
+
+    def new_rows(self, layer: int, head: int) -> list[list[float]]:
+        """The rows of one head computed by the latest forward (visible keys only)."""
+        pattern = self.chunks[-1][f"blocks.{layer}.attn.hook_pattern"][head]  # (rows, keys)
+        keys = pattern.shape[-1]
+        first = keys - pattern.shape[0]
+        return [pattern[r, : first + r + 1].tolist() for r in range(pattern.shape[0])]
+
+    def assemble(self) -> dict[str, torch.Tensor]:
+        """The activations under run_with_cache's names, over all N recorded positions."""
+        n = self.n
+        out: dict[str, torch.Tensor] = {}
+        for name in self.chunks[0]:
+            parts = [c[name] for c in self.chunks]
+            if name.endswith("attn.hook_pattern"):
+                heads = parts[0].shape[0]
+                full = torch.zeros(heads, n, n)
+                row = 0
+                for p in parts:  # (H, rows, keys): keys = every position up to the last row
+                    full[:, row : row + p.shape[1], : p.shape[2]] = p
+                    row += p.shape[1]
+                out[name] = full
+            else:
+                out[name] = torch.cat(parts, dim=0)  # (N, d)
+        if self.logits:
+            out["logits"] = torch.cat(self.logits, dim=0)  # (N, V)
+        return out

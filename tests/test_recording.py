@@ -1,0 +1,70 @@
+"""Recorded generation: the rows captured step by step equal one fresh forward."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from model.engine import Engine
+from model.generation import GenerationSession, SamplingParams
+from model.hooks import run_with_cache
+from model.loading import LoadedModel
+from model.tokens import ids_tensor, tokenize
+from tests.conftest import ARCHS
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_recorded_rows_equal_a_fresh_forward(tiny_models: dict[str, LoadedModel], arch: str) -> None:
+    lm = tiny_models[arch]
+    prompt = ids_tensor(tokenize(lm.tokenizer, "The cat sat on the mat and"))
+    session = GenerationSession(lm, prompt, SamplingParams(max_new_tokens=6, temperature=1.0, top_k=0, top_p=1.0, seed=3),
+                                record=True)
+    while not session.done:
+        session.step()
+    recorded = session.finish_recording()
+    full = session.ids
+    fresh = run_with_cache(lm, full)
+    assert recorded["blocks.0.attn.hook_pattern"].shape == (lm.info.n_heads, len(full), len(full))
+    for name, expected in fresh.items():
+        torch.testing.assert_close(recorded[name], expected, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def _events(text: str) -> list[tuple[str, dict]]:
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_recorded_generation_becomes_a_run(client: TestClient, engine: Engine) -> None:
+    body = {"text": "dog bites man", "max_new_tokens": 5, "temperature": 0, "record": True, "watch_layer": 1, "watch_head": 2}
+    events = _events(client.post("/api/generate", json=body).text)
+    kinds = [e for e, _ in events]
+    assert kinds[-2:] == ["run", "done"] and kinds.count("token") == 5
+    tokens = [d for e, d in events if e == "token"]
+    n_prompt = len(tokenize(engine.model("tiny-gpt2").tokenizer, "dog bites man"))
+    streamed = [row for d in tokens for row in d["rows"]] + next(d for e, d in events if e == "rows")["rows"]
+    assert [len(r) for r in streamed] == list(range(1, n_prompt + 6))  # the heatmap fills row by row
+    run_id = next(d for e, d in events if e == "run")["run_id"]
+    run = client.get(f"/api/runs/{run_id}").json()
+    assert len(run["tokens"]) == n_prompt + 5 and len(run["predictions"]) == n_prompt + 5
+    rows = client.get(f"/api/runs/{run_id}/attention", params={"layer": 1, "head": 2}).json()["rows"]
+    for got, want in zip(rows, streamed, strict=True):
+        assert got == pytest.approx(want, abs=1e-5)
+    ids = torch.tensor([t["id"] for t in run["tokens"]])
+    lm = engine.model("tiny-gpt2")
+    with torch.inference_mode():
+        ref = lm.model(input_ids=ids[None], output_attentions=True).attentions[1][0, 2]
+    for i, row in enumerate(rows):
+        assert row == pytest.approx(ref[i, : i + 1].tolist(), abs=1e-4)
+
+
+def test_watch_needs_record(client: TestClient) -> None:
+    r = client.post("/api/generate", json={"text": "hi", "watch_layer": 0})
+    assert r.status_code == 422 and "record" in r.json()["message"]
+    r = client.post("/api/generate", json={"text": "hi", "record": True, "watch_layer": 9, "watch_head": 0})
+    assert r.status_code == 422 and "out of range" in r.json()["message"]
