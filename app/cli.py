@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 
 log = logging.getLogger("attnscope")
 
@@ -63,6 +64,25 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export(args: argparse.Namespace) -> int:
+    from app.svg_export import heatmap_svg
+
+    try:
+        run = json.loads(args.run.read_text(encoding="utf-8"))
+        attention = run["attention"]
+    except (OSError, ValueError, KeyError) as exc:
+        sys.stderr.write(f"attnscope: {args.run} is not a run exported by attnscope ({exc})\n")
+        return 1
+    if not 0 <= args.layer < len(attention) or not 0 <= args.head < len(attention[0]):
+        sys.stderr.write(f"attnscope: layer/head out of range: layers 0..{len(attention) - 1}, heads 0..{len(attention[0]) - 1}\n")
+        return 1
+    tokens = [t["text"] for t in run["tokens"]]
+    title = f"{run['model']} · layer {args.layer} head {args.head} · {len(tokens)} tokens"
+    args.svg.write_text(heatmap_svg(attention[args.layer][args.head], tokens, run["causal"], title), encoding="utf-8")
+    sys.stdout.write(f"attnscope: wrote {args.svg}\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnscope", description="see inside a transformer")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -75,9 +95,14 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--model", default=None)
     analyze.add_argument("--top-k", type=int, default=5)
     analyze.add_argument("--json", action="store_true", help="print the run as JSON")
+    export = sub.add_parser("export", help="draw one head of an exported run (Run JSON) as SVG")
+    export.add_argument("run", type=Path, help="a file saved with the explorer's Run JSON button (or GET /api/runs/ID/export)")
+    export.add_argument("--layer", type=int, required=True)
+    export.add_argument("--head", type=int, required=True)
+    export.add_argument("--svg", type=Path, required=True, help="where to write the figure")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    return {"serve": _serve, "analyze": _analyze}[args.command](args)
+    return {"serve": _serve, "analyze": _analyze, "export": _export}[args.command](args)
 
 
 if __name__ == "__main__":

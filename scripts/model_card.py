@@ -32,7 +32,12 @@ log = logging.getLogger("model_card")
 
 
 def heldout_windows(tokenizer: object, path: Path, length: int, count: int) -> list[torch.Tensor]:
-    ids = torch.tensor(tokenizer(path.read_text(encoding="utf-8"))["input_ids"])
+    """Windows of held-out text encoded as in training: documents joined by <|endoftext|>."""
+    stream: list[int] = []
+    for doc in path.read_text(encoding="utf-8").split("\n\n"):
+        stream.extend(tokenizer(doc)["input_ids"])
+        stream.append(tokenizer.eos_token_id)
+    ids = torch.tensor(stream)
     step = max(length, (len(ids) - length) // count)
     return [ids[s : s + length] for s in range(0, len(ids) - length, step)][:count]
 

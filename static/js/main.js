@@ -131,26 +131,131 @@ async function analyse(initial = {}) {
   busy(true);
   try {
     const run = await postJSON("/api/runs", { text, model: modelName, top_k: 10 });
-    const model = state.models.find((m) => m.name === run.model);
-    const clamp = (v, hi, dflt) => (Number.isInteger(v) && v >= 0 && v < hi ? v : dflt);
-    const layer = clamp(initial.layer, run.n_layers, 0);
-    const head = clamp(initial.head, run.n_heads, 0);
-    const pos = clamp(initial.pos, run.tokens.length, run.tokens.length - 1);
-    set({ run, model, layer, head, pos, slice: null });
-    $("#explorer").hidden = false;
-    renderTokens($("#tokens"), run, selectPos);
-    markSelected($("#tokens"), pos);
-    fillSelect($("#layer-picker"), run.n_layers, "layer", layer);
-    fillSelect($("#head-picker"), run.n_heads, "head", head);
-    $("#model-summary").textContent = describeModel(model);
-    await drawHead();
-    grid.render(run, $("#grid-sort").value, { layer, head });
-    drawNextSoon();
+    await loadRun(run, initial);
   } catch (err) {
     showError(err.message);
   } finally {
     busy(false);
   }
+}
+
+async function loadRun(run, initial = {}) {
+  const model = state.models.find((m) => m.name === run.model);
+  const clamp = (v, hi, dflt) => (Number.isInteger(v) && v >= 0 && v < hi ? v : dflt);
+  const layer = clamp(initial.layer, run.n_layers, 0);
+  const head = clamp(initial.head, run.n_heads, 0);
+  const pos = clamp(initial.pos, run.tokens.length, run.tokens.length - 1);
+  set({ run, model, layer, head, pos, slice: null });
+  $("#explorer").hidden = false;
+  renderTokens($("#tokens"), run, selectPos);
+  markSelected($("#tokens"), pos);
+  fillSelect($("#layer-picker"), run.n_layers, "layer", layer);
+  fillSelect($("#head-picker"), run.n_heads, "head", head);
+  $("#model-summary").textContent = describeModel(model);
+  $("#timeline-box").hidden = !initial.steps;
+  if (initial.steps) {
+    const tl = $("#timeline");
+    tl.max = String(initial.steps);
+    tl.value = String(initial.steps);
+    $("#timeline-value").textContent = `all ${initial.steps} generated tokens`;
+  }
+  await drawHead();
+  grid.render(run, $("#grid-sort").value, { layer, head }, model);
+  drawNextSoon();
+  loadSparsity(run);
+}
+
+async function loadSparsity(run) {
+  try {
+    const { heads } = await getJSON(`/api/runs/${encodeURIComponent(run.run_id)}/sparsity`);
+    if (state.run !== run) return;
+    heads.forEach((s, i) => Object.assign(run.heads[i], s));
+    grid.annotate(run);
+  } catch (err) {
+    showError(err.message);
+  }
+}
+
+// Generate with the KV cache, recording every step: the heatmap fills row by row as
+// tokens stream in, then the recording becomes an ordinary run with a timeline.
+async function generateAndRecord() {
+  if (!state.run) await analyse();
+  if (!state.run || !state.model.has_lm_head) return;
+  const text = $("#prompt").value;
+  const body = { text, model: state.run.model, max_new_tokens: Number($("#gen-count").value), temperature: Number($("#gen-temp").value),
+                 top_k: 0, top_p: 1, seed: 0, record: true, watch_layer: state.layer, watch_head: state.head };
+  const { layer, head } = state;
+  showError("");
+  busy(true);
+  const rows = [];
+  const tokens = state.run.tokens.slice();
+  const live = () => {
+    const n = rows.length;
+    const data = new Float32Array(n * (n + 1) / 2);
+    let k = 0;
+    for (const r of rows) for (const v of r) data[k++] = v;
+    return { n, heads: 1, causal: true, size: null, data };
+  };
+  try {
+    const r = await fetch("/api/generate", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    if (!r.ok) throw new Error((await r.json()).message);
+    let runId = null;
+    let steps = 0;
+    for await (const ev of readSSE(r)) {
+      if (ev.data.rows) rows.push(...ev.data.rows);
+      if (ev.event === "token") {
+        steps += 1;
+        tokens.push({ index: tokens.length, id: ev.data.id, text: ev.data.token, start: 0, end: 0 });
+      }
+      if (ev.event === "run") runId = ev.data.run_id;
+      if (rows.length) {
+        await drawHeatmap($("#heatmap"), live(), tokens.slice(0, rows.length), { colour: state.colour, title: `recording · layer ${layer} head ${head} · ${rows.length} rows` });
+        $("#heatmap").dataset.liveRows = String(rows.length);
+      }
+    }
+    const run = await getJSON(`/api/runs/${encodeURIComponent(runId)}`);
+    $("#prompt").value = run.tokens.map((t) => t.text).join("");
+    await loadRun(run, { layer, head, pos: run.tokens.length - 1, steps });
+  } catch (err) {
+    showError(err.message);
+  } finally {
+    busy(false);
+  }
+}
+
+async function* readSSE(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const fields = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 2)]));
+      yield { event: fields.event, data: JSON.parse(fields.data) };
+    }
+  }
+}
+
+// Step back through a recorded generation: show the rows that existed after step k.
+function showStep(k) {
+  const { run, slice } = state;
+  const total = Number($("#timeline").max);
+  const n = run.tokens.length - (total - k);
+  $("#timeline-value").textContent = k === total ? `all ${total} generated tokens` : `after ${k} of ${total} generated tokens`;
+  const data = slice.data.subarray(0, (n * (n + 1)) / 2);
+  drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: `layer ${state.layer}, head ${state.head} · step ${k}` });
+}
+
+function zoom() {
+  const n = state.run.tokens.length;
+  const get = (id, dflt) => { const v = $(id).value; return v === "" ? dflt : Math.max(0, Math.min(n - 1, Number(v))); };
+  const [q0, q1, k0, k1] = [get("#zoom-q0", 0), get("#zoom-q1", n - 1), get("#zoom-k0", 0), get("#zoom-k1", n - 1)];
+  window.Plotly.relayout($("#heatmap"), { "xaxis.range": [k0 - 0.5, k1 + 0.5], "yaxis.range": [q1 + 0.5, q0 - 0.5] });
 }
 
 function download(name, blob) {
@@ -180,7 +285,7 @@ async function init() {
   $("#layer-picker").addEventListener("change", (ev) => selectHead(Number(ev.target.value), state.head));
   $("#head-picker").addEventListener("change", (ev) => selectHead(state.layer, Number(ev.target.value)));
   $("#colour-scale").addEventListener("change", (ev) => { set({ colour: ev.target.value }); drawHead(); });
-  $("#grid-sort").addEventListener("change", (ev) => state.run && grid.render(state.run, ev.target.value, state));
+  $("#grid-sort").addEventListener("change", (ev) => state.run && grid.render(state.run, ev.target.value, state, state.model));
   $("#temperature").addEventListener("input", (ev) => {
     const t = Number(ev.target.value);
     $("#temperature-value").textContent = t.toFixed(2);
@@ -189,10 +294,19 @@ async function init() {
   });
   $("#export-png").addEventListener("click", () =>
     window.Plotly.downloadImage($("#heatmap"), { format: "png", filename: `attnscope-L${state.layer}H${state.head}`, scale: 2 }));
+  $("#export-svg").addEventListener("click", () =>
+    window.Plotly.downloadImage($("#heatmap"), { format: "svg", filename: `attnscope-L${state.layer}H${state.head}` }));
+  $("#grid-png").addEventListener("click", () => grid.exportImage("png").then((blob) => download("attnscope-heads.png", blob)));
+  $("#grid-svg").addEventListener("click", () => grid.exportImage("svg").then((blob) => download("attnscope-heads.svg", blob)));
+  $("#generate").addEventListener("click", generateAndRecord);
+  $("#timeline").addEventListener("input", (ev) => showStep(Number(ev.target.value)));
+  $("#zoom-apply").addEventListener("click", zoom);
+  $("#zoom-reset").addEventListener("click", () => drawHead());
   $("#export-json").addEventListener("click", async () => {
     if (!state.run) return;
-    const run = await getJSON(`/api/runs/${encodeURIComponent(state.run.run_id)}`);
-    download(`attnscope-run-${run.run_id}.json`, new Blob([JSON.stringify({ text: $("#prompt").value, ...run }, null, 1)], { type: "application/json" }));
+    const r = await fetch(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
+    if (!r.ok) return showError((await r.json()).message);
+    download(`attnscope-run-${state.run.run_id}.json`, await r.blob());
   });
 
   const params = new URLSearchParams(location.search);

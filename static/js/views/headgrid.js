@@ -37,6 +37,14 @@ function drawThumb(canvas, slice, head) {
   ctx.putImageData(img, 0, 0);
 }
 
+function describe(s, kvHead) {
+  const sparsity = s.top1 === undefined ? "" :
+    `\ntop-1 key mass ${fmt(s.top1, 2)}, top-5 ${fmt(s.top5, 2)}\nkeys holding 90%: ${fmt(s.keys_90, 1)}`;
+  return `layer ${s.layer} head ${s.head}${kvHead === null ? "" : ` (shares K/V head ${kvHead})`}\n` +
+    `entropy ${fmt(s.entropy, 2)} nats\nprevious-token ${fmt(s.prev_token, 2)}\nfirst-token ${fmt(s.first_token, 2)}` +
+    `\ninduction ${s.induction === null ? "n/a (no repeats)" : fmt(s.induction, 2)}${sparsity}`;
+}
+
 function badgesFor(score) {
   return BADGES.filter(([, key, threshold]) => score[key] !== null && score[key] >= threshold);
 }
@@ -49,18 +57,31 @@ export class HeadGrid {
     this.token = 0;
   }
 
-  render(run, sortKey, selected) {
+  render(run, sortKey, selected, model = null) {
     const token = ++this.token; // a newer render cancels thumbnails still loading
     this.container.replaceChildren();
     this.canvases.clear();
+    this.run = run;
     const scores = run.heads.slice();
     const byPosition = sortKey === "position";
     if (!byPosition) {
-      const sign = sortKey === "entropy" ? 1 : -1;
-      scores.sort((a, b) => sign * ((a[sortKey] ?? -1) - (b[sortKey] ?? -1)));
+      const sign = sortKey === "entropy" || sortKey === "keys_90" ? 1 : -1;
+      const missing = sign > 0 ? Infinity : -1;
+      scores.sort((a, b) => sign * ((a[sortKey] ?? missing) - (b[sortKey] ?? missing)));
     }
     const cols = byPosition ? run.n_heads : Math.min(8, run.n_heads);
     this.container.style.gridTemplateColumns = `${byPosition ? "2.2em " : ""}repeat(${cols}, minmax(0, 1fr))`;
+    // grouped-query attention: query heads that share one K/V head stand together
+    const kv = model ? model.n_kv_heads : run.n_heads;
+    const group = run.n_heads / kv;
+    if (byPosition && kv < run.n_heads) {
+      this.container.append(el("span", { class: "row-label", text: "K/V" }));
+      for (let g = 0; g < kv; g++) {
+        const label = el("span", { class: "kv-label", text: `K/V head ${g}: q ${g * group}–${(g + 1) * group - 1}`, dataset: { testid: "kv-group" } });
+        label.style.gridColumn = `span ${group}`;
+        this.container.append(label);
+      }
+    }
     let lastLayer = -1;
     for (const s of scores) {
       if (byPosition && s.layer !== lastLayer) {
@@ -71,9 +92,8 @@ export class HeadGrid {
       const badges = el("span", { class: "badges" });
       for (const [name, , , title] of badgesFor(s)) badges.append(el("b", { class: `badge ${name}`, text: name, title }));
       const cell = el("button", {
-        type: "button", class: "head-cell",
-        title: `layer ${s.layer} head ${s.head}\nentropy ${fmt(s.entropy, 2)} nats\nprevious-token ${fmt(s.prev_token, 2)}` +
-               `\nfirst-token ${fmt(s.first_token, 2)}\ninduction ${s.induction === null ? "n/a (no repeats)" : fmt(s.induction, 2)}`,
+        type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",
+        title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
         dataset: { testid: "head-cell", layer: String(s.layer), head: String(s.head) },
         onclick: () => this.onSelect(s.layer, s.head),
       }, canvas, badges, el("span", { class: "lbl", text: byPosition ? fmt(s.entropy, 2) : `L${s.layer}H${s.head} ${fmt(s.entropy, 1)}` }));
@@ -93,6 +113,48 @@ export class HeadGrid {
         if (canvas) drawThumb(canvas, slice, head);
       }
     }
+  }
+
+  // Sparsity arrives after the run: put it in each cell's tooltip.
+  annotate(run) {
+    const kv = this.container.querySelectorAll("[data-testid=kv-group]").length || run.n_heads;
+    const group = run.n_heads / kv;
+    for (const cell of this.container.querySelectorAll(".head-cell")) {
+      const s = run.heads.find((h) => h.layer === Number(cell.dataset.layer) && h.head === Number(cell.dataset.head));
+      cell.title = describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null);
+      if (s.keys_90 !== undefined) cell.dataset.keys90 = fmt(s.keys_90, 1);
+    }
+  }
+
+  // The grid as one picture: PNG from a canvas, or SVG with each thumbnail embedded.
+  async exportImage(format) {
+    const cells = [...this.canvases.entries()];
+    const cols = this.run.n_heads, px = 96, pad = 18;
+    const rows = Math.ceil(cells.length / cols);
+    const w = cols * (px + 4) + 40, h = rows * (px + pad) + 10;
+    if (format === "svg") {
+      const esc = (t) => t.replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c]));
+      const parts = cells.map(([key, canvas], i) => {
+        const [layer, head] = key.split(":");
+        const x = 40 + (i % cols) * (px + 4), y = Math.floor(i / cols) * (px + pad);
+        return `<image x="${x}" y="${y}" width="${px}" height="${px}" href="${canvas.toDataURL()}" style="image-rendering:pixelated"/>` +
+          `<text x="${x}" y="${y + px + 12}" font-size="10">${esc(`L${layer}H${head}`)}</text>`;
+      });
+      return new Blob([`<svg xmlns="http://www.w3.org/2000/svg" width="${w}" height="${h}">${parts.join("")}</svg>`], { type: "image/svg+xml" });
+    }
+    const out = document.createElement("canvas");
+    out.width = w; out.height = h;
+    const ctx = out.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, w, h);
+    ctx.imageSmoothingEnabled = false;
+    ctx.fillStyle = "#333"; ctx.font = "10px sans-serif";
+    cells.forEach(([key, canvas], i) => {
+      const x = 40 + (i % cols) * (px + 4), y = Math.floor(i / cols) * (px + pad);
+      ctx.drawImage(canvas, x, y, px, px);
+      const [layer, head] = key.split(":");
+      ctx.fillText(`L${layer}H${head}`, x, y + px + 12);
+    });
+    return new Promise((resolve) => out.toBlob(resolve, "image/png"));
   }
 
   select(layer, head) {
