@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 
 from app.encoding import decode_sqrt_u8
 from model.engine import Engine
+from tests.sse import events as sse_events
 
 PROMPT = "I love artificial intelligence"
 
@@ -136,23 +137,15 @@ def test_logit_lens_last_layer_matches_predictions(client: TestClient) -> None:
         np.testing.assert_allclose([c["prob"] for c in pos["top"]], [c["prob"] for c in pred["top"]], atol=1e-5)
 
 
-def _sse(text: str) -> list[tuple[str, dict]]:
-    events = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        events.append((lines["event"], json.loads(lines["data"])))
-    return events
-
-
 def test_generate_streams_tokens_greedy_is_deterministic(client: TestClient) -> None:
     req = {"text": "The meaning of life is", "max_new_tokens": 5, "temperature": 0, "top_k": 0, "top_p": 1, "seed": 1}
     first = client.post("/api/generate", json=req)
     assert first.status_code == 200 and first.headers["content-type"].startswith("text/event-stream")
-    events = _sse(first.text)
+    events = sse_events(first.text)
     tokens = [d for e, d in events if e == "token"]
     assert len(tokens) == 5 and events[-1][0] == "done" and events[-1][1]["n_new"] == 5
     assert all(len(t["top"]) == 5 and t["ms"] > 0 for t in tokens)
-    second = _sse(client.post("/api/generate", json=req).text)
+    second = sse_events(client.post("/api/generate", json=req).text)
     assert [d["id"] for e, d in second if e == "token"] == [t["id"] for t in tokens]
     # greedy with the KV cache = argmax of a fresh full forward at each step
     assert tokens[0]["id"] == tokens[0]["top"][0]["id"]
@@ -160,8 +153,8 @@ def test_generate_streams_tokens_greedy_is_deterministic(client: TestClient) -> 
 
 def test_generate_sampling_seeded(client: TestClient) -> None:
     req = {"text": "dog bites", "max_new_tokens": 6, "temperature": 1.2, "top_k": 50, "top_p": 0.9, "seed": 7}
-    a = [d["id"] for e, d in _sse(client.post("/api/generate", json=req).text) if e == "token"]
-    b = [d["id"] for e, d in _sse(client.post("/api/generate", json=req).text) if e == "token"]
+    a = [d["id"] for e, d in sse_events(client.post("/api/generate", json=req).text) if e == "token"]
+    b = [d["id"] for e, d in sse_events(client.post("/api/generate", json=req).text) if e == "token"]
     assert a == b and len(a) == 6
 
 

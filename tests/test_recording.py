@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -14,6 +12,7 @@ from model.hooks import run_with_cache
 from model.loading import LoadedModel
 from model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
+from tests.sse import events as sse_events
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -32,17 +31,9 @@ def test_recorded_rows_equal_a_fresh_forward(tiny_models: dict[str, LoadedModel]
         torch.testing.assert_close(recorded[name], expected, atol=1e-4, rtol=1e-4, msg=name)
 
 
-def _events(text: str) -> list[tuple[str, dict]]:
-    out = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        out.append((lines["event"], json.loads(lines["data"])))
-    return out
-
-
 def test_recorded_generation_becomes_a_run(client: TestClient, engine: Engine) -> None:
     body = {"text": "dog bites man", "max_new_tokens": 5, "temperature": 0, "record": True, "watch_layer": 1, "watch_head": 2}
-    events = _events(client.post("/api/generate", json=body).text)
+    events = sse_events(client.post("/api/generate", json=body).text)
     kinds = [e for e, _ in events]
     assert kinds[-2:] == ["run", "done"] and kinds.count("token") == 5
     tokens = [d for e, d in events if e == "token"]

@@ -53,3 +53,22 @@ export function rowOf(slice, i, head = 0) {
   const start = head * perHead + (causal ? (i * (i + 1)) / 2 : i * n);
   return data.subarray(start, start + (causal ? i + 1 : n));
 }
+
+// Server-Sent Events from a fetch() response (EventSource cannot POST): yields {event, data}.
+export async function* readSSE(response) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += decoder.decode(value, { stream: true });
+    let cut;
+    while ((cut = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, cut);
+      buffer = buffer.slice(cut + 2);
+      const fields = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 2)]));
+      yield { event: fields.event, data: JSON.parse(fields.data) };
+    }
+  }
+}

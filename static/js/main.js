@@ -1,6 +1,6 @@
 // The explorer: analyse a prompt once, then look at it head by head and token by token.
 import { $, el, fmt, showToken } from "./dom.js";
-import { getAttentionBin, getJSON, postJSON } from "./api.js";
+import { getAttentionBin, getJSON, postJSON, readSSE } from "./api.js";
 import { state, set, toURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
 import { drawHeatmap, wireHover } from "./views/heatmap.js";
@@ -220,24 +220,6 @@ async function generateAndRecord() {
     showError(err.message);
   } finally {
     busy(false);
-  }
-}
-
-async function* readSSE(response) {
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += decoder.decode(value, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      const fields = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 2)]));
-      yield { event: fields.event, data: JSON.parse(fields.data) };
-    }
   }
 }
 

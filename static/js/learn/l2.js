@@ -1,25 +1,7 @@
 // 2. One parallel pass vs serial generation: the prefix table, streamed generation, timing.
 import { el, fmt, showToken } from "../dom.js";
-import { postJSON } from "../api.js";
+import { postJSON, readSSE } from "../api.js";
 import { plot } from "./charts.js";
-
-async function* sse(response) {
-  const reader = response.body.getReader();
-  const decoder = new TextDecoder();
-  let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += decoder.decode(value, { stream: true });
-    let cut;
-    while ((cut = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, cut);
-      buffer = buffer.slice(cut + 2);
-      const lines = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 2)]));
-      yield { event: lines.event, data: JSON.parse(lines.data) };
-    }
-  }
-}
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
@@ -49,7 +31,7 @@ export async function render(body, ctx) {
       const r = await fetch("/api/generate", { method: "POST", headers: { "content-type": "application/json" },
         body: JSON.stringify({ text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 }) });
       if (!r.ok) throw new Error((await r.json()).message);
-      for await (const ev of sse(r)) {
+      for await (const ev of readSSE(r)) {
         if (ev.event !== "token") continue;
         stream.append(el("span", { class: "new", text: ev.data.token, title: `p=${fmt(ev.data.prob, 3)} · ${fmt(ev.data.ms, 1)} ms` }));
         ms.push(ev.data.ms);
