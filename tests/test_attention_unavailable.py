@@ -1,0 +1,38 @@
+"""A model whose attention cannot return weights gets a clear message, not empty heatmaps."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from transformers import AutoModelForCausalLM
+
+from app.main import create_app
+from app.settings import Settings
+from model.errors import AttentionUnavailable
+from model.hooks import run_with_cache
+from model.loading import LoadedModel, load_model
+from model.tokens import ids_tensor, tokenize
+from tests.conftest import make_engine
+
+
+def test_loader_forces_eager(tiny_dirs: dict[str, Path]) -> None:
+    lm = load_model("m", str(tiny_dirs["llama"]))
+    assert lm.model.config._attn_implementation == "eager"
+
+
+def test_sdpa_model_is_refused_with_a_reason(tiny_dirs: dict[str, Path], tiny_models: dict[str, LoadedModel]) -> None:
+    sdpa = AutoModelForCausalLM.from_pretrained(tiny_dirs["gpt2"], attn_implementation="sdpa").eval()
+    lm = replace(tiny_models["gpt2"], model=sdpa)
+    ids = ids_tensor(tokenize(lm.tokenizer, "dog bites man"))
+    with pytest.raises(AttentionUnavailable, match="eager"):
+        run_with_cache(lm, ids)
+    with pytest.raises(AttentionUnavailable, match="returned no weights"):
+        make_engine({"sdpa-gpt2": lm}, "sdpa-gpt2")  # the server refuses to start on it
+    engine = make_engine({"sdpa-gpt2": replace(tiny_models["gpt2"])}, "sdpa-gpt2")
+    engine.models["sdpa-gpt2"].model = sdpa  # swapped after start-up: each request still says why
+    with TestClient(create_app(Settings(models={}, default_model="sdpa-gpt2"), engine)) as client:
+        r = client.post("/api/runs", json={"text": "dog bites man"})
+        assert r.status_code == 422 and "returned no weights" in r.json()["message"]
