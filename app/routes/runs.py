@@ -31,23 +31,30 @@ BINARY_DOC = (
 RUN_FIELDS = ("model", "tokens", "predictions", "heads", "timing_ms")
 
 
+def run_payload(run_id: str, cache: ActivationCache) -> dict[str, object]:
+    """The RunOut shape as plain data (the engine builds it field by field)."""
+    return {"run_id": run_id, "causal": cache.causal, "n_layers": cache.n_layers, "n_heads": cache.n_heads,
+            **{k: cache.summary[k] for k in RUN_FIELDS}}
+
+
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
-    return RunOut(run_id=run_id, causal=cache.causal, n_layers=cache.n_layers, n_heads=cache.n_heads,
-                  **{k: cache.summary[k] for k in RUN_FIELDS})
+    return RunOut(**run_payload(run_id, cache))
 
 
 @router.post("/runs", status_code=201, response_model=RunOut, responses=ERRORS,
              summary="Analyse a prompt: one forward, everything captured")
-def create_run(body: RunRequest, engine: EngineDep, gate: GateDep) -> RunOut:
+def create_run(body: RunRequest, engine: EngineDep, gate: GateDep) -> Response:
     lm = engine.model(body.model)
     with gate.enter(lm.info.name):
         result = engine.analyse(body.text, lm.info.name, body.top_k)
-    return run_out(result.run_id, result.cache)
+    # serialised directly: at 1,024 positions x top-k, building and re-validating pydantic
+    # objects would cost more than the analysis itself (the schema is still RunOut)
+    return _json(run_payload(result.run_id, result.cache), status=201)
 
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")
-def get_run(run_id: str, engine: EngineDep) -> RunOut:
-    return run_out(run_id, engine.run(run_id))
+def get_run(run_id: str, engine: EngineDep) -> Response:
+    return _json(run_payload(run_id, engine.run(run_id)))
 
 
 def pool(pattern: torch.Tensor, size: int) -> torch.Tensor:
@@ -56,8 +63,9 @@ def pool(pattern: torch.Tensor, size: int) -> torch.Tensor:
     return pooled / pooled.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)
 
 
-def _json(payload: dict[str, object]) -> Response:
-    return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json")
+def _json(payload: dict[str, object], status: int = 200) -> Response:
+    return Response(json.dumps(payload, separators=(",", ":"), ensure_ascii=False), status_code=status,
+                    media_type="application/json")
 
 
 @router.get(
