@@ -86,7 +86,7 @@ class Engine:
         cache = build_cache(lm, ids, acts)
         heads = []
         for layer in range(lm.info.n_layers):
-            heads.extend(asdict(s) for s in analysis.head_scores(layer, acts[f"blocks.{layer}.attn.hook_pattern"], ids))
+            heads.extend(s.__dict__ for s in analysis.head_scores(layer, acts[f"blocks.{layer}.attn.hook_pattern"], ids))
         preds = []
         if "logits" in acts:
             preds = prediction_dicts(lm, analysis.predictions(acts["logits"], ids, top_k))

@@ -137,6 +137,9 @@ def main() -> None:
     p.add_argument("--sinusoid-init", type=float, default=0.05,
                    help="start the learned position table from sinusoids of this amplitude (0 = GPT-2's random init); "
                         "smooth positions let previous-token heads form within a CPU-sized budget")
+    p.add_argument("--qk-init", type=float, default=0.0,
+                   help="std of the query/key weights at init (0 = GPT-2's 0.02); larger logits let heads "
+                        "specialise sooner")
     p.add_argument("--resume", type=Path, default=None,
                    help="continue from a trained folder (its tokenizer too); with --positions larger than "
                         "the folder's, the position table grows and the new rows start from the last one")
@@ -168,6 +171,10 @@ def main() -> None:
     if args.resume is None and args.sinusoid_init > 0:
         with torch.no_grad():
             model.transformer.wpe.weight.copy_(args.sinusoid_init * sinusoids(args.positions, args.d_model))
+    if args.resume is None and args.qk_init > 0:
+        with torch.no_grad():
+            for block in model.transformer.h:  # c_attn is (d, 3d): columns [q | k | v]
+                block.attn.c_attn.weight[:, : 2 * args.d_model].normal_(0.0, args.qk_init)
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %d parameters", n_params)
     # no weight decay on embeddings (token and position tables) or on gains and biases
