@@ -66,7 +66,7 @@ def main() -> None:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         page.goto(url + "/")
-        page.wait_for_selector("#model-picker option")
+        page.wait_for_selector("#model-picker option", state="attached")
         for n in (int(x) for x in args.lengths.split(",")):
             if n > lm.info.max_positions:
                 log.info("skipping n=%d: the model has %d positions", n, lm.info.max_positions)

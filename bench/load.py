@@ -48,7 +48,15 @@ def rss_mb(pid: int) -> float:
 
 async def client_loop(base: str, cid: int, rounds: int, lat: dict[str, list[float]], errors: list[str],
                       stats: dict[str, int], deadline: float) -> None:
-    async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+    try:
+        await _client_rounds(base, cid, rounds, lat, errors, stats, deadline)
+    except httpx.HTTPError as exc:  # a transport failure is an error to report, not a crash
+        errors.append(f"client {cid}: {type(exc).__name__} on {exc.request.method} {exc.request.url}")
+
+
+async def _client_rounds(base: str, cid: int, rounds: int, lat: dict[str, list[float]], errors: list[str],
+                         stats: dict[str, int], deadline: float) -> None:
+    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
         for rnd in range(rounds):
             if time.monotonic() > deadline:
                 errors.append(f"client {cid}: time budget exhausted at round {rnd}")
@@ -112,13 +120,14 @@ def main() -> None:
     args = p.parse_args()
     port = free_port()
     env = {**os.environ, "ATTNSCOPE_CACHE_BYTES": str(args.cache_mb << 20), "HF_HUB_OFFLINE": "1",
+           "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),  # as scripts/dev.sh serve sets it
            "ATTNSCOPE_MODELS": json.dumps({"attnscope-tiny": "bundled:attnscope-tiny"})}
+    # the server's output goes to a file: a pipe nobody reads fills up and blocks its access log
+    server_log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"attnscope-load-{port}.log", "w")  # noqa: SIM115
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                              stdout=server_log, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        assert server.stdout is not None
-        server.stdout.readline()
         for _ in range(600):
             try:
                 httpx.get(f"{base}/api/models", timeout=2)
@@ -130,7 +139,11 @@ def main() -> None:
         rss_after = rss_mb(server.pid)
     finally:
         server.terminate()
-        server.wait(timeout=30)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        server_log.close()
     requests = sum(len(v) for v in lat.values())
     lines = [f"{args.clients} clients x {args.rounds} rounds on attnscope-tiny (each round: analyse a distinct prompt, "
              f"one head as JSON, one layer as bytes, the residual view); run cache capped at {args.cache_mb} MiB.", "",

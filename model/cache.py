@@ -53,6 +53,8 @@ class ActivationCache:
     mlp_out: list[torch.Tensor]
     summary: dict[str, Any] = field(default_factory=dict)
     text: str = ""
+    # the summary's Python objects (tokens, predictions, head scores), estimated once when stored
+    summary_bytes: int = 0
 
     @property
     def n(self) -> int:
@@ -69,7 +71,7 @@ class ActivationCache:
     @property
     def nbytes(self) -> int:
         tensors = [self.input_ids, *self.resid, *self.attn_out, *self.mlp_out, *self.patterns]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in tensors) + self.summary_bytes
 
     def packed(self, layer: int, head: int | None = None) -> torch.Tensor:
         """(H or 1, cells): the visible cells of one layer (or one head), row-major."""

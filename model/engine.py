@@ -7,6 +7,7 @@ thread pool, never on the event loop.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import asdict, dataclass, replace
@@ -99,6 +100,8 @@ class Engine:
             "heads": heads,
             "timing_ms": {**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
         }
+        # Python dicts cost several times their JSON text; count them so the byte cap holds
+        cache.summary_bytes = 4 * len(json.dumps(cache.summary))
         run_id = self.store.add(cache)
         log.info("run %s: %s, %d tokens, %.0f ms", run_id, lm.info.name, len(tokens), 1e3 * (t3 - t0))
         return RunResult(run_id=run_id, cache=cache)
