@@ -45,8 +45,18 @@ function describe(s, kvHead) {
     `\ninduction ${s.induction === null ? "n/a (no repeats)" : fmt(s.induction, 2)}${sparsity}`;
 }
 
-function badgesFor(score) {
-  return BADGES.filter(([, key, threshold]) => score[key] !== null && score[key] >= threshold);
+// What a head that spreads its attention evenly would score: on a short prompt even a
+// uniform head puts 1/2, 1/3, ... on the previous and the first token.
+function uniformScore(n) {
+  let sum = 0;
+  for (let i = 1; i < n; i++) sum += 1 / (i + 1);
+  return n > 1 ? sum / (n - 1) : 1;
+}
+
+function badgesFor(score, n) {
+  const chance = uniformScore(n);
+  return BADGES.filter(([name, key, threshold]) => score[key] !== null &&
+    score[key] >= (name === "ind" ? threshold : Math.max(threshold, 2 * chance)));
 }
 
 export class HeadGrid {
@@ -90,7 +100,7 @@ export class HeadGrid {
       }
       const canvas = el("canvas", { width: THUMB, height: THUMB });
       const badges = el("span", { class: "badges" });
-      for (const [name, , , title] of badgesFor(s)) badges.append(el("b", { class: `badge ${name}`, text: name, title }));
+      for (const [name, , , title] of badgesFor(s, run.tokens.length)) badges.append(el("b", { class: `badge ${name}`, text: name, title }));
       const cell = el("button", {
         type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",
         title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
