@@ -28,6 +28,9 @@ class Settings(BaseSettings):
     max_new_tokens: int = Field(512, ge=1)
     # requests waiting for one model beyond this answer 503 with Retry-After
     queue_length: int = Field(32, ge=1)
+    # threads that run handlers (torch work); fewer threads, less per-thread memory. Requests
+    # past this wait for a thread, as they would wait for the model's lock anyway
+    worker_threads: int = Field(40, ge=2, le=256)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     # origins allowed by CORS; empty = no CORS headers at all
