@@ -184,3 +184,22 @@ def test_sparsity_sort_zoom_and_exports(page: object, base_url: str) -> None:
     with page.expect_download() as grid_png:
         page.click("#grid-png")
     assert grid_png.value.suggested_filename == "attnscope-heads.png"
+
+
+def test_every_chart_offers_svg_and_long_runs_zoom(page: object, base_url: str) -> None:
+    words = ("the cat sat on the mat and the dog ran to the park while it rained " * 60).strip()
+    analyse(page, base_url, words)
+    n = heatmap_state(page)["n"]
+    assert n >= 900
+    for testid in ("attention-heatmap", "focus-chart", "next-token-chart"):
+        page.wait_for_function(f"() => document.querySelector('[data-testid={testid}]')._fullLayout")
+        names = page.evaluate(f"() => document.querySelector('[data-testid={testid}]')._context.modeBarButtonsToAdd.map(b => b.name)")
+        assert "Download plot as SVG" in names, testid
+    page.fill("#zoom-q0", "900"); page.fill("#zoom-q1", str(n - 1)); page.fill("#zoom-k0", "0"); page.fill("#zoom-k1", "99")
+    page.get_by_test_id("zoom-apply").click()
+    ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
+    assert ranges == [[-0.5, 99.5], [n - 0.5, 899.5]]
+    with page.expect_download() as svg:
+        page.locator("[data-testid=focus-chart] [data-title='Download plot as SVG']").click()
+    assert svg.value.suggested_filename.endswith(".svg")
+    shot(page, "zoom-1024")

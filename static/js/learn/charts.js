@@ -1,11 +1,11 @@
 // Small plotly helpers shared by the Learn views (labels escaped: token text is untrusted).
 import { plotlyText, showToken } from "../dom.js";
+import { plotConfig } from "../plotconfig.js";
 
-export const CONFIG = { displaylogo: false, responsive: true };
 export const label = (s) => plotlyText(showToken(s));
 
 export function plot(div, data, layout = {}) {
-  return window.Plotly.react(div, data, { margin: { l: 50, r: 10, t: 24, b: 60 }, ...layout }, CONFIG);
+  return window.Plotly.react(div, data, { margin: { l: 50, r: 10, t: 24, b: 60 }, ...layout }, plotConfig(`attnscope-${div.dataset.testid || "chart"}`));
 }
 
 export function tokenAxis(tokens, max = 40) {

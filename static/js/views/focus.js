@@ -2,6 +2,7 @@
 // tokens, and BertViz-style lines from the token to the tokens it attends to most.
 import { plotlyText, showToken, svg, fmt } from "../dom.js";
 import { rowOf } from "../api.js";
+import { plotConfig } from "../plotconfig.js";
 
 const MAX_LINES = 24;
 
@@ -19,7 +20,7 @@ export function drawFocusBars(div, slice, tokens, pos) {
     xaxis: { tickvals, ticktext: tickvals.map((j) => plotlyText(showToken(tokens[j].text))), tickangle: -60 },
     yaxis: { title: { text: "attention" }, range: [0, Math.max(0.05, ...row) * 1.05] },
   };
-  return window.Plotly.react(div, data, layout, { displaylogo: false, responsive: true });
+  return window.Plotly.react(div, data, layout, plotConfig("attnscope-focus"));
 }
 
 export function drawFocusLines(root, slice, tokens, pos) {

@@ -2,6 +2,7 @@
 import { plotlyText, showToken, fmt } from "../dom.js";
 import { rowOf } from "../api.js";
 import { SCALE } from "./colour.js";
+import { plotConfig } from "../plotconfig.js";
 
 const MAX_TICKS = 48;
 
@@ -58,8 +59,7 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "" 
     plot_bgcolor: "#ffffff",
     dragmode: "zoom",
   };
-  const config = { responsive: true, displaylogo: false, toImageButtonOptions: { filename: "attnscope-heatmap" },
-                   modeBarButtonsToRemove: ["select2d", "lasso2d"] };
+  const config = { ...plotConfig("attnscope-heatmap"), modeBarButtonsToRemove: ["select2d", "lasso2d"] };
   return window.Plotly.react(div, traces, layout, config);
 }
 

@@ -2,6 +2,7 @@
 // the server (exactly, over the whole vocabulary) as the slider moves.
 import { plotlyText, showToken, fmt } from "../dom.js";
 import { getJSON } from "../api.js";
+import { plotConfig } from "../plotconfig.js";
 
 export async function fetchNext(runId, pos, temperature, k = 10) {
   const params = new URLSearchParams({ position: pos, temperature, top_k: k });
@@ -24,7 +25,7 @@ export function drawNext(div, actualEl, next) {
     xaxis: { range: [0, 1], title: { text: "probability" } },
     yaxis: { title: { text: "rank" } },
   };
-  window.Plotly.react(div, data, layout, { displaylogo: false, responsive: true });
+  window.Plotly.react(div, data, layout, plotConfig("attnscope-next-token"));
   if (next.actual_next) {
     const a = next.actual_next;
     actualEl.textContent = `Actual next token: ${showToken(a.token)} — p = ${fmt(a.prob, 4)}, rank ${a.rank}. ` +
