@@ -7,10 +7,9 @@ thread pool, never on the event loop.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -95,13 +94,14 @@ class Engine:
         cache.text = text
         cache.summary = {
             "model": lm.info.name,
-            "tokens": [asdict(t) for t in tokens],
+            "tokens": [dict(vars(t)) for t in tokens],
             "predictions": preds,
             "heads": heads,
             "timing_ms": {**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
         }
-        # Python dicts cost several times their JSON text; count them so the byte cap holds
-        cache.summary_bytes = 4 * len(json.dumps(cache.summary))
+        # the summary's Python objects count against the byte cap too (estimated: ~0.5 kB a
+        # token, ~0.3 kB a predicted candidate, ~0.6 kB a head)
+        cache.summary_bytes = 500 * len(tokens) + 300 * sum(len(p["top"]) + 1 for p in preds) + 600 * len(heads)
         run_id = self.store.add(cache)
         log.info("run %s: %s, %d tokens, %.0f ms", run_id, lm.info.name, len(tokens), 1e3 * (t3 - t0))
         return RunResult(run_id=run_id, cache=cache)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -43,9 +44,29 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> list[Token]:
     return tokens
 
 
+class _DecodedCache:
+    """Each vocabulary entry decoded once per tokenizer (the vocabulary bounds its size)."""
+
+    def __init__(self) -> None:
+        self._by_tokenizer: dict[int, dict[int, str]] = {}
+        self._lock = threading.Lock()
+
+    def strings(self, tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
+        with self._lock:
+            known = self._by_tokenizer.setdefault(id(tokenizer), {})
+            missing = [i for i in dict.fromkeys(ids) if i not in known]
+        decoded = {i: tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in missing}
+        with self._lock:
+            known.update(decoded)
+            return [known[i] for i in ids]
+
+
+_DECODED = _DecodedCache()
+
+
 def token_strings(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[str]:
     """Display strings for vocabulary ids out of context (predictions, logit lens)."""
-    return [tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in ids]
+    return _DECODED.strings(tokenizer, ids)
 
 
 def ids_tensor(tokens: list[Token]) -> torch.Tensor:
