@@ -26,7 +26,3 @@ class Gate:
         finally:
             with self._lock:
                 self._counts[model] -= 1
-
-    def waiting(self, model: str) -> int:
-        with self._lock:
-            return self._counts.get(model, 0)

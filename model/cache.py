@@ -17,13 +17,6 @@ def tril_mask(n: int) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool).tril()  # (n, n)
 
 
-def row_offsets(n: int, causal: bool) -> list[int]:
-    """Start of each query row in a packed pattern (plus the end)."""
-    if causal:
-        return [i * (i + 1) // 2 for i in range(n + 1)]
-    return [i * n for i in range(n + 1)]
-
-
 @dataclass
 class ActivationCache:
     """Everything one forward produced that the API may hand out later.
@@ -152,13 +145,3 @@ class RunStore:
                 raise RunNotFound(run_id, expired=run_id in self._evicted)
             self._runs.move_to_end(run_id)
             return cache
-
-    def replace(self, run_id: str, cache: ActivationCache) -> None:
-        """Swap a run's cache (a recorded generation grows its run)."""
-        with self._lock:
-            old = self._runs.get(run_id)
-            if old is None:
-                raise RunNotFound(run_id, expired=run_id in self._evicted)
-            self._bytes += cache.nbytes - old.nbytes
-            self._runs[run_id] = cache
-            self._runs.move_to_end(run_id)

@@ -63,7 +63,6 @@ class GenerationSession:
         self.generator = torch.Generator().manual_seed(params.seed)
         self.steps = 0
         self.eos = lm.tokenizer.eos_token_id
-        self.forward_calls = 0  # counted so that tests can see generation stop
         self.recorder = Recorder() if record else None
 
     def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
@@ -75,7 +74,6 @@ class GenerationSession:
                 with hooked(self.lm) as acts:
                     out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
                 self.recorder.add(acts, out.logits[0])
-        self.forward_calls += 1
         self.cache = out.cache
         return out.logits[0, -1].float()
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from model.arch import find
 from model.errors import BadInput
 from model.loading import LoadedModel
 
@@ -116,8 +117,6 @@ def anatomy(lm: LoadedModel) -> dict[str, Any]:
     tied = head is not None and head.weight.data_ptr() == wte.data_ptr()
     pos_table = None
     if spec.position_embeddings:
-        from model.arch import find
-
         table = find(model, spec.position_embeddings)
         pos_table = table.weight if table is not None else None
     for block_idx, block in enumerate(blocks):
@@ -142,8 +141,6 @@ def anatomy(lm: LoadedModel) -> dict[str, Any]:
 # ---- 6. position information ---------------------------------------------------------------------
 
 def position_table(lm: LoadedModel, count: int) -> dict[str, Any]:
-    from model.arch import find
-
     spec, cfg = lm.spec, lm.model.config
     if spec.position_encoding == "learned" and spec.position_embeddings:
         table = find(lm.model, spec.position_embeddings).weight.detach().float()[:count]  # (P, d)

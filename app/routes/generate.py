@@ -60,7 +60,6 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
                             top_k=body.top_k, top_p=body.top_p, seed=body.seed)
     session = GenerationSession(lm, ids_tensor(tokens), params, record=body.record)
-    request.state.generation = session  # tests and logs can see how far it went
 
     async def events() -> AsyncIterator[str]:
         start = time.perf_counter()
