@@ -1,6 +1,6 @@
 # attnscope on CPU: docker build -t attnscope . && docker run -p 8000:8000 attnscope
 FROM python:3.11-slim
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 MALLOC_ARENA_MAX=2 \
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
     ATTNSCOPE_HOST=0.0.0.0 ATTNSCOPE_PORT=8000
 WORKDIR /srv/attnscope
 # the CPU build of torch first, from PyTorch's CPU index: no CUDA download

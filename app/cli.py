@@ -15,6 +15,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from app.main import build_engine, create_app
+    from app.memory import tune_malloc
     from app.settings import Settings
     from model.errors import EngineError
 
@@ -22,6 +23,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.model:
         overrides["default_model"] = args.model
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    if settings.tune_malloc:
+        tune_malloc()  # before any thread or tensor: see app/memory.py
     try:
         engine = build_engine(settings)  # load before binding, so a bad model fails fast
     except EngineError as exc:

@@ -40,6 +40,15 @@ class ModelsOut(BaseModel):
     models: list[ModelOut]
 
 
+class HealthOut(BaseModel):
+    status: str = Field(description="'ok' once the models are loaded")
+    models: list[str] = Field(description="names of the loaded models")
+    runs: int = Field(description="runs kept server-side")
+    run_cache_bytes: int = Field(description="bytes of activations (and summaries) those runs hold")
+    run_cache_max_bytes: int = Field(description="the cap (ATTNSCOPE_CACHE_BYTES): least recently used runs go first")
+    rss_bytes: int | None = Field(description="the server process's resident memory; null where unknown")
+
+
 def _text_not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("text is empty or only whitespace; type a prompt to analyse")

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     # threads that run handlers (torch work); fewer threads, less per-thread memory. Requests
     # past this wait for a thread, as they would wait for the model's lock anyway
     worker_threads: int = Field(40, ge=2, le=256)
+    # `attnscope serve` sets glibc's malloc so that freed activations go back to the system
+    # (app/memory.py); off leaves the C library's defaults
+    tune_malloc: bool = True
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     # origins allowed by CORS; empty = no CORS headers at all

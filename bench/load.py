@@ -116,12 +116,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--cache-mb", type=int, default=256)
     p.add_argument("--budget-s", type=float, default=900, help="stop the load after this long, whatever is left")
+    p.add_argument("--no-tune-malloc", action="store_true", help="serve with glibc's malloc defaults (for comparison)")
     p.add_argument("--write", type=Path, default=None)
     args = p.parse_args()
     port = free_port()
     env = {**os.environ, "ATTNSCOPE_CACHE_BYTES": str(args.cache_mb << 20), "HF_HUB_OFFLINE": "1",
-           "MALLOC_ARENA_MAX": os.environ.get("MALLOC_ARENA_MAX", "2"),  # as scripts/dev.sh serve sets it
            "ATTNSCOPE_MODELS": json.dumps({"attnscope-tiny": "bundled:attnscope-tiny"})}
+    if args.no_tune_malloc:
+        env["ATTNSCOPE_TUNE_MALLOC"] = "false"
     # the server's output goes to a file: a pipe nobody reads fills up and blocks its access log
     server_log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"attnscope-load-{port}.log", "w")  # noqa: SIM115
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
@@ -137,6 +139,7 @@ def main() -> None:
         rss_idle = rss_mb(server.pid)
         lat, errors, stats, wall = asyncio.run(run_load(base, args.clients, args.rounds, args.budget_s))
         rss_after = rss_mb(server.pid)
+        health = httpx.get(f"{base}/api/health", timeout=10).json()
     finally:
         server.terminate()
         try:
@@ -150,8 +153,13 @@ def main() -> None:
              f"- requests: {requests} in {wall:.1f} s ({requests / wall:.1f} req/s); rounds completed: {stats['rounds']}; "
              f"**errors: {len(errors)}**; cross-talk: {sum('another prompt' in e or 'expected' in e for e in errors)}; "
              f"503 retries: {stats['retried_503']}",
-             f"- server RSS: {rss_idle:.0f} MiB idle with the model loaded, {rss_after:.0f} MiB after the run "
-             f"(cap {args.cache_mb} MiB of runs + {rss_idle:.0f} MiB = {args.cache_mb + rss_idle:.0f} MiB)", "",
+             f"- server RSS: {rss_idle:.0f} MiB idle with the model loaded, **{rss_after:.0f} MiB after the run**; "
+             f"bar: cap {args.cache_mb} MiB of runs + {rss_idle:.0f} MiB = {args.cache_mb + rss_idle:.0f} MiB "
+             f"({'met' if rss_after <= args.cache_mb + rss_idle else 'NOT met'})",
+             f"- run cache after the run (`GET /api/health`): {health['runs']} runs, "
+             f"{health['run_cache_bytes'] / (1 << 20):.0f} MiB of the {args.cache_mb} MiB cap; growth beyond it: "
+             f"{rss_after - rss_idle - health['run_cache_bytes'] / (1 << 20):.0f} MiB"
+             + (" (glibc malloc left at its defaults: `--no-tune-malloc`)" if args.no_tune_malloc else ""), "",
              "| request | p50 (ms) | p99 (ms) | max (ms) |", "|---|---|---|---|"]
     for kind, xs in lat.items():
         lines.append(f"| {kind} | {pct(xs, 0.5):.0f} | {pct(xs, 0.99):.0f} | {1e3 * max(xs) if xs else float('nan'):.0f} |")

@@ -24,8 +24,6 @@ fi
 
 case "$cmd" in
   serve)
-    # one malloc arena per pair of cores: the thread pool's arenas otherwise keep freed run caches
-    export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-2}
     exec .venv/bin/attnscope serve "$@"
     ;;
   test)

@@ -60,13 +60,24 @@ def encode_docs(tokenizer: PreTrainedTokenizerFast, path: Path) -> torch.Tensor:
 
 
 def get_batch(
-    data: torch.Tensor, batch: int, seq: int, gen: torch.Generator, repeat_share: float
+    data: torch.Tensor, batch: int, seq: int, gen: torch.Generator, repeat_share: float,
+    random_share: float = 0.0, vocab: int = 0,
 ) -> torch.Tensor:
-    """(batch, seq+1) windows; a share of rows copy a segment of themselves later on."""
+    """(batch, seq+1) windows; a share of rows copy a segment of themselves later on.
+
+    Another share of rows (``random_share``) are a run of random tokens repeated until the
+    row is full: a task only attention can solve (look back one period, then copy), which
+    rewards a previous-token head and an induction head composing with it.
+    """
     starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=gen)
     x = torch.stack([data[s : s + seq + 1] for s in starts])  # (B, T+1)
     for row in range(batch):
-        if torch.rand((), generator=gen).item() < repeat_share:
+        draw = torch.rand((), generator=gen).item()
+        if draw < random_share:
+            period = int(torch.randint(8, seq // 2, (), generator=gen))
+            segment = torch.randint(256, vocab, (period,), generator=gen)  # skip byte-level tokens
+            x[row] = segment.repeat(seq // period + 2)[: seq + 1]
+        elif draw < random_share + repeat_share:
             length = int(torch.randint(16, seq // 4, (), generator=gen))
             src = int(torch.randint(0, seq // 2 - length, (), generator=gen))
             dst = int(torch.randint(src + length, seq + 1 - length, (), generator=gen))
@@ -86,10 +97,42 @@ def evaluate(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, n_batches: in
     return sum(losses) / len(losses)
 
 
-def sinusoids(positions: int, d: int) -> torch.Tensor:
-    """The original transformer's encoding: (positions, d), sin on even dims, cos on odd."""
+@torch.no_grad()
+def previous_token_scores(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, n_windows: int = 4) -> list[list[float]]:
+    """(layers x heads) mean attention from i to i-1 on held-out windows, as the model card measures it."""
+    model.eval()
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")  # the only implementation that returns weights
+    step = max(seq, (len(data) - seq) // n_windows)
+    x = torch.stack([data[s : s + seq] for s in range(0, len(data) - seq, step)][:n_windows])  # (W, T)
+    attentions = model(x, output_attentions=True).attentions  # layers x (W, H, T, T)
+    rows = torch.arange(1, seq)
+    scores = [a[:, :, rows, rows - 1].mean(dim=(0, 2)).tolist() for a in attentions]
+    model.set_attn_implementation(implementation)
+    model.train()
+    return scores
+
+
+def sinusoids(positions: int, d: int, spread: str = "geometric") -> torch.Tensor:
+    """A (positions, d) table of sin/cos pairs: sin on even dims, cos on odd.
+
+    ``geometric``: the original transformer's frequencies, 1 down to 1/10000 — most of them
+    low, so neighbouring positions look alike (p_i . p_j falls off slowly with |i - j|).
+    ``mixed``: half the pairs keep those; the other half get frequencies spread evenly (with
+    a fixed jitter) over (0, pi), whose sum of cosines is a sharp kernel: positions i and
+    i - 1 are then nearly orthogonal, and because p_{i-1} is a fixed rotation of p_i, one
+    linear map in a head's query/key weights can point every position at its predecessor.
+    """
     pos = torch.arange(positions).float()[:, None]  # (P, 1)
+    half = d // 2
     freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2).float() / d)  # (d/2,)
+    if spread == "mixed":
+        gen = torch.Generator().manual_seed(0)
+        local = half // 2
+        even = (torch.arange(local).float() + torch.rand(local, generator=gen)) / local  # (0, 1)
+        freq = torch.cat([math.pi * even, freq[::2][: half - local]])
+    elif spread != "geometric":
+        raise ValueError(spread)
     table = torch.zeros(positions, d)
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq)
@@ -132,11 +175,18 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--repeat-share", type=float, default=0.15)
+    p.add_argument("--random-share", type=float, default=0.0,
+                   help="share of rows that repeat a run of random tokens (trains copying heads)")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    p.add_argument("--tokenizer", type=Path, default=None,
+                   help="reuse the tokenizer of this folder instead of training one (the same vocabulary)")
     p.add_argument("--sinusoid-init", type=float, default=0.05,
                    help="start the learned position table from sinusoids of this amplitude (0 = GPT-2's random init); "
                         "smooth positions let previous-token heads form within a CPU-sized budget")
+    p.add_argument("--position-spread", choices=("geometric", "mixed"), default="geometric",
+                   help="frequencies of the sinusoidal start (see sinusoids())")
     p.add_argument("--qk-init", type=float, default=0.0,
                    help="std of the query/key weights at init (0 = GPT-2's 0.02); larger logits let heads "
                         "specialise sooner")
@@ -146,12 +196,14 @@ def main() -> None:
     args = p.parse_args()
 
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     random.seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.time()
-    if args.resume:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.resume)
+    if args.resume or args.tokenizer:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.resume or args.tokenizer)
         tokenizer.model_max_length = args.positions
     else:
         tokenizer = train_tokenizer(args.corpus, args.vocab)
@@ -170,7 +222,8 @@ def main() -> None:
         GPT2LMHeadModel.from_pretrained(args.resume), args.positions)
     if args.resume is None and args.sinusoid_init > 0:
         with torch.no_grad():
-            model.transformer.wpe.weight.copy_(args.sinusoid_init * sinusoids(args.positions, args.d_model))
+            model.transformer.wpe.weight.copy_(
+                args.sinusoid_init * sinusoids(args.positions, args.d_model, args.position_spread))
     if args.resume is None and args.qk_init > 0:
         with torch.no_grad():
             for block in model.transformer.h:  # c_attn is (d, 3d): columns [q | k | v]
@@ -194,7 +247,7 @@ def main() -> None:
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.warmup, args.lr, args.lr / 10)
-        x = get_batch(train, args.batch, args.seq, gen, args.repeat_share)
+        x = get_batch(train, args.batch, args.seq, gen, args.repeat_share, args.random_share, len(tokenizer))
         loss = model(x[:, :-1], labels=x[:, :-1]).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -203,12 +256,14 @@ def main() -> None:
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             held_loss = evaluate(model, held, args.seq)
+            prev = previous_token_scores(model, held, 256)
+            best = sorted((v for row in prev for v in row), reverse=True)[:2]
             elapsed = time.time() - start
             tokens = (step + 1) * args.batch * args.seq
             curve.append({"step": step + 1, "tokens": tokens, "train_loss": loss.item(),
-                          "heldout_loss": held_loss, "seconds": elapsed})
-            log.info("step %d tokens %d train %.3f held-out %.3f (%.0f tok/s)",
-                     step + 1, tokens, loss.item(), held_loss, tokens / elapsed)
+                          "heldout_loss": held_loss, "seconds": elapsed, "prev_token_top2": best})
+            log.info("step %d tokens %d train %.3f held-out %.3f prev-token top-2 %.2f %.2f (%.0f tok/s)",
+                     step + 1, tokens, loss.item(), held_loss, best[0], best[1], tokens / elapsed)
             model.save_pretrained(args.out)
             (args.out / "training.json").write_text(json.dumps({
                 "n_params": n_params, "train_tokens_in_corpus": len(train),

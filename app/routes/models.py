@@ -5,7 +5,8 @@ from dataclasses import asdict
 from fastapi import APIRouter
 
 from app.deps import EngineDep
-from app.schemas import ModelOut, ModelsOut
+from app.memory import rss_bytes
+from app.schemas import HealthOut, ModelOut, ModelsOut
 
 router = APIRouter(prefix="/api", tags=["models"])
 
@@ -18,3 +19,10 @@ def list_models(engine: EngineDep) -> ModelsOut:
                             max_tokens=engine.token_limit(lm),
                             induction_scores=lm.probe.get("induction", [])))
     return ModelsOut(models=out)
+
+
+@router.get("/health", response_model=HealthOut, summary="Liveness, the run cache's size and the process's memory")
+def health(engine: EngineDep) -> HealthOut:
+    return HealthOut(status="ok", models=list(engine.models), runs=len(engine.store),
+                     run_cache_bytes=engine.store.nbytes, run_cache_max_bytes=engine.store.max_bytes,
+                     rss_bytes=rss_bytes())
