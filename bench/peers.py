@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.capture import gpt2_small_folder, prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
+from model.loading import LoadedModel  # noqa: E402
 
 log = logging.getLogger("bench.peers")
 # what BertViz's page asks the CDN for, and the npm package file that answers it
@@ -84,16 +85,14 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
-def measure_capture(folder: Path, texts: dict[int, str], repeats: int) -> list[dict[str, float]]:
+def measure_capture(lm: LoadedModel, folder: Path, texts: dict[int, str], repeats: int) -> list[dict[str, float]]:
     from transformers import GPT2LMHeadModel
     from transformer_lens.model_bridge import TransformerBridge
 
     from model.cache import RunStore
     from model.engine import Engine
     from model.hooks import run_with_cache
-    from model.loading import load_model
 
-    lm = load_model("gpt2-small-random", str(folder))
     engine = Engine({lm.info.name: lm}, lm.info.name, RunStore(1 << 30), 1024)  # LRU: one big run at a time
     # TransformerLens wraps the modules of the model it is given: a second copy of the same weights
     hf = GPT2LMHeadModel.from_pretrained(folder, attn_implementation="eager").eval()
@@ -292,7 +291,7 @@ def main() -> None:
     folder = gpt2_small_folder(args.tmp)
     lm = load_model("gpt2-small-random", str(folder))
     texts = {n: prompt_of(lm.tokenizer, n) for n in (int(x) for x in args.lengths.split(","))}
-    capture = measure_capture(folder, texts, args.repeats)
+    capture = measure_capture(lm, folder, texts, args.repeats)
 
     engine = make_engine({lm.info.name: lm}, lm.info.name, cache_bytes=8 << 30)
     app = create_app(Settings(models={}, default_model=lm.info.name, max_body_bytes=1 << 24), engine)

@@ -20,7 +20,7 @@ from model.errors import BadInput, UnknownModel
 from model.hooks import run_with_cache
 from model.loading import LoadedModel
 from model.probes import probe_heads
-from model.tokens import Token, ids_tensor, token_strings, tokenize
+from model.tokens import Token, ids_tensor, token_map, token_strings, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +161,7 @@ class Engine:
         lm = self._decoder(cache, "logit lens")
         with lm.lock:
             probs, ids = analysis.logit_lens(torch.stack(cache.resid), lm.final_norm, lm.unembed, top_k)  # (L+1, n, k)
-        vocab = sorted(set(ids.flatten().tolist()))
-        strings = dict(zip(vocab, token_strings(lm.tokenizer, vocab), strict=True))
+        strings = token_map(lm.tokenizer, ids.flatten().tolist())
         layers = []
         for stage in range(probs.shape[0]):
             layers.append({
@@ -192,8 +191,8 @@ def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: dict[str, torch.Tensor
 
 
 def prediction_dicts(lm: LoadedModel, preds: list[analysis.Prediction]) -> list[dict[str, Any]]:
-    vocab = sorted({i for p in preds for i in p.top_ids} | {p.next_id for p in preds if p.next_id is not None})
-    strings = dict(zip(vocab, token_strings(lm.tokenizer, vocab), strict=True))
+    strings = token_map(lm.tokenizer, [i for p in preds for i in p.top_ids]
+                        + [p.next_id for p in preds if p.next_id is not None])
     out = []
     for p in preds:
         actual = None

@@ -69,5 +69,11 @@ def token_strings(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> list[st
     return _DECODED.strings(tokenizer, ids)
 
 
+def token_map(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> dict[int, str]:
+    """id -> display string for a set of vocabulary ids (each looked up once)."""
+    unique = list(dict.fromkeys(ids))
+    return dict(zip(unique, token_strings(tokenizer, unique), strict=True))
+
+
 def ids_tensor(tokens: list[Token]) -> torch.Tensor:
     return torch.tensor([t.id for t in tokens], dtype=torch.long)  # (n,)

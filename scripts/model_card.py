@@ -71,6 +71,7 @@ def measure(folder: Path, heldout: Path, windows: int) -> dict[str, object]:
 
 
 def plot_curve(training: dict, path: Path) -> None:
+    """Loss over tokens seen; beside it, the best head's previous-token score where it was probed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -78,18 +79,33 @@ def plot_curve(training: dict, path: Path) -> None:
 
     phases = []
     if training.get("previous"):
-        phases.append(("512-token phase", training["previous"]["curve"], 0))
+        phases.append(("phase 1", training["previous"]["curve"], 0))
     offset = phases[0][1][-1]["tokens"] if phases else 0
-    phases.append(("1,024-token phase" if phases else "training", training["curve"], offset))
-    fig, ax = plt.subplots(figsize=(6, 3.5), dpi=120)
+    phases.append(("phase 2" if phases else "training", training["curve"], offset))
+    probed = any("prev_token_top2" in c for _, curve, _ in phases for c in curve)
+    fig, axes = plt.subplots(1, 2 if probed else 1, figsize=(10 if probed else 6, 3.5), dpi=120, squeeze=False)
+    loss_ax = axes[0][0]
     for label, curve, off in phases:
         tokens = [(c["tokens"] + off) / 1e6 for c in curve]
-        ax.plot(tokens, [c["train_loss"] for c in curve], alpha=0.5, label=f"train ({label})")
-        ax.plot(tokens, [c["heldout_loss"] for c in curve], marker=".", label=f"held-out ({label})")
-    ax.set_xlabel("tokens seen (millions)")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+        loss_ax.plot(tokens, [c["train_loss"] for c in curve], alpha=0.5, label=f"train ({label})")
+        loss_ax.plot(tokens, [c["heldout_loss"] for c in curve], marker=".", label=f"held-out ({label})")
+        if probed:
+            points = [((c["tokens"] + off) / 1e6, c["prev_token_top2"]) for c in curve if "prev_token_top2" in c]
+            axes[0][1].plot([t for t, _ in points], [v[0] for _, v in points], marker=".", label=f"best head ({label})")
+            axes[0][1].plot([t for t, _ in points], [v[1] for _, v in points], marker=".", alpha=0.6,
+                            label=f"second best ({label})")
+    loss_ax.set_xlabel("tokens seen (millions)")
+    loss_ax.set_ylabel("cross-entropy (nats)")
+    loss_ax.grid(alpha=0.3)
+    loss_ax.legend(fontsize=7)
+    if probed:
+        ax = axes[0][1]
+        ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_xlabel("tokens seen (millions)")
+        ax.set_ylabel("previous-token score (held-out, 256 tokens)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
 

@@ -2,8 +2,17 @@
 
 A plain PyTorch loop in the spirit of nanoGPT's train.py: AdamW, linear warm-up then
 cosine decay, gradient clipping, a fixed seed, a held-out split and a progress bar.
-A share of the training sequences repeat a random segment of themselves, so that
-in-context copying (induction heads) has a reason to form at this small scale.
+Every evaluation also probes each head's previous-token score on held-out text.
+
+Options for a CPU-sized budget, each measured (see the model card):
+
+* a share of rows repeat a segment of themselves, or a run of random tokens, so that
+  in-context copying (induction heads) has a reason to form;
+* the position table can start from sinusoids (``--position-spread mixed`` makes
+  neighbouring positions nearly orthogonal);
+* ``--guide-steps``: for a short warm-up, a term in the loss points a few heads at the
+  previous token; its weight falls to 0, and from then on the language-model loss alone
+  decides whether the model keeps them.
 
 Usage (after scripts/build_corpus.py)::
 
@@ -78,7 +87,7 @@ def get_batch(
             segment = torch.randint(256, vocab, (period,), generator=gen)  # skip byte-level tokens
             x[row] = segment.repeat(seq // period + 2)[: seq + 1]
         elif draw < random_share + repeat_share:
-            length = int(torch.randint(16, seq // 4, (), generator=gen))
+            length = int(torch.randint(min(16, seq // 8), seq // 4, (), generator=gen))
             src = int(torch.randint(0, seq // 2 - length, (), generator=gen))
             dst = int(torch.randint(src + length, seq + 1 - length, (), generator=gen))
             x[row, dst : dst + length] = x[row, src : src + length].clone()
@@ -152,6 +161,26 @@ def grow_positions(model: GPT2LMHeadModel, positions: int) -> GPT2LMHeadModel:
     return model
 
 
+def guide_weight(step: int, steps: int, weight: float) -> float:
+    """The guide's weight: ``weight`` at step 0, falling linearly to 0 at ``steps``."""
+    return weight * max(0.0, 1.0 - step / steps) if steps else 0.0
+
+
+def guide_loss(attentions: tuple[torch.Tensor, ...], heads: list[tuple[int, int]]) -> torch.Tensor:
+    """Mean -log of the attention from each token to the one before it, for the guided heads.
+
+    attentions: per layer (B, H, T, T). A warm-up only: it names the behaviour (look one
+    token back) for a few heads early on; the language-model loss alone decides afterwards
+    whether the model keeps them.
+    """
+    losses = []
+    for layer, head in heads:
+        a = attentions[layer][:, head]  # (B, T, T)
+        rows = torch.arange(1, a.shape[-1])
+        losses.append(-(a[:, rows, rows - 1] + 1e-6).log().mean())
+    return torch.stack(losses).mean()
+
+
 def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -187,6 +216,16 @@ def main() -> None:
                         "smooth positions let previous-token heads form within a CPU-sized budget")
     p.add_argument("--position-spread", choices=("geometric", "mixed"), default="geometric",
                    help="frequencies of the sinusoidal start (see sinusoids())")
+    p.add_argument("--freeze-positions", type=int, default=0,
+                   help="hold the position table fixed for this many steps (then it is learned): a relative "
+                        "mechanism learnt on short windows then holds at every position")
+    p.add_argument("--no-attn-scale", action="store_true",
+                   help="GPT-2's scale_attn_weights=False: attention logits are q.k, not q.k/sqrt(d_head)")
+    p.add_argument("--guide-heads", default="0:0,0:1",
+                   help="layer:head pairs the guide points at the previous token (with --guide-steps)")
+    p.add_argument("--guide-steps", type=int, default=0,
+                   help="add the guide to the loss for this many steps, its weight falling linearly to 0")
+    p.add_argument("--guide-weight", type=float, default=0.5)
     p.add_argument("--qk-init", type=float, default=0.0,
                    help="std of the query/key weights at init (0 = GPT-2's 0.02); larger logits let heads "
                         "specialise sooner")
@@ -217,6 +256,7 @@ def main() -> None:
         vocab_size=len(tokenizer), n_positions=args.positions, n_embd=args.d_model,
         n_layer=args.layers, n_head=args.heads, bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        scale_attn_weights=not args.no_attn_scale,
     )
     model = GPT2LMHeadModel(config) if args.resume is None else grow_positions(
         GPT2LMHeadModel.from_pretrained(args.resume), args.positions)
@@ -244,13 +284,31 @@ def main() -> None:
     model.train()
     start = time.time()
     bar = tqdm(range(args.steps), mininterval=30, desc="train")
+    implementation = model.config._attn_implementation
+    guided = [tuple(int(v) for v in pair.split(":")) for pair in args.guide_heads.split(",") if pair]
+    if args.guide_steps:
+        log.info("guiding heads %s towards the previous token for %d steps (weight %.2f, falling to 0)",
+                 guided, args.guide_steps, args.guide_weight)
+    wpe = model.transformer.wpe.weight
+    wpe.requires_grad_(args.freeze_positions == 0)
     for step in bar:
+        if step == args.freeze_positions and args.freeze_positions:
+            wpe.requires_grad_(True)
+            log.info("step %d: the position table is learned from now on", step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.warmup, args.lr, args.lr / 10)
         x = get_batch(train, args.batch, args.seq, gen, args.repeat_share, args.random_share, len(tokenizer))
-        loss = model(x[:, :-1], labels=x[:, :-1]).loss
+        weight = guide_weight(step, args.guide_steps, args.guide_weight)
+        if weight > 0:
+            model.set_attn_implementation("eager")  # the guide needs the weights
+            out = model(x[:, :-1], labels=x[:, :-1], output_attentions=True)
+            model.set_attn_implementation(implementation)
+            loss = out.loss
+            objective = loss + weight * guide_loss(out.attentions, guided)
+        else:
+            loss = objective = model(x[:, :-1], labels=x[:, :-1]).loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         bar.set_postfix(loss=f"{loss.item():.3f}")

@@ -19,7 +19,7 @@ from app.schemas import (
 )
 from model import lessons
 from model.errors import BadInput
-from model.tokens import ids_tensor, token_strings
+from model.tokens import ids_tensor, token_map
 
 router = APIRouter(prefix="/api", tags=["learn"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
@@ -48,7 +48,7 @@ def embedding(name: str, engine: EngineDep, id: Int, top: Annotated[int, Query(g
     lm = engine.model(name)
     data = lessons.embedding_neighbours(lm, id, top)
     ids = [id] + [i for i, _ in data["neighbours"]] + [i for i, _ in data["adjacent"]]
-    strings = dict(zip(ids, token_strings(lm.tokenizer, ids), strict=True))
+    strings = token_map(lm.tokenizer, ids)
     return EmbeddingOut(
         model=name, id=id, token=strings[id], norm=data["norm"], vector=data["vector"],
         neighbours=[{"id": i, "token": strings[i], "cos": c} for i, c in data["neighbours"]],
