@@ -77,11 +77,15 @@ def plot_curve(training: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    phases = []
-    if training.get("previous"):
-        phases.append(("phase 1", training["previous"]["curve"], 0))
-    offset = phases[0][1][-1]["tokens"] if phases else 0
-    phases.append(("phase 2" if phases else "training", training["curve"], offset))
+    chain = []  # oldest phase first: each resumed run keeps the record of the one before
+    record: dict | None = training
+    while record:
+        chain.insert(0, record["curve"])
+        record = record.get("previous")
+    phases, offset = [], 0
+    for number, curve in enumerate(chain, 1):
+        phases.append((f"phase {number}" if len(chain) > 1 else "training", curve, offset))
+        offset += curve[-1]["tokens"]
     probed = any("prev_token_top2" in c for _, curve, _ in phases for c in curve)
     fig, axes = plt.subplots(1, 2 if probed else 1, figsize=(10 if probed else 6, 3.5), dpi=120, squeeze=False)
     loss_ax = axes[0][0]

@@ -219,6 +219,9 @@ def main() -> None:
     p.add_argument("--freeze-positions", type=int, default=0,
                    help="hold the position table fixed for this many steps (then it is learned): a relative "
                         "mechanism learnt on short windows then holds at every position")
+    p.add_argument("--positions-only-from", type=int, default=None,
+                   help="train only the position table's rows from this one on, every other weight held: rows "
+                        "that earlier phases never reached learn to fit the trained network")
     p.add_argument("--no-attn-scale", action="store_true",
                    help="GPT-2's scale_attn_weights=False: attention logits are q.k, not q.k/sqrt(d_head)")
     p.add_argument("--guide-heads", default="0:0,0:1",
@@ -291,6 +294,13 @@ def main() -> None:
                  guided, args.guide_steps, args.guide_weight)
     wpe = model.transformer.wpe.weight
     wpe.requires_grad_(args.freeze_positions == 0)
+    if args.positions_only_from is not None:
+        for param in model.parameters():
+            param.requires_grad_(param is wpe)
+        keep = torch.zeros_like(wpe)  # (P, d): 1 on the rows that learn
+        keep[args.positions_only_from :] = 1.0
+        wpe.register_hook(lambda grad: grad * keep)
+        log.info("training only position rows %d.. (all other weights held)", args.positions_only_from)
     for step in bar:
         if step == args.freeze_positions and args.freeze_positions:
             wpe.requires_grad_(True)

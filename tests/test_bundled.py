@@ -66,14 +66,25 @@ def test_heldout_loss_is_well_below_uniform(default_engine: Engine) -> None:
     assert loss < 0.7 * math.log(lm.info.vocab_size), loss
 
 
-@pytest.mark.xfail(strict=True, reason="issue 3's bar is not met yet: after 50 minutes of CPU training no head "
-                   "reaches a previous-token score of 0.5 (see the model card); strict, so a model that meets it "
-                   "turns this into a failure to be removed")
-def test_previous_token_heads_exist(default_engine: Engine) -> None:
-    lm = default_engine.model("attnscope-tiny")
-    ids = ids_tensor(tokenize(lm.tokenizer, HELDOUT.read_text(encoding="utf-8")))[:400]
+def previous_token_scores(engine: Engine, n: int) -> list[float]:
+    """Every head's previous-token score on the first n tokens of the shipped held-out sample."""
+    lm = engine.model("attnscope-tiny")
+    ids = ids_tensor(tokenize(lm.tokenizer, HELDOUT.read_text(encoding="utf-8")))[:n]
     acts = run_with_cache(lm, ids)
-    prev = [s.prev_token for i in range(lm.info.n_layers) for s in head_scores(i, acts[f"blocks.{i}.attn.hook_pattern"], ids)]
+    return [s.prev_token for i in range(lm.info.n_layers) for s in head_scores(i, acts[f"blocks.{i}.attn.hook_pattern"], ids)]
+
+
+def test_previous_token_heads_within_the_first_256_positions(default_engine: Engine) -> None:
+    prev = previous_token_scores(default_engine, 256)
+    assert sum(p >= 0.5 for p in prev) >= 2, prev
+
+
+@pytest.mark.xfail(strict=True, reason="issue 3's bar holds within the first 256 positions, where the model "
+                   "trained for 3,500 steps, not over 400 tokens: positions past 256 were reached by far less "
+                   "training and the heads fade there (see the model card); strict, so a model that meets it "
+                   "turns this into a failure to be removed")
+def test_previous_token_heads_over_400_tokens(default_engine: Engine) -> None:
+    prev = previous_token_scores(default_engine, 400)
     assert sum(p >= 0.5 for p in prev) >= 2, prev
 
 
