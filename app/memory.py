@@ -44,10 +44,10 @@ def tune_malloc(mmap_threshold: int = 16 << 10, arena_max: int = 2) -> bool:
     return ok
 
 
-def rss_bytes() -> int | None:
-    """Resident set size of this process (Linux), or None where /proc is not there."""
+def rss_bytes(pid: int | str = "self") -> int | None:
+    """Resident set size of a process (this one by default; Linux), or None where /proc is not there."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     except OSError:

@@ -15,7 +15,6 @@ import asyncio
 import json
 import logging
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from app.memory import rss_bytes  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
@@ -40,10 +40,8 @@ def prompt(client: int, rnd: int) -> str:
 
 
 def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    size = rss_bytes(pid)
+    return float("nan") if size is None else size / (1 << 20)
 
 
 async def client_loop(base: str, cid: int, rounds: int, lat: dict[str, list[float]], errors: list[str],

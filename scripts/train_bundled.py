@@ -292,6 +292,7 @@ def main() -> None:
     if args.guide_steps:
         log.info("guiding heads %s towards the previous token for %d steps (weight %.2f, falling to 0)",
                  guided, args.guide_steps, args.guide_weight)
+        model.set_attn_implementation("eager")  # the guide needs the weights, until it ends
     wpe = model.transformer.wpe.weight
     wpe.requires_grad_(args.freeze_positions == 0)
     if args.positions_only_from is not None:
@@ -302,6 +303,8 @@ def main() -> None:
         wpe.register_hook(lambda grad: grad * keep)
         log.info("training only position rows %d.. (all other weights held)", args.positions_only_from)
     for step in bar:
+        if step == args.guide_steps and args.guide_steps:
+            model.set_attn_implementation(implementation)
         if step == args.freeze_positions and args.freeze_positions:
             wpe.requires_grad_(True)
             log.info("step %d: the position table is learned from now on", step)
@@ -310,9 +313,7 @@ def main() -> None:
         x = get_batch(train, args.batch, args.seq, gen, args.repeat_share, args.random_share, len(tokenizer))
         weight = guide_weight(step, args.guide_steps, args.guide_weight)
         if weight > 0:
-            model.set_attn_implementation("eager")  # the guide needs the weights
             out = model(x[:, :-1], labels=x[:, :-1], output_attentions=True)
-            model.set_attn_implementation(implementation)
             loss = out.loss
             objective = loss + weight * guide_loss(out.attentions, guided)
         else:

@@ -45,7 +45,7 @@ def test_health_reports_the_run_cache(client: TestClient) -> None:
     run = client.post("/api/runs", json={"text": "dog bites man", "model": "tiny-gpt2"}).json()
     after = client.get("/api/health").json()
     cache = client.app.state.engine.run(run["run_id"])
-    assert after["runs"] == before["runs"] + 1 or after["runs"] == len(client.app.state.engine.store)
+    assert after["runs"] == len(client.app.state.engine.store) >= 1
     assert after["run_cache_bytes"] == client.app.state.engine.store.nbytes
     assert after["run_cache_bytes"] >= cache.nbytes > 0
     assert after["rss_bytes"] > 100 * 2**20  # a process with torch and a model loaded
