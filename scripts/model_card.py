@@ -80,12 +80,14 @@ def plot_curve(training: dict, path: Path) -> None:
     chain = []  # oldest phase first: each resumed run keeps the record of the one before
     record: dict | None = training
     while record:
-        chain.insert(0, record["curve"])
+        chain.insert(0, record)
         record = record.get("previous")
-    phases, offset = [], 0
-    for number, curve in enumerate(chain, 1):
+    phases, offset, probe_lengths = [], 0, set()
+    for number, record in enumerate(chain, 1):
+        curve = record["curve"]
         phases.append((f"phase {number}" if len(chain) > 1 else "training", curve, offset))
         offset += curve[-1]["tokens"]
+        probe_lengths.add(record["args"].get("probe_seq", "256"))  # runs before --probe-seq read 256
     probed = any("prev_token_top2" in c for _, curve, _ in phases for c in curve)
     fig, axes = plt.subplots(1, 2 if probed else 1, figsize=(10 if probed else 6, 3.5), dpi=120, squeeze=False)
     loss_ax = axes[0][0]
@@ -106,7 +108,7 @@ def plot_curve(training: dict, path: Path) -> None:
         ax = axes[0][1]
         ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
         ax.set_xlabel("tokens seen (millions)")
-        ax.set_ylabel("previous-token score (held-out, 256 tokens)")
+        ax.set_ylabel(f"previous-token score (held-out, {' / '.join(sorted(probe_lengths, key=int))} tokens)")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

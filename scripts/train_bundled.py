@@ -207,6 +207,8 @@ def main() -> None:
     p.add_argument("--random-share", type=float, default=0.0,
                    help="share of rows that repeat a run of random tokens (trains copying heads)")
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--probe-seq", type=int, default=256,
+                   help="length of the held-out windows the previous-token probe reads")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--tokenizer", type=Path, default=None,
@@ -246,10 +248,8 @@ def main() -> None:
     t0 = time.time()
     if args.resume or args.tokenizer:
         tokenizer = PreTrainedTokenizerFast.from_pretrained(args.resume or args.tokenizer)
-        tokenizer.model_max_length = args.positions
     else:
         tokenizer = train_tokenizer(args.corpus, args.vocab)
-    tokenizer.save_pretrained(args.out)
     train = encode_docs(tokenizer, args.corpus / "train.txt")
     held = encode_docs(tokenizer, args.corpus / "heldout.txt")
     log.info("tokenizer: %d tokens, train %d tokens, held-out %d tokens (%.0fs)",
@@ -263,6 +263,8 @@ def main() -> None:
     )
     model = GPT2LMHeadModel(config) if args.resume is None else grow_positions(
         GPT2LMHeadModel.from_pretrained(args.resume), args.positions)
+    tokenizer.model_max_length = model.config.n_positions  # a resumed model may have more than --positions
+    tokenizer.save_pretrained(args.out)
     if args.resume is None and args.sinusoid_init > 0:
         with torch.no_grad():
             model.transformer.wpe.weight.copy_(
@@ -325,7 +327,7 @@ def main() -> None:
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
             held_loss = evaluate(model, held, args.seq)
-            prev = previous_token_scores(model, held, 256)
+            prev = previous_token_scores(model, held, args.probe_seq)
             best = sorted((v for row in prev for v in row), reverse=True)[:2]
             elapsed = time.time() - start
             tokens = (step + 1) * args.batch * args.seq

@@ -69,7 +69,7 @@ def test_a_few_steps_end_to_end(tmp_path: Path, monkeypatch: object) -> None:
     out = tmp_path / "model"
     monkeypatch.setattr(sys, "argv", [
         "train_bundled.py", "--corpus", str(corpus), "--out", str(out), "--vocab", "400", "--layers", "1",
-        "--heads", "2", "--d-model", "32", "--positions", "512", "--seq", "64", "--batch", "2", "--steps", "4",
+        "--heads", "2", "--d-model", "32", "--positions", "1024", "--seq", "64", "--batch", "2", "--steps", "4",
         "--eval-every", "2", "--warmup", "1", "--position-spread", "mixed", "--sinusoid-init", "0.1",
         "--random-share", "0.5", "--guide-steps", "2", "--guide-heads", "0:1", "--threads", "1"])
     train.main()
@@ -81,3 +81,15 @@ def test_a_few_steps_end_to_end(tmp_path: Path, monkeypatch: object) -> None:
     model = GPT2LMHeadModel.from_pretrained(out)
     tok = AutoTokenizer.from_pretrained(out)
     assert model.config.n_layer == 1 and len(tok) == 400
+
+    # a resumed phase keeps the model's 1,024 positions (and says so to the tokenizer) even though
+    # --positions is left at its default of 512, and keeps the earlier phase's record
+    resumed = tmp_path / "resumed"
+    monkeypatch.setattr(sys, "argv", [
+        "train_bundled.py", "--corpus", str(corpus), "--out", str(resumed), "--resume", str(out), "--seq", "128",
+        "--batch", "1", "--steps", "2", "--eval-every", "2", "--warmup", "1", "--probe-seq", "128", "--threads", "1"])
+    train.main()
+    record = json.loads((resumed / "training.json").read_text())
+    assert record["args"]["probe_seq"] == "128" and record["previous"]["curve"][-1]["step"] == 4
+    assert GPT2LMHeadModel.from_pretrained(resumed).config.n_positions == 1024
+    assert AutoTokenizer.from_pretrained(resumed).model_max_length == 1024
