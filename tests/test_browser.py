@@ -128,7 +128,7 @@ def test_encoder_shows_full_attention(page: object, base_url: str) -> None:
     page.get_by_test_id("analyze-button").click()
     page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
     state = heatmap_state(page)
-    n = state["n"]
+    assert state["n"] == 5 and len(state["z"][0]) == 5  # [CLS] dog bites man [SEP]
     assert not state["masked"] and all(v is not None for v in state["z"][0])  # the first token sees the last
     assert page.get_by_test_id("head-cell").count() == 72
     assert page.locator(".next-panel").is_hidden()
