@@ -71,7 +71,11 @@ def measure(folder: Path, heldout: Path, windows: int) -> dict[str, object]:
 
 
 def plot_curve(training: dict, path: Path) -> None:
-    """Loss over tokens seen; beside it, the best head's previous-token score where it was probed."""
+    """Loss over tokens seen; beside it, the best two heads' previous-token scores where they were probed.
+
+    One colour per training phase in both panels; each phase's held-out loss and probe read windows
+    as long as that phase's own (``--seq`` and ``--probe-seq``), named in the legend.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -82,36 +86,39 @@ def plot_curve(training: dict, path: Path) -> None:
     while record:
         chain.insert(0, record)
         record = record.get("previous")
-    phases, offset, probe_lengths = [], 0, set()
-    for number, record in enumerate(chain, 1):
-        curve = record["curve"]
-        phases.append((f"phase {number}" if len(chain) > 1 else "training", curve, offset))
-        offset += curve[-1]["tokens"]
-        probe_lengths.add(record["args"].get("probe_seq", "256"))  # runs before --probe-seq read 256
-    probed = any("prev_token_top2" in c for _, curve, _ in phases for c in curve)
-    fig, axes = plt.subplots(1, 2 if probed else 1, figsize=(10 if probed else 6, 3.5), dpi=120, squeeze=False)
+    probed = any("prev_token_top2" in c for r in chain for c in r["curve"])
+    fig, axes = plt.subplots(1, 2 if probed else 1, figsize=(11 if probed else 6, 4), dpi=120, squeeze=False)
     loss_ax = axes[0][0]
-    for label, curve, off in phases:
-        tokens = [(c["tokens"] + off) / 1e6 for c in curve]
-        loss_ax.plot(tokens, [c["train_loss"] for c in curve], alpha=0.5, label=f"train ({label})")
-        loss_ax.plot(tokens, [c["heldout_loss"] for c in curve], marker=".", label=f"held-out ({label})")
-        if probed:
-            points = [((c["tokens"] + off) / 1e6, c["prev_token_top2"]) for c in curve if "prev_token_top2" in c]
-            axes[0][1].plot([t for t, _ in points], [v[0] for _, v in points], marker=".", label=f"best head ({label})")
-            axes[0][1].plot([t for t, _ in points], [v[1] for _, v in points], marker=".", alpha=0.6,
-                            label=f"second best ({label})")
+    colours = plt.get_cmap("tab10")
+    offset = 0
+    for number, record in enumerate(chain, 1):
+        curve, args, colour = record["curve"], record["args"], colours((number - 1) % 10)
+        name = f"phase {number}" if len(chain) > 1 else "training"
+        tokens = [(c["tokens"] + offset) / 1e6 for c in curve]
+        loss_ax.plot(tokens, [c["train_loss"] for c in curve], color=colour, alpha=0.35, linewidth=1)
+        loss_ax.plot(tokens, [c["heldout_loss"] for c in curve], color=colour, marker=".",
+                     label=f"{name} (held-out, {args['seq']}-token windows)")
+        points = [((c["tokens"] + offset) / 1e6, c["prev_token_top2"]) for c in curve if "prev_token_top2" in c]
+        if points:
+            ax = axes[0][1]
+            ax.plot([t for t, _ in points], [v[0] for _, v in points], color=colour, marker=".",
+                    label=f"{name} ({args.get('probe_seq', '256')}-token windows)")  # runs before --probe-seq read 256
+            ax.plot([t for t, _ in points], [v[1] for _, v in points], color=colour, marker=".", linestyle="--")
+        offset += curve[-1]["tokens"]
+    loss_ax.set_title("loss (faint: training batch; dots: held-out)", fontsize=9)
     loss_ax.set_xlabel("tokens seen (millions)")
     loss_ax.set_ylabel("cross-entropy (nats)")
     loss_ax.grid(alpha=0.3)
     loss_ax.legend(fontsize=7)
     if probed:
         ax = axes[0][1]
-        ax.axhline(0.5, color="grey", linestyle="--", linewidth=0.8)
+        ax.axhline(0.5, color="grey", linestyle=":", linewidth=0.8)
+        ax.set_title("previous-token score on held-out text (solid: best head; dashed: second)", fontsize=9)
         ax.set_xlabel("tokens seen (millions)")
-        ax.set_ylabel(f"previous-token score (held-out, {' / '.join(sorted(probe_lengths, key=int))} tokens)")
-        ax.set_ylim(0, 1)
+        ax.set_ylabel("mean attention from i to i-1")
+        ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path)
 
