@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from app.main import create_app  # noqa: E402
+from app.memory import tune_malloc  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from model.cache import RunStore  # noqa: E402
 from model.engine import Engine  # noqa: E402
@@ -117,14 +118,20 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--write", type=Path, default=None, help="replace this section of the given markdown file")
     p.add_argument("--tmp", type=Path, default=Path("/tmp/attnscope-bench"))
+    p.add_argument("--tune-malloc", action="store_true",
+                   help="first apply the malloc settings `attnscope serve` uses (app/memory.py), as the served app runs")
     args = p.parse_args()
+    if args.tune_malloc and not tune_malloc():
+        raise SystemExit("--tune-malloc needs glibc")
     lengths = [int(x) for x in args.lengths.split(",")]
     rows = measure("attnscope-tiny", "bundled:attnscope-tiny", lengths, args.repeats)
     rows += measure("gpt2-small-random", str(gpt2_small_folder(args.tmp)), lengths, args.repeats)
     text = table(rows)
     sys.stdout.write(text + "\n")
     if args.write:
-        write_section(args.write, "capture", text, "python bench/capture.py --write BENCHMARKS.md")
+        flag = " --tune-malloc" if args.tune_malloc else ""
+        write_section(args.write, "capture-tuned" if args.tune_malloc else "capture", text,
+                      f"python bench/capture.py{flag} --write BENCHMARKS.md")
 
 
 if __name__ == "__main__":
