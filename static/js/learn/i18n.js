@@ -4,7 +4,7 @@ export const TEXT = {
   en: {
     title: "Learn: from token IDs to the residual stream",
     intro: "Each view below runs the model on your prompt and shows its real numbers. Change the prompt and press Run.",
-    run: "Run", lang: "中文", open: "Open in the explorer",
+    run: "Run", lang: "中文 (Chinese)", open: "Open in the explorer",
     l1: { h: "1 · Attention aggregates context",
       p: "For one token, a head computes how important every visible token is to it (the attention weights) and adds up their value vectors with those weights. A weight alone says where the head looks; weight × ‖value projected through the head's output‖ says how much each source token actually contributes to what the head writes." },
     l2: { h: "2 · One parallel pass vs serial generation",
