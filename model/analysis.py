@@ -45,6 +45,12 @@ def induction_pairs(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 SAMPLE_ROWS = 128
 
 
+def previous_token_weights(pattern: torch.Tensor) -> torch.Tensor:
+    """(..., n, n) -> (..., n - 1): the attention from each query i >= 1 to key i - 1."""
+    rows = torch.arange(1, pattern.shape[-1])
+    return pattern[..., rows, rows - 1]
+
+
 def sample_rows(n: int, most: int = SAMPLE_ROWS) -> torch.Tensor:
     """Evenly spaced query rows (all of them when n <= most), the last one included."""
     if n <= most:
@@ -65,8 +71,7 @@ def head_scores(layer: int, pattern: torch.Tensor, ids: torch.Tensor) -> list[He
     entropy = -torch.special.xlogy(sub, sub).sum(-1).mean(-1)  # (H,)
     peak = sub.amax(-1).mean(-1)  # (H,)
     if n > 1:
-        rows = torch.arange(1, n)
-        prev = pattern[:, rows, rows - 1].mean(-1)  # (H,)
+        prev = previous_token_weights(pattern).mean(-1)  # (H,)
         first = pattern[:, 1:, 0].mean(-1)  # (H,)
     else:
         prev = first = torch.zeros(n_heads)

@@ -35,6 +35,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
+from model.analysis import previous_token_weights
+
 log = logging.getLogger("train_bundled")
 EOS = "<|endoftext|>"
 
@@ -115,8 +117,7 @@ def previous_token_scores(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, 
     step = max(seq, (len(data) - seq) // n_windows)
     x = torch.stack([data[s : s + seq] for s in range(0, len(data) - seq, step)][:n_windows])  # (W, T)
     attentions = model(x, output_attentions=True).attentions  # layers x (W, H, T, T)
-    rows = torch.arange(1, seq)
-    scores = [a[:, :, rows, rows - 1].mean(dim=(0, 2)).tolist() for a in attentions]
+    scores = [previous_token_weights(a).mean(dim=(0, 2)).tolist() for a in attentions]
     model.set_attn_implementation(implementation)
     model.train()
     return scores
@@ -176,8 +177,7 @@ def guide_loss(attentions: tuple[torch.Tensor, ...], heads: list[tuple[int, int]
     losses = []
     for layer, head in heads:
         a = attentions[layer][:, head]  # (B, T, T)
-        rows = torch.arange(1, a.shape[-1])
-        losses.append(-(a[:, rows, rows - 1] + 1e-6).log().mean())
+        losses.append(-(previous_token_weights(a) + 1e-6).log().mean())
     return torch.stack(losses).mean()
 
 

@@ -15,7 +15,7 @@ from transformers import AutoTokenizer
 
 from app.main import create_app
 from app.settings import Settings
-from model.analysis import head_scores
+from model.analysis import head_scores, previous_token_weights
 from model.engine import Engine
 from model.hooks import run_with_cache
 from model.loading import BUNDLED_DIR
@@ -77,8 +77,7 @@ def test_previous_token_heads_over_the_whole_context(default_engine: Engine) -> 
     patterns = [acts[f"blocks.{i}.attn.hook_pattern"] for i in range(lm.info.n_layers)]  # L x (H, n, n)
     prev = [s.prev_token for i, pattern in enumerate(patterns) for s in head_scores(i, pattern, ids)]
     assert sum(p >= 0.5 for p in prev) >= 2, prev
-    rows = torch.arange(n // 2, n)
-    late = torch.cat([pattern[:, rows, rows - 1].mean(-1) for pattern in patterns])  # (L*H,) on positions 512..1023
+    late = torch.cat([previous_token_weights(p)[:, n // 2 - 1 :].mean(-1) for p in patterns])  # (L*H,) queries 512..1023
     assert int((late >= 0.5).sum()) >= 2, late.tolist()
 
 
