@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from app import errors
 from app.gate import Gate
 from app.middleware import BodyLimit, SecurityHeaders
-from app.routes import generate, learn, models, pages, runs
+from app.routes import generate, interventions, learn, models, pages, runs
 from app.settings import Settings
 from model.cache import RunStore
 from model.engine import Engine
@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(runs.router)
     app.include_router(generate.router)
     app.include_router(learn.router)
+    app.include_router(interventions.router)
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     if settings.cors_origins:

@@ -1,0 +1,163 @@
+"""Direct logit attribution: which component wrote the logit of a token.
+
+The final residual at position P is a sum: the embeddings, every head's own output (its
+``z`` through its slice of ``W_O``), each attention projection's bias and every MLP's
+output. With the final norm's scale at P *frozen* (TransformerLens' convention) the norm
+is affine, so the logit of T — or the difference T - U — splits into one term per
+component, plus one for the norm's shift and the LM head's bias; the terms sum to the
+logit up to float error, which is reported, never hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+from model.cache import ActivationCache
+from model.errors import BadInput
+from model.intervene import capture_z, head_weights, require_decoder
+from model.loading import LoadedModel
+
+TermKind = Literal["embed", "head", "mlp", "bias"]
+
+
+@dataclass(frozen=True)
+class Term:
+    kind: TermKind
+    layer: int | None  # None for the embeddings and the final bias
+    head: int | None  # only for heads
+    value: float
+
+
+@dataclass(frozen=True)
+class Attribution:
+    position: int
+    token: int
+    token_b: int | None
+    logit: float  # the model's own logit of token (minus that of token_b), before any final transform
+    terms: list[Term]
+    error: float  # logit - sum(terms): the float residue
+    final_transform: str | None  # what the model applies after the logit (soft-capping), if anything
+
+
+@dataclass(frozen=True)
+class FrozenNorm:
+    """A norm with its scale fixed at one position: y = center(x) * scale + shift."""
+
+    center: bool
+    scale: torch.Tensor  # (d,) float64: the weight over that position's sigma
+    shift: torch.Tensor  # (d,) float64
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., d) -> (..., d): the norm's linear part, the same for every summand."""
+        x = x.double()
+        if self.center:
+            x = x - x.mean(-1, keepdim=True)
+        return x * self.scale
+
+
+def _eps(norm: nn.Module) -> float:
+    for name in ("eps", "variance_epsilon", "epsilon"):
+        value = getattr(norm, name, None)
+        if isinstance(value, float | int):
+            return float(value)
+    return 1e-5
+
+
+def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
+    """Which affine map ``norm`` applies at the residual ``x`` (d,), checked against its output.
+
+    Candidates, in the order families use them: LayerNorm (centre, weight, bias), RMSNorm with
+    ``weight`` (Llama) or ``1 + weight`` (Gemma). The first whose prediction equals the
+    module's own output is kept; none matching is an error, not a silent approximation.
+    """
+    d = x.shape[-1]
+    xd = x.double()
+    if norm is None:
+        return FrozenNorm(False, torch.ones(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64))
+    with torch.inference_mode():
+        y = norm(x[None])[0].double()  # (d,)
+    eps = _eps(norm)
+    weight = getattr(norm, "weight", None)
+    w = weight.detach().double() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)
+    bias = getattr(norm, "bias", None)
+    b = bias.detach().double() if isinstance(bias, torch.Tensor) else torch.zeros(d, dtype=torch.float64)
+    centred = xd - xd.mean()
+    ln_sigma = math.sqrt(float(centred.pow(2).mean()) + eps)
+    rms = math.sqrt(float(xd.pow(2).mean()) + eps)
+    candidates = [FrozenNorm(True, w / ln_sigma, b), FrozenNorm(False, w / rms, b),
+                  FrozenNorm(False, (1 + w) / rms, b)]
+    if not isinstance(norm, nn.LayerNorm):
+        candidates = candidates[1:] + candidates[:1]
+    tol = 1e-4 * max(1.0, float(y.abs().max()))
+    for frozen in candidates:
+        if torch.allclose(frozen.linear(xd) + frozen.shift, y, rtol=1e-4, atol=tol):
+            return frozen
+    raise BadInput(f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm that "
+                   "attnscope can freeze; direct logit attribution is not available for this model")
+
+
+def final_transform(lm: LoadedModel) -> str | None:
+    cap = getattr(lm.model.config, "final_logit_softcapping", None)
+    if cap:
+        return (f"the model soft-caps its logits (tanh(x / {cap}) * {cap}); the attributed logit "
+                "is the one before the cap")
+    return None
+
+
+def _unembed_row(lm: LoadedModel, token: int) -> tuple[torch.Tensor, float]:
+    """(d,) float64 row of the LM head for ``token``, and its bias."""
+    head = lm.unembed
+    weight = getattr(head, "weight", None)
+    if not isinstance(weight, torch.Tensor):
+        raise BadInput(f"model {lm.info.name!r}: its LM head has no weight matrix to attribute through")
+    bias = getattr(head, "bias", None)
+    return weight[token].double(), float(bias[token]) if isinstance(bias, torch.Tensor) else 0.0
+
+
+def check_token(lm: LoadedModel, token: int, name: str) -> None:
+    if not 0 <= token < lm.info.vocab_size:
+        raise BadInput(f"{name} {token} is out of range: this model's vocabulary has ids 0..{lm.info.vocab_size - 1}")
+
+
+def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int,
+              token_b: int | None = None) -> Attribution:
+    """The logit of ``token`` (minus ``token_b``'s) at ``position``, split into components."""
+    require_decoder(lm, "direct logit attribution")
+    if not 0 <= position < cache.n:
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
+    check_token(lm, token, "token")
+    if token_b is not None:
+        check_token(lm, token_b, "token_b")
+    n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
+    with lm.lock:
+        # the heads' z is not kept with the run: one forward over the prefix (causal) recomputes it
+        zs, _ = capture_z(lm, cache.input_ids[: position + 1])  # L x (P+1, H, d_head)
+        x = cache.resid[-1][position]  # (d,)
+        frozen = freeze_norm(lm.final_norm, x)
+        with torch.inference_mode():
+            normed = lm.final_norm(x[None])[0] if lm.final_norm is not None else x
+            full = lm.unembed(normed[None])[0].float()  # (V,)
+        u, bias = _unembed_row(lm, token)
+        logit = float(full[token])
+        if token_b is not None:
+            u_b, bias_b = _unembed_row(lm, token_b)
+            u, bias, logit = u - u_b, bias - bias_b, logit - float(full[token_b])
+        terms = [Term("embed", None, None, float(frozen.linear(cache.resid[0][position]) @ u))]
+        for layer in range(n_layers):
+            weights = head_weights(lm, layer)
+            z = zs[layer][position].double()  # (H, d_head)
+            outputs = torch.einsum("hk,hkd->hd", z, weights.w_o.double())  # (H, d)
+            values = frozen.linear(outputs) @ u  # (H,)
+            terms.extend(Term("head", layer, h, float(values[h])) for h in range(n_heads))
+            if weights.b_o is not None:
+                terms.append(Term("bias", layer, None, float(frozen.linear(weights.b_o) @ u)))
+            terms.append(Term("mlp", layer, None, float(frozen.linear(cache.mlp_out[layer][position]) @ u)))
+        terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
+    error = logit - math.fsum(t.value for t in terms)
+    return Attribution(position=position, token=token, token_b=token_b, logit=logit, terms=terms,
+                       error=error, final_transform=final_transform(lm))
