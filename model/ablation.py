@@ -77,7 +77,7 @@ def check_heads(lm: LoadedModel, heads: list[tuple[int, int]]) -> None:
                            f"and heads 0..{n_heads - 1}")
 
 
-def _z_editor(n_heads: int, edits: list[tuple[int, int, torch.Tensor | None]]) -> Hook:
+def z_editor(n_heads: int, edits: list[tuple[int, int, torch.Tensor | None]]) -> Hook:
     """A pre-hook on an output projection: for each (batch row, head, value) put value
     (d_head,) — or the row-0 (clean) mean when value is None — in place of that head's z."""
 
@@ -90,7 +90,7 @@ def _z_editor(n_heads: int, edits: list[tuple[int, int, torch.Tensor | None]]) -
     return hook
 
 
-def _output_editor(edits: list[tuple[int, torch.Tensor]]) -> Hook:
+def output_editor(edits: list[tuple[int, torch.Tensor]]) -> Hook:
     """A forward hook: for each (batch row, value (d,)) put value in the module's output at every position."""
 
     def hook(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> Any:
@@ -110,7 +110,7 @@ def ablate(lm: LoadedModel, cache: ActivationCache, heads: list[tuple[int, int]]
     by_layer: dict[int, list[tuple[int, int, torch.Tensor | None]]] = defaultdict(list)
     for layer, head in dict.fromkeys(heads):
         by_layer[layer].append((1, head, None if mode == "mean" else torch.zeros(())))
-    regs = [Registration(out_proj(lm, layer), "pre", _z_editor(lm.info.n_heads, edits))
+    regs = [Registration(out_proj(lm, layer), "pre", z_editor(lm.info.n_heads, edits))
             for layer, edits in by_layer.items()]
     ids = cache.input_ids  # (n,)
     with lm.lock, temporary_hooks(regs):
@@ -140,6 +140,34 @@ def default_token(cache: ActivationCache, lm: LoadedModel, position: int) -> int
         return int(logits(lm, cache.input_ids[None], keep=1)[0, -1].argmax())
 
 
+ScanJob = tuple[int, int]  # (layer, head); head -1 is the layer's MLP
+
+
+def scan_jobs(lm: LoadedModel) -> list[ScanJob]:
+    jobs = [(layer, head) for layer in range(lm.info.n_layers) for head in range(lm.info.n_heads)]
+    return jobs + [(layer, -1) for layer in range(lm.info.n_layers)]
+
+
+def scan_hooks(lm: LoadedModel, part: list[ScanJob], means: tuple[list[torch.Tensor], list[torch.Tensor]] | None,
+               first_row: int = 1) -> list[Registration]:
+    """Hooks that ablate job r in batch row r + first_row: zero, or the given (head z, MLP output) means."""
+    z_edits: dict[int, list[tuple[int, int, torch.Tensor | None]]] = defaultdict(list)
+    mlp_edits: dict[int, list[tuple[int, torch.Tensor]]] = defaultdict(list)
+    for row, (layer, head) in enumerate(part, start=first_row):
+        if head >= 0:
+            z_edits[layer].append((row, head, torch.zeros(()) if means is None else means[0][layer][head]))
+        else:
+            mlp_edits[layer].append((row, torch.zeros(()) if means is None else means[1][layer]))
+    regs = [Registration(out_proj(lm, layer), "pre", z_editor(lm.info.n_heads, e)) for layer, e in z_edits.items()]
+    return regs + [Registration(mlp_module(lm, layer), "post", output_editor(e)) for layer, e in mlp_edits.items()]
+
+
+def scan_means(lm: LoadedModel, cache: ActivationCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each head's mean z (H, d_head) and each MLP's mean output (d,) over all the run's positions."""
+    zs, _ = capture_z(lm, cache.input_ids)  # L x (n, H, d_head)
+    return [z.mean(0) for z in zs], [m.mean(0) for m in cache.mlp_out]
+
+
 def scan(lm: LoadedModel, cache: ActivationCache, position: int, token: int, mode: Mode) -> ScanResult:
     """The change in ln p(token) at ``position`` from ablating each head, and each MLP, alone.
 
@@ -151,31 +179,16 @@ def scan(lm: LoadedModel, cache: ActivationCache, position: int, token: int, mod
         raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
     n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
     prefix = cache.input_ids[: position + 1]  # (P+1,)
+    jobs = scan_jobs(lm)
+    deltas: list[float] = []
+    base = float("nan")
+    forwards = 0
     with lm.lock:
-        if mode == "mean":
-            zs, _ = capture_z(lm, cache.input_ids)  # L x (n, H, d_head)
-            head_means = [z.mean(0) for z in zs]  # L x (H, d_head)
-            mlp_means = [m.mean(0) for m in cache.mlp_out]  # L x (d,)
-        jobs = [(layer, head) for layer in range(n_layers) for head in range(n_heads)]
-        jobs += [(layer, -1) for layer in range(n_layers)]  # head -1: the layer's MLP
+        means = scan_means(lm, cache) if mode == "mean" else None
         chunk = max(1, batch_size(lm, prefix.shape[0], 1) - 1)
-        deltas: list[float] = []
-        base = float("nan")
-        forwards = 0
         for start in range(0, len(jobs), chunk):
             part = jobs[start : start + chunk]
-            z_edits: dict[int, list[tuple[int, int, torch.Tensor | None]]] = defaultdict(list)
-            mlp_edits: dict[int, list[tuple[int, torch.Tensor]]] = defaultdict(list)
-            for row, (layer, head) in enumerate(part, start=1):  # row 0 stays clean
-                if head >= 0:
-                    value = head_means[layer][head] if mode == "mean" else torch.zeros(())
-                    z_edits[layer].append((row, head, value))
-                else:
-                    value = mlp_means[layer] if mode == "mean" else torch.zeros(())
-                    mlp_edits[layer].append((row, value))
-            regs = [Registration(out_proj(lm, layer), "pre", _z_editor(n_heads, e)) for layer, e in z_edits.items()]
-            regs += [Registration(mlp_module(lm, layer), "post", _output_editor(e)) for layer, e in mlp_edits.items()]
-            with temporary_hooks(regs):
+            with temporary_hooks(scan_hooks(lm, part, means)):  # row 0 stays clean
                 logp = logits(lm, prefix[None].expand(len(part) + 1, -1), keep=1)[:, -1].log_softmax(-1)  # (B, V)
             forwards += 1
             base = float(logp[0, token])

@@ -66,7 +66,7 @@ class PatchResult:
 
 
 @dataclass(frozen=True)
-class _Clean:
+class CleanRun:
     """The clean prefix's activations, batch dimension dropped."""
 
     resid: list[torch.Tensor]  # L + 1 x (P+1, d)
@@ -76,12 +76,12 @@ class _Clean:
     metric: float
 
 
-def _metric(out: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
+def metric_of(out: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
     """(B, V) last-position logits -> (B,) logit(answer) - logit(wrong)."""
     return out[:, answer] - out[:, wrong]
 
 
-def _capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) -> _Clean:
+def capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) -> CleanRun:
     n_layers = lm.info.n_layers
     store: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -111,23 +111,23 @@ def _capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) 
                  Registration(out_proj(lm, layer), "pre", keep_z(layer))]
     with temporary_hooks(regs):
         out = logits(lm, ids[None], keep=1)[:, -1]  # (1, V)
-    return _Clean(resid=[store[("resid", i)] for i in range(n_layers + 1)],
+    return CleanRun(resid=[store[("resid", i)] for i in range(n_layers + 1)],
                   attn_out=[store[("attn_out", i)] for i in range(n_layers)],
                   mlp_out=[store[("mlp_out", i)] for i in range(n_layers)],
                   z=[store[("z", i)] for i in range(n_layers)],
-                  metric=float(_metric(out, answer, wrong)[0]))
+                  metric=float(metric_of(out, answer, wrong)[0]))
 
 
 # a job: (site, layer or stage, position or head)
 Job = tuple[Site, int, int]
 
 
-def _registrations(lm: LoadedModel, clean: _Clean, part: list[Job]) -> list[Registration]:
-    """Hooks that put, for batch row r + 2, the clean activation of job r into the corrupted run
-    (row 0 stays the corrupted run, row 1 becomes the clean one)."""
+def patch_hooks(lm: LoadedModel, clean: CleanRun, part: list[Job], first_row: int = 2) -> list[Registration]:
+    """Hooks that put, for batch row r + first_row, the clean activation of job r into the corrupted
+    run (``patch`` keeps rows 0 and 1 for the corrupted and the clean run)."""
     n_heads = lm.info.n_heads
     by_site: dict[tuple[Site, int], list[tuple[int, int]]] = defaultdict(list)
-    for row, (site, layer, index) in enumerate(part, start=2):
+    for row, (site, layer, index) in enumerate(part, start=first_row):
         by_site[(site, layer)].append((row, index))
 
     def resid_in(edits: list[tuple[int, int]]) -> Hook:
@@ -209,8 +209,8 @@ def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
     clean_prefix, corrupted_prefix = clean_ids[: pos + 1], corrupted_ids[: pos + 1]
     lowest = min(first_diff, pos + 1) if skip_unaffected else 0
     with lm.lock:
-        clean = _capture_clean(lm, clean_prefix, answer, wrong)
-        corrupted_metric = float(_metric(logits(lm, corrupted_prefix[None], keep=1)[:, -1], answer, wrong)[0])
+        clean = capture_clean(lm, clean_prefix, answer, wrong)
+        corrupted_metric = float(metric_of(logits(lm, corrupted_prefix[None], keep=1)[:, -1], answer, wrong)[0])
         if abs(clean.metric - corrupted_metric) < 1e-6 * max(1.0, abs(clean.metric)):
             raise BadInput(f"both prompts give the same metric (logit(answer) - logit(wrong) = {clean.metric:.6g} "
                            f"and {corrupted_metric:.6g}): there is no difference for patching to recover")
@@ -236,10 +236,10 @@ def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
             # the references ride in the batch, so that an identical row gives exactly 0 or 1
             batch = torch.cat([corrupted_prefix[None], clean_prefix[None],
                                corrupted_prefix[None].expand(len(part), -1)])  # (B, P+1)
-            with temporary_hooks(_registrations(lm, clean, part)):
+            with temporary_hooks(patch_hooks(lm, clean, part)):
                 out = logits(lm, batch, keep=1)[:, -1]  # (B, V)
             forwards += 1
-            metric = _metric(out, answer, wrong)  # (B,)
+            metric = metric_of(out, answer, wrong)  # (B,)
             low, span = metric[0], metric[1] - metric[0]
             values.update(zip(part, ((metric[2:] - low) / span).tolist(), strict=True))
 
