@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("attnscope")
 
@@ -19,7 +20,7 @@ def _serve(args: argparse.Namespace) -> int:
     from app.settings import Settings
     from model.errors import EngineError
 
-    overrides: dict[str, object] = {"host": args.host, "port": args.port}
+    overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     if args.model:
         overrides["default_model"] = args.model
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -40,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _analyze(args: argparse.Namespace) -> int:
     from app.routes.runs import run_out
+    from app.schemas import PredictionOut
     from app.settings import Settings
     from model.cache import RunStore
     from model.engine import Engine
@@ -61,7 +63,8 @@ def _analyze(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(out.model_dump_json(indent=1) + "\n")
     else:
-        for tok, pred in zip(out.tokens, out.predictions or [None] * len(out.tokens), strict=True):
+        preds: list[PredictionOut | None] = list(out.predictions) or [None] * len(out.tokens)
+        for tok, pred in zip(out.tokens, preds, strict=True):
             guess = f" -> {pred.top[0].token!r} ({pred.top[0].prob:.2f})" if pred else ""
             sys.stdout.write(f"{tok.index:4d} {tok.id:6d} {tok.text!r}{guess}\n")
     return 0
@@ -77,7 +80,8 @@ def _export(args: argparse.Namespace) -> int:
         sys.stderr.write(f"attnscope: {args.run} is not a run exported by attnscope ({exc})\n")
         return 1
     if not 0 <= args.layer < len(attention) or not 0 <= args.head < len(attention[0]):
-        sys.stderr.write(f"attnscope: layer/head out of range: layers 0..{len(attention) - 1}, heads 0..{len(attention[0]) - 1}\n")
+        sys.stderr.write(f"attnscope: layer/head out of range: layers 0..{len(attention) - 1}, "
+                         f"heads 0..{len(attention[0]) - 1}\n")
         return 1
     tokens = [t["text"] for t in run["tokens"]]
     title = f"{run['model']} · layer {args.layer} head {args.head} · {len(tokens)} tokens"
@@ -99,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--top-k", type=int, default=5)
     analyze.add_argument("--json", action="store_true", help="print the run as JSON")
     export = sub.add_parser("export", help="draw one head of an exported run (Run JSON) as SVG")
-    export.add_argument("run", type=Path, help="a file saved with the explorer's Run JSON button (or GET /api/runs/ID/export)")
+    export.add_argument("run", type=Path,
+                        help="a file saved with the explorer's Run JSON button (or GET /api/runs/ID/export)")
     export.add_argument("--layer", type=int, required=True)
     export.add_argument("--head", type=int, required=True)
     export.add_argument("--svg", type=Path, required=True, help="where to write the figure")

@@ -14,17 +14,23 @@ from model.errors import ModelLoadError
 
 def get_engine(request: Request) -> Engine:
     engine = getattr(request.app.state, "engine", None)
-    if engine is None:
+    if not isinstance(engine, Engine):
         raise ModelLoadError("the model is not loaded yet; try again in a moment")
     return engine
 
 
 def get_settings(request: Request) -> Settings:
-    return request.app.state.settings
+    settings = request.app.state.settings
+    if not isinstance(settings, Settings):
+        raise TypeError("app.state.settings is not a Settings: build the app with app.main.create_app")
+    return settings
 
 
 def get_gate(request: Request) -> Gate:
-    return request.app.state.gate
+    gate = request.app.state.gate
+    if not isinstance(gate, Gate):
+        raise TypeError("app.state.gate is not a Gate: build the app with app.main.create_app")
+    return gate
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 
 
-
 def sqrt_u8(packed: torch.Tensor) -> bytes:
     """(..., cells) float weights in [0, 1] -> bytes, one per cell."""
     q = torch.round(packed.clamp(0, 1).sqrt() * 255).to(torch.uint8)
@@ -31,5 +30,6 @@ def rows(pattern: torch.Tensor, causal: bool, decimals: int = 6) -> list[list[fl
     """(n, n) one head -> rows of visible weights (causal: row i keeps i+1), rounded for JSON."""
     values = np.round(pattern.numpy().astype(np.float64), decimals)
     if not causal:
-        return values.tolist()
+        full: list[list[float]] = values.tolist()
+        return full
     return [values[i, : i + 1].tolist() for i in range(values.shape[0])]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -34,7 +35,7 @@ def error_body(detail: object, message: str) -> dict[str, object]:
     return {"detail": detail, "message": message}
 
 
-def _describe(error: dict[str, object]) -> str:
+def _describe(error: dict[str, Any]) -> str:
     where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
     msg = str(error.get("msg", "invalid"))
     return f"{where}: {msg.removeprefix('Value error, ')}"

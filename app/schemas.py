@@ -98,7 +98,8 @@ class HeadOut(BaseModel):
     prev_token: float = Field(description="mean attention from token i to i-1")
     first_token: float = Field(description="mean attention from token i to token 0 (sink)")
     max: float = Field(description="mean over rows of the largest weight (same rows as entropy)")
-    induction: float | None = Field(description="mean attention to the token after an earlier copy of the query's token; null without repeats")
+    induction: float | None = Field(description="mean attention to the token after an earlier copy of the query's "
+                                                "token; null without repeats")
 
 
 class SparsityHead(BaseModel):
@@ -121,7 +122,8 @@ class RunOut(BaseModel):
     n_layers: int
     n_heads: int
     tokens: list[TokenOut]
-    predictions: list[PredictionOut] = Field(description="next-token distribution at every position, from one forward; empty for encoders")
+    predictions: list[PredictionOut] = Field(description="next-token distribution at every position, from one "
+                                                         "forward; empty for encoders")
     heads: list[HeadOut]
     timing_ms: dict[str, float]
 
@@ -193,7 +195,8 @@ class GenerateRequest(Strict):
     seed: int = Field(0, ge=0, le=2**63 - 1)
     record: bool = Field(False, description="keep every step's activations; a final `run` event names the run "
                                             "over prompt + generated text")
-    watch_layer: int | None = Field(None, ge=0, le=10_000, description="with record: send this head's new attention rows in each event")
+    watch_layer: int | None = Field(None, ge=0, le=10_000,
+                                    description="with record: send this head's new attention rows in each event")
     watch_head: int | None = Field(None, ge=0, le=10_000)
 
     _check_text = field_validator("text")(_text_not_blank)
@@ -287,7 +290,8 @@ class TimingOut(BaseModel):
     n: int
     tokens: list[str]
     parallel_ms: float = Field(description="one forward over all n tokens at once")
-    serial_cache_ms: list[float] = Field(description="step t: one token in, keys/values of earlier ones from the KV cache")
+    serial_cache_ms: list[float] = Field(
+        description="step t: one token in, keys/values of earlier ones from the KV cache")
     serial_no_cache_ms: list[float] = Field(description="step t: the whole prefix 0..t recomputed")
 
 

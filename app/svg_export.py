@@ -6,6 +6,7 @@ Token text is escaped: it is untrusted and must never become markup.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from xml.sax.saxutils import escape
 
 SCALE = [(0.0, (255, 255, 255)), (0.1, (227, 238, 249)), (0.25, (183, 212, 234)), (0.45, (107, 174, 214)),
@@ -14,10 +15,10 @@ SCALE = [(0.0, (255, 255, 255)), (0.1, (227, 238, 249)), (0.25, (183, 212, 234))
 
 def colour(v: float) -> str:
     v = min(1.0, max(0.0, v))
-    for (t0, c0), (t1, c1) in zip(SCALE, SCALE[1:]):
+    for (t0, c0), (t1, c1) in pairwise(SCALE):
         if v <= t1:
             f = (v - t0) / (t1 - t0)
-            r, g, b = (round(a + f * (b_ - a)) for a, b_ in zip(c0, c1))
+            r, g, b = (round(a + f * (b_ - a)) for a, b_ in zip(c0, c1, strict=True))
             return f"#{r:02x}{g:02x}{b:02x}"
     return "#08306b"
 
@@ -30,9 +31,11 @@ def heatmap_svg(rows: list[list[float]], tokens: list[str], causal: bool, title:
     n = len(rows)
     margin = 12 + 7 * max((len(shown(t)) for t in tokens), default=1)
     size = margin + n * cell + 10
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size + 24}" font-family="DejaVu Sans Mono, monospace" font-size="10">',
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size + 24}" '
+           'font-family="DejaVu Sans Mono, monospace" font-size="10">',
            '<defs><pattern id="mask" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-           '<rect width="6" height="6" fill="#e4e6ea"/><line x1="0" y1="0" x2="0" y2="6" stroke="#aab1ba" stroke-width="2"/></pattern></defs>',
+           '<rect width="6" height="6" fill="#e4e6ea"/>'
+           '<line x1="0" y1="0" x2="0" y2="6" stroke="#aab1ba" stroke-width="2"/></pattern></defs>',
            f'<text x="{margin}" y="14" font-size="12">{escape(title)}</text>']
     top = 24 + margin
     for i, row in enumerate(rows):

@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# run as `python bench/x.py`: the repository root goes on sys.path first, so the project's
+# imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
 from app.main import create_app  # noqa: E402

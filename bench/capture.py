@@ -26,16 +26,18 @@ from fastapi.testclient import TestClient
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 ROOT = Path(__file__).resolve().parents[1]
+# run as `python bench/x.py`: the repository root goes on sys.path first, so the project's
+# imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
 from app.main import create_app  # noqa: E402
 from app.memory import tune_malloc  # noqa: E402
 from app.settings import Settings  # noqa: E402
+from bench.report import write_section  # noqa: E402
 from model.cache import RunStore  # noqa: E402
 from model.engine import Engine  # noqa: E402
 from model.hooks import run_with_cache  # noqa: E402
 from model.loading import BUNDLED_DIR, load_model  # noqa: E402
-from bench.report import write_section  # noqa: E402
 
 log = logging.getLogger("bench.capture")
 BUNDLED = BUNDLED_DIR / "attnscope-tiny"
@@ -116,10 +118,12 @@ def measure(name: str, source: str, lengths: list[int], repeats: int) -> list[di
 def table(rows: list[dict[str, float]]) -> str:
     lines = ["| model | n | bare forward (ms) | capture alone (ms) | ratio | POST /api/runs (ms) | ratio "
              "| of which forward / analysis (ms) | binary B/cell | JSON B/cell |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['n']} | {r['bare_ms']:.0f} | {r['capture_ms']:.0f} | **{r['capture_ratio']:.2f}x** "
-                     f"| {r['ours_ms']:.0f} | {r['ratio']:.2f}x "
-                     f"| {r['forward_ms']:.0f} / {r['analysis_ms']:.0f} | {r['bin_bpc']:.2f} | {r['json_bpc']:.2f} |")
+    lines.extend(
+        f"| {r['model']} | {r['n']} | {r['bare_ms']:.0f} | {r['capture_ms']:.0f} | **{r['capture_ratio']:.2f}x** "
+        f"| {r['ours_ms']:.0f} | {r['ratio']:.2f}x "
+        f"| {r['forward_ms']:.0f} / {r['analysis_ms']:.0f} | {r['bin_bpc']:.2f} | {r['json_bpc']:.2f} |"
+        for r in rows
+    )
     return "\n".join(lines)
 
 

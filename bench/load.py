@@ -23,6 +23,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+# run as `python bench/x.py`: the repository root goes on sys.path first, so the project's
+# imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
 from app.memory import rss_bytes  # noqa: E402
@@ -104,7 +106,7 @@ async def run_load(base: str, clients: int, rounds: int, budget_s: float) -> tup
 
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return 1e3 * xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))] if xs else float("nan")
+    return 1e3 * xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else float("nan")
 
 
 def main() -> None:
@@ -123,7 +125,7 @@ def main() -> None:
     if args.no_tune_malloc:
         env["ATTNSCOPE_TUNE_MALLOC"] = "false"
     # the server's output goes to a file: a pipe nobody reads fills up and blocks its access log
-    server_log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"attnscope-load-{port}.log", "w")  # noqa: SIM115
+    server_log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"attnscope-load-{port}.log", "w")  # noqa: SIM115 - kept open for the server's life, closed in the finally below
     server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
                               stdout=server_log, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"

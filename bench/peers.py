@@ -30,6 +30,7 @@ throwaway virtual environment with the CPU build of torch::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -45,6 +46,8 @@ from typing import Any
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# run as `python bench/x.py`: the repository root goes on sys.path first, so the project's
+# imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
 from bench.capture import gpt2_small_folder, prompt_of  # noqa: E402
@@ -86,8 +89,8 @@ def timed(fn: Any) -> float:
 
 
 def measure_capture(lm: LoadedModel, folder: Path, texts: dict[int, str], repeats: int) -> list[dict[str, float]]:
-    from transformers import GPT2LMHeadModel
     from transformer_lens.model_bridge import TransformerBridge
+    from transformers import GPT2LMHeadModel
 
     from model.cache import RunStore
     from model.engine import Engine
@@ -107,10 +110,11 @@ def measure_capture(lm: LoadedModel, folder: Path, texts: dict[int, str], repeat
         assert torch.allclose(tl_cache[f"blocks.{lm.info.n_layers - 1}.attn.hook_pattern"][0], ref, atol=1e-5)
         del tl_cache
         steps = {
-            "bare": lambda: _bare(lm.model, ids),
-            "capture": lambda: run_with_cache(lm, ids),
-            "analyse": lambda: engine.analyse(text, lm.info.name, 10),
-            "transformer_lens": lambda: bridge.run_with_cache(ids[None]),
+            # default arguments bind this iteration's prompt (the lambdas run inside it anyway)
+            "bare": lambda ids=ids: _bare(lm.model, ids),
+            "capture": lambda ids=ids: run_with_cache(lm, ids),
+            "analyse": lambda text=text: engine.analyse(text, lm.info.name, 10),
+            "transformer_lens": lambda ids=ids: bridge.run_with_cache(ids[None]),
         }
         times: dict[str, list[float]] = {k: [] for k in steps}
         for rep in range(repeats + 1):  # the first round warms up and is dropped
@@ -216,10 +220,8 @@ def open_bertviz(browser: Any, html: Path, assets: Path, timeout_s: float) -> di
     except Exception as exc:  # noqa: BLE001 - a timeout or a crash is the finding
         result = {"ok": False, "why": "; ".join(errors) or f"{type(exc).__name__} after {time.perf_counter() - t0:.0f} s"}
     finally:
-        try:
+        with contextlib.suppress(Exception):  # a crashed tab may refuse to close
             page.close()
-        except Exception:  # noqa: BLE001 - a crashed tab may refuse to close
-            pass
     return result
 
 

@@ -18,6 +18,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# run as `python bench/x.py`: the repository root goes on sys.path first, so the project's
+# imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
 from bench.capture import prompt_of  # noqa: E402
@@ -59,7 +61,10 @@ def main() -> None:
     for _ in range(args.repeats):
         a, b = per_token_ms(lm, ids, args.new, False)
         c, d = per_token_ms(lm, ids, args.new, True)
-        pre_plain.append(a); plain.append(b); pre_rec.append(c); rec.append(d)
+        pre_plain.append(a)
+        plain.append(b)
+        pre_rec.append(c)
+        rec.append(d)
     mp, mr = statistics.median(plain), statistics.median(rec)
     text = "\n".join([
         f"attnscope-tiny, {len(ids)}-token prompt, {args.new} new tokens (greedy), median of {args.repeats} alternated runs.", "",

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 import torch
 
+from model.loading import LMHead
+
+
 @dataclass(frozen=True)
 class HeadScore:
     layer: int
@@ -55,7 +58,8 @@ def sample_rows(n: int, most: int = SAMPLE_ROWS) -> torch.Tensor:
     """Evenly spaced query rows (all of them when n <= most), the last one included."""
     if n <= most:
         return torch.arange(n)
-    return torch.linspace(0, n - 1, most).round().long().unique()
+    picked: torch.Tensor = torch.unique(torch.linspace(0, n - 1, most).round().long())
+    return picked
 
 
 def head_scores(layer: int, pattern: torch.Tensor, ids: torch.Tensor) -> list[HeadScore]:
@@ -80,7 +84,7 @@ def head_scores(layer: int, pattern: torch.Tensor, ids: torch.Tensor) -> list[He
     if len(q):
         # sum over all earlier copies of a query's token, then average over those queries
         per_query = torch.zeros(n_heads, n).index_add_(1, q, pattern[:, q, k])  # (H, n)
-        induction = (per_query[:, q.unique()].mean(-1)).tolist()
+        induction = per_query[:, torch.unique(q)].mean(-1).tolist()
     return [
         HeadScore(layer=layer, head=h, entropy=float(entropy[h]), prev_token=float(prev[h]),
                   first_token=float(first[h]), max=float(peak[h]), induction=induction[h])
@@ -172,8 +176,7 @@ def residual_stats(resid: torch.Tensor, attn_out: torch.Tensor, mlp_out: torch.T
 
 def logit_lens(
     resid: torch.Tensor,  # (S, n, d) residual states to read
-    final_norm: torch.nn.Module | None,
-    unembed: torch.nn.Module,
+    head: LMHead,
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Push residual states through the final norm and the LM head.
@@ -184,8 +187,7 @@ def logit_lens(
     probs_out, ids_out = [], []
     with torch.inference_mode():
         for stage in resid:
-            h = final_norm(stage) if final_norm is not None else stage  # (n, d)
-            p = unembed(h).float().softmax(-1)  # (n, V)
+            p = head.logits(stage).softmax(-1)  # (n, V)
             top = p.topk(k, dim=-1)
             probs_out.append(top.values)
             ids_out.append(top.indices)

@@ -8,7 +8,7 @@ those paths once, so that hooks and analysis are written against one vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from torch import nn
@@ -23,6 +23,13 @@ class UnsupportedArchitecture(ValueError):
     """The model's layout is not one attnscope knows how to hook."""
 
 
+# how a layer's value vectors sit in the output of the module ``ArchSpec.values`` names:
+# "fused_gpt2" = [q | k | v] side by side (GPT-2's c_attn), "fused_neox" = per head [q k v]
+# (GPT-NeoX's query_key_value), "separate" = the values alone (v_proj / value), with
+# n_kv_heads heads (grouped-query attention when fewer than n_heads)
+ValueLayout = Literal["fused_gpt2", "fused_neox", "separate"]
+
+
 @dataclass(frozen=True)
 class ArchSpec:
     blocks: str  # dotted path to the ModuleList of blocks
@@ -34,22 +41,39 @@ class ArchSpec:
     position_encoding: PositionEncoding
     residual: ResidualKind
     causal: bool
+    values: str  # module (relative to a block) whose output holds the value vectors
+    value_layout: ValueLayout
+    out_proj: str  # the attention's output projection W_O (relative to a block)
+    out_proj_transposed: bool  # its weight is stored (in, out) (GPT-2's Conv1D), not nn.Linear's (out, in)
+    # parameter-name prefixes (relative to a block) of the MLP, for parameter counts
+    mlp_params: tuple[str, ...]
 
 
 SPECS: dict[str, ArchSpec] = {
-    "gpt2": ArchSpec("transformer.h", "attn", "attn", "mlp", "transformer.ln_f",
-                     "transformer.wpe", "learned", "pre_norm", True),
-    "gpt_neox": ArchSpec("gpt_neox.layers", "attention", "attention", "mlp",
-                         "gpt_neox.final_layer_norm", None, "rotary", "parallel", True),
-    "llama": ArchSpec("model.layers", "self_attn", "self_attn", "mlp", "model.norm",
-                      None, "rotary", "pre_norm", True),
-    "qwen2": ArchSpec("model.layers", "self_attn", "self_attn", "mlp", "model.norm",
-                      None, "rotary", "pre_norm", True),
-    "mistral": ArchSpec("model.layers", "self_attn", "self_attn", "mlp", "model.norm",
-                        None, "rotary", "pre_norm", True),
-    "bert": ArchSpec("encoder.layer", "attention.self", "attention.output.dense",
-                     "output.dense", None, "embeddings.position_embeddings", "learned",
-                     "post_norm", False),
+    "gpt2": ArchSpec(
+        blocks="transformer.h", pattern="attn", attn_out="attn", mlp_out="mlp", final_norm="transformer.ln_f",
+        position_embeddings="transformer.wpe", position_encoding="learned", residual="pre_norm", causal=True,
+        values="attn.c_attn", value_layout="fused_gpt2", out_proj="attn.c_proj", out_proj_transposed=True,
+        mlp_params=("mlp.",)),
+    "gpt_neox": ArchSpec(
+        blocks="gpt_neox.layers", pattern="attention", attn_out="attention", mlp_out="mlp",
+        final_norm="gpt_neox.final_layer_norm", position_embeddings=None, position_encoding="rotary",
+        residual="parallel", causal=True, values="attention.query_key_value", value_layout="fused_neox",
+        out_proj="attention.dense", out_proj_transposed=False, mlp_params=("mlp.",)),
+    **{
+        family: ArchSpec(
+            blocks="model.layers", pattern="self_attn", attn_out="self_attn", mlp_out="mlp", final_norm="model.norm",
+            position_embeddings=None, position_encoding="rotary", residual="pre_norm", causal=True,
+            values="self_attn.v_proj", value_layout="separate", out_proj="self_attn.o_proj",
+            out_proj_transposed=False, mlp_params=("mlp.",))
+        for family in ("llama", "qwen2", "mistral")
+    },
+    "bert": ArchSpec(
+        blocks="encoder.layer", pattern="attention.self", attn_out="attention.output.dense", mlp_out="output.dense",
+        final_norm=None, position_embeddings="embeddings.position_embeddings", position_encoding="learned",
+        residual="post_norm", causal=False, values="attention.self.value", value_layout="separate",
+        out_proj="attention.output.dense", out_proj_transposed=False,
+        mlp_params=("intermediate.", "output.dense.", "output.LayerNorm.")),
 }
 
 
@@ -61,7 +85,7 @@ def spec_for(config: PretrainedConfig) -> ArchSpec:
             f"architecture {config.model_type!r} is not supported; supported: {', '.join(sorted(SPECS))}"
         ) from None
     if config.model_type == "gpt_neox" and not getattr(config, "use_parallel_residual", True):
-        spec = ArchSpec(**{**spec.__dict__, "residual": "pre_norm"})
+        spec = replace(spec, residual="pre_norm")
     return spec
 
 

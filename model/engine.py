@@ -18,7 +18,7 @@ from model import analysis
 from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
 from model.hooks import run_with_cache
-from model.loading import LoadedModel
+from model.loading import LMHead, LoadedModel
 from model.probes import probe_heads
 from model.tokens import Token, ids_tensor, token_map, token_strings, tokenize
 
@@ -84,9 +84,10 @@ class Engine:
         t2 = time.perf_counter()
         ids = ids_tensor(tokens)
         cache = build_cache(lm, ids, acts)
-        heads = []
+        heads: list[dict[str, Any]] = []
         for layer in range(lm.info.n_layers):
-            heads.extend(s.__dict__ for s in analysis.head_scores(layer, acts[f"blocks.{layer}.attn.hook_pattern"], ids))
+            pattern = acts[f"blocks.{layer}.attn.hook_pattern"]  # (H, n, n)
+            heads.extend(s.__dict__ for s in analysis.head_scores(layer, pattern, ids))
         preds = []
         if "logits" in acts:
             preds = prediction_dicts(lm, analysis.predictions(acts["logits"], ids, top_k))
@@ -127,52 +128,52 @@ class Engine:
             raise BadInput(f"head {head} is out of range: this model has heads 0..{cache.n_heads - 1}")
 
     # ---- views of a run -------------------------------------------------------------
-    def _decoder(self, cache: ActivationCache, what: str) -> LoadedModel:
+    def _decoder(self, cache: ActivationCache, what: str) -> tuple[LoadedModel, LMHead]:
         lm = self.model(cache.model)
-        if lm.unembed is None:
+        head = lm.lm_head()
+        if head is None:
             raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}")
-        return lm
+        return lm, head
 
-    def next_distribution(self, cache: ActivationCache, position: int, temperature: float, top_k: int) -> dict[str, Any]:
+    def next_distribution(self, cache: ActivationCache, position: int, temperature: float,
+                          top_k: int) -> dict[str, Any]:
         """The exact next-token distribution at one position, from the stored final residual."""
-        lm = self._decoder(cache, "next-token distribution")
+        lm, head = self._decoder(cache, "next-token distribution")
         if not 0 <= position < cache.n:
             raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
         with lm.lock, torch.inference_mode():
             h = cache.resid[-1][position]  # (d,)
-            logits = lm.unembed(lm.final_norm(h) if lm.final_norm is not None else h).float()  # (V,)
+            logits = head.logits(h)  # (V,)
         logp = (logits / temperature).log_softmax(-1)
         probs = logp.exp()
         top = probs.topk(min(top_k, probs.shape[-1]))
         ids = top.indices.tolist()
+        nxt = int(cache.input_ids[position + 1]) if position + 1 < cache.n else None
+        strings = token_map(lm.tokenizer, ids if nxt is None else [*ids, nxt])
         actual = None
-        if position + 1 < cache.n:
-            nxt = int(cache.input_ids[position + 1])
-            actual = {"id": nxt, "prob": float(probs[nxt]), "rank": int((probs > probs[nxt]).sum()) + 1}
-            ids.append(nxt)
-        strings = token_strings(lm.tokenizer, ids)
-        if actual is not None:
-            actual["token"] = strings[-1]
+        if nxt is not None:
+            actual = {"id": nxt, "token": strings[nxt], "prob": float(probs[nxt]),
+                      "rank": int((probs > probs[nxt]).sum()) + 1}
         return {"position": position, "temperature": temperature,
-                "top": [{"id": i, "token": t, "prob": p} for i, t, p in zip(ids, strings, top.values.tolist())],
+                "top": [{"id": i, "token": strings[i], "prob": p}
+                        for i, p in zip(ids, top.values.tolist(), strict=True)],
                 "actual_next": actual, "entropy": float(-(probs * logp).sum())}
 
     def logit_lens(self, cache: ActivationCache, top_k: int) -> dict[str, Any]:
-        lm = self._decoder(cache, "logit lens")
+        lm, head = self._decoder(cache, "logit lens")
         with lm.lock:
-            probs, ids = analysis.logit_lens(torch.stack(cache.resid), lm.final_norm, lm.unembed, top_k)  # (L+1, n, k)
+            probs, ids = analysis.logit_lens(torch.stack(cache.resid), head, top_k)  # (L+1, n, k)
         strings = token_map(lm.tokenizer, ids.flatten().tolist())
-        layers = []
-        for stage in range(probs.shape[0]):
-            layers.append({
-                "layer": stage - 1,
-                "label": "embed" if stage == 0 else f"block {stage - 1}",
-                "positions": [
-                    {"position": pos, "top": [{"id": i, "token": strings[i], "prob": p}
-                                              for i, p in zip(ids[stage, pos].tolist(), probs[stage, pos].tolist(), strict=True)]}
-                    for pos in range(probs.shape[1])
-                ],
-            })
+        layers = [{
+            "layer": stage - 1,
+            "label": "embed" if stage == 0 else f"block {stage - 1}",
+            "positions": [
+                {"position": pos, "top": [{"id": i, "token": strings[i], "prob": p}
+                                          for i, p in zip(ids[stage, pos].tolist(), probs[stage, pos].tolist(),
+                                                          strict=True)]}
+                for pos in range(probs.shape[1])
+            ],
+        } for stage in range(probs.shape[0])]
         return {"n_layers": lm.info.n_layers, "n": cache.n, "top_k": top_k, "layers": layers}
 
 

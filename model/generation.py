@@ -75,7 +75,8 @@ class GenerationSession:
                     out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
                 self.recorder.add(acts, out.logits[0])
         self.cache = out.cache
-        return out.logits[0, -1].float()
+        logits: torch.Tensor = out.logits[0, -1]  # (V,)
+        return logits.float()
 
     @property
     def done(self) -> bool:

@@ -38,7 +38,10 @@ def hook_names(n_layers: int) -> list[str]:
 
 
 def _first(output: Any) -> torch.Tensor:
-    return output[0] if isinstance(output, tuple) else output
+    value = output[0] if isinstance(output, tuple) else output
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"expected a tensor (or a tuple starting with one), got {type(value).__name__}")
+    return value
 
 
 def _squeeze(t: torch.Tensor) -> torch.Tensor:

@@ -18,31 +18,26 @@ import time
 from typing import Any
 
 import torch
+from torch import nn
 
-from model.arch import find
 from model.errors import BadInput
-from model.loading import LoadedModel
-
+from model.loading import LoadedModel, input_embeddings, output_embeddings, position_embeddings
 
 # ---- 1. attention aggregates context ----------------------------------------------------------
 
 def _value_vectors(lm: LoadedModel, layer: int, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(values (H, n, dh), W_O per head (H, dh, d)) of one layer, captured from a forward."""
-    info, block = lm.info, lm.blocks[layer]
+    info, spec, block = lm.info, lm.spec, lm.blocks[layer]
     H, dh, d = info.n_heads, info.d_head, info.d_model
-    kind = info.architecture
-    if kind == "gpt2":
-        module, out_w = block.attn.c_attn, block.attn.c_proj.weight.T  # Conv1D stores (in, out)
-    elif kind in ("llama", "qwen2", "mistral"):
-        module, out_w = block.self_attn.v_proj, block.self_attn.o_proj.weight
-    elif kind == "gpt_neox":
-        module, out_w = block.attention.query_key_value, block.attention.dense.weight
-    elif kind == "bert":
-        module, out_w = block.attention.self.value, block.attention.output.dense.weight
-    else:
-        raise BadInput(f"value contributions are not available for {kind!r}")
+    out_w: torch.Tensor = block.get_submodule(spec.out_proj).get_parameter("weight")
+    if spec.out_proj_transposed:
+        out_w = out_w.T  # Conv1D stores (in, out): -> nn.Linear's (out, in)
     seen: dict[str, torch.Tensor] = {}
-    handle = module.register_forward_hook(lambda _m, _a, out: seen.__setitem__("v", out[0].detach()))
+
+    def keep(_module: nn.Module, _args: object, out: torch.Tensor) -> None:
+        seen["v"] = out[0].detach()
+
+    handle = block.get_submodule(spec.values).register_forward_hook(keep)
     try:
         with torch.inference_mode():
             lm.model(input_ids=ids[None], use_cache=False)
@@ -50,12 +45,10 @@ def _value_vectors(lm: LoadedModel, layer: int, ids: torch.Tensor) -> tuple[torc
         handle.remove()
     out = seen["v"]  # (n, ...)
     n = out.shape[0]
-    if kind == "gpt2":
-        v = out[:, 2 * d:].view(n, H, dh)
-    elif kind == "gpt_neox":
-        v = out.view(n, H, 3 * dh)[..., 2 * dh:]
-    elif kind == "bert":
-        v = out.view(n, H, dh)
+    if spec.value_layout == "fused_gpt2":
+        v = out[:, 2 * d :].view(n, H, dh)
+    elif spec.value_layout == "fused_neox":
+        v = out.view(n, H, 3 * dh)[..., 2 * dh :]
     else:  # grouped-query: each K/V head serves n_heads / n_kv_heads query heads
         v = out.view(n, info.n_kv_heads, dh).repeat_interleave(H // info.n_kv_heads, dim=1)
     w_o = out_w.T.reshape(H, dh, d)  # (H, dh, d): head h's slice of the output projection
@@ -66,14 +59,15 @@ def value_contributions(lm: LoadedModel, ids: torch.Tensor, layer: int) -> torch
     """(H, n): ‖v_j^h W_O^h‖ for every head h and source token j. Caller holds the lock."""
     v, w_o = _value_vectors(lm, layer, ids)
     with torch.inference_mode():
-        projected = torch.einsum("hnk,hkd->hnd", v.float(), w_o.float())  # (H, n, d)
-    return projected.norm(dim=-1)
+        projected: torch.Tensor = torch.einsum("hnk,hkd->hnd", v.float(), w_o.float())  # (H, n, d)
+    norms: torch.Tensor = projected.norm(dim=-1)
+    return norms
 
 
 # ---- 3-4. token ids and embeddings ------------------------------------------------------------
 
 def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, Any]:
-    E = lm.model.get_input_embeddings().weight.detach().float()  # (V, d)
+    E = input_embeddings(lm.model).detach().float()  # (V, d)
     V = E.shape[0]
     if not 0 <= token_id < V:
         raise BadInput(f"token id {token_id} is out of range: the vocabulary has ids 0..{V - 1}")
@@ -100,25 +94,20 @@ def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, 
 
 # ---- 5. d_model and heads ----------------------------------------------------------------------
 
-MLP_PARTS = {"bert": ("intermediate.", "output.dense.", "output.LayerNorm.")}
-
-
 def anatomy(lm: LoadedModel) -> dict[str, Any]:
     """Parameter counts by part: token/position embeddings, attention and MLP per layer, norms, LM head."""
     model, spec = lm.model, lm.spec
     blocks = lm.blocks
     block_of = {id(p): i for i, b in enumerate(blocks) for p in b.parameters()}
     attn_root = spec.pattern.split(".")[0] + "."
-    mlp_prefixes = MLP_PARTS.get(lm.info.architecture, (spec.mlp_out.split(".")[0] + ".",))
+    mlp_prefixes = spec.mlp_params
     per_layer = [{"layer": i, "attention": 0, "mlp": 0, "norms": 0} for i in range(len(blocks))]
     totals = {"token_embedding": 0, "position_embedding": 0, "final_norm_and_other": 0, "lm_head": 0}
-    wte = model.get_input_embeddings().weight
-    head = model.get_output_embeddings()
-    tied = head is not None and head.weight.data_ptr() == wte.data_ptr()
-    pos_table = None
-    if spec.position_embeddings:
-        table = find(model, spec.position_embeddings)
-        pos_table = table.weight if table is not None else None
+    wte = input_embeddings(model)
+    head = output_embeddings(model)
+    head_weight = head.get_parameter("weight") if head is not None else None
+    tied = head_weight is not None and head_weight.data_ptr() == wte.data_ptr()
+    pos_table = position_embeddings(lm)
     for block_idx, block in enumerate(blocks):
         for name, p in block.named_parameters():
             key = "attention" if name.startswith(attn_root) else "mlp" if name.startswith(mlp_prefixes) else "norms"
@@ -130,7 +119,7 @@ def anatomy(lm: LoadedModel) -> dict[str, Any]:
             totals["token_embedding"] += p.numel()
         elif pos_table is not None and p is pos_table:
             totals["position_embedding"] += p.numel()
-        elif head is not None and p is head.weight:
+        elif head_weight is not None and p is head_weight:
             totals["lm_head"] += p.numel()
         else:
             totals["final_norm_and_other"] += p.numel()
@@ -142,8 +131,9 @@ def anatomy(lm: LoadedModel) -> dict[str, Any]:
 
 def position_table(lm: LoadedModel, count: int) -> dict[str, Any]:
     spec, cfg = lm.spec, lm.model.config
-    if spec.position_encoding == "learned" and spec.position_embeddings:
-        table = find(lm.model, spec.position_embeddings).weight.detach().float()[:count]  # (P, d)
+    learned = position_embeddings(lm)
+    if spec.position_encoding == "learned" and learned is not None:
+        table = learned.detach().float()[:count]  # (P, d)
         unit = torch.nn.functional.normalize(table, dim=-1)
         return {"kind": "learned", "count": table.shape[0], "d_model": table.shape[1],
                 "matrix": table.tolist(), "similarity": (unit @ unit.T).tolist()}
@@ -181,13 +171,15 @@ def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor) -> dict[str, Any]:
             out = model(input_ids=ids[None, t : t + 1], cache=cache, use_cache=True)
             cache = out.cache
             with_cache.append(1e3 * (time.perf_counter() - t0))
-        without: list[float] = [timed(lambda t=t: model(input_ids=ids[None, : t + 1], use_cache=False)) for t in range(n)]
+        without: list[float] = [timed(lambda t=t: model(input_ids=ids[None, : t + 1], use_cache=False))
+                                for t in range(n)]
     return {"n": n, "parallel_ms": parallel, "serial_cache_ms": with_cache, "serial_no_cache_ms": without}
 
 
 # ---- 6. order: same tokens, another order ------------------------------------------------------
 
-def hidden_similarity(a_tokens: list[str], a_final: torch.Tensor, b_tokens: list[str], b_final: torch.Tensor) -> list[dict[str, Any]]:
+def hidden_similarity(a_tokens: list[str], a_final: torch.Tensor,
+                      b_tokens: list[str], b_final: torch.Tensor) -> list[dict[str, Any]]:
     """For each token of prompt A, the same word in prompt B (matched in order of occurrence,
     ignoring the leading space BPE folds into a token: "dog" at the start and " dog" later
     are different ids for the same word) and the cosine of their final hidden states.

@@ -21,10 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from model.arch import ArchSpec, PositionEncoding, blocks, find, spec_for
+from model.arch import ArchSpec, PositionEncoding, UnsupportedArchitecture, blocks, find, spec_for
 from model.errors import AttentionUnavailable, ModelLoadError
 
 log = logging.getLogger(__name__)
@@ -66,16 +67,57 @@ class LoadedModel:
     probe: dict[str, list[list[float]]] = field(default_factory=dict)
 
     @property
-    def blocks(self) -> torch.nn.ModuleList:
+    def blocks(self) -> nn.ModuleList:
         return blocks(self.model, self.spec)
 
     @property
-    def final_norm(self) -> torch.nn.Module | None:
+    def final_norm(self) -> nn.Module | None:
         return find(self.model, self.spec.final_norm) if self.spec.final_norm else None
 
     @property
-    def unembed(self) -> torch.nn.Module | None:
-        return self.model.get_output_embeddings() if self.info.has_lm_head else None
+    def unembed(self) -> nn.Module | None:
+        return output_embeddings(self.model) if self.info.has_lm_head else None
+
+    def lm_head(self) -> LMHead | None:
+        """The final norm and unembedding together, or None for an encoder without an LM head."""
+        unembed = self.unembed
+        return None if unembed is None else LMHead(final_norm=self.final_norm, unembed=unembed)
+
+
+@dataclass(frozen=True)
+class LMHead:
+    """What turns a residual state into next-token logits; ``unembed`` is known to exist."""
+
+    final_norm: nn.Module | None
+    unembed: nn.Module
+
+    def logits(self, resid: torch.Tensor) -> torch.Tensor:
+        """(..., d) residual states -> (..., V) float32 logits."""
+        h = self.final_norm(resid) if self.final_norm is not None else resid
+        out: torch.Tensor = self.unembed(h)
+        return out.float()
+
+
+def input_embeddings(model: PreTrainedModel) -> torch.Tensor:
+    """The token embedding matrix E, (V, d)."""
+    module = model.get_input_embeddings()
+    if not isinstance(module, nn.Module):
+        raise UnsupportedArchitecture(f"{type(model).__name__} has no input embedding module")
+    return module.get_parameter("weight")
+
+
+def position_embeddings(lm: LoadedModel) -> torch.Tensor | None:
+    """The learned position table (P, d), or None where positions are not a table."""
+    if lm.spec.position_embeddings is None:
+        return None
+    table = find(lm.model, lm.spec.position_embeddings)
+    return None if table is None else table.get_parameter("weight")
+
+
+def output_embeddings(model: PreTrainedModel) -> nn.Module | None:
+    """The LM head (unembedding), or None for a model without one."""
+    module = model.get_output_embeddings()
+    return module if isinstance(module, nn.Module) else None
 
 
 def resolve_source(source: str) -> str:
@@ -136,6 +178,6 @@ def describe(name: str, model: PreTrainedModel, spec: ArchSpec) -> ModelInfo:
         max_positions=cfg.max_position_embeddings,
         position_encoding=spec.position_encoding,
         causal=spec.causal,
-        has_lm_head=model.get_output_embeddings() is not None,
+        has_lm_head=output_embeddings(model) is not None,
         n_params=sum(p.numel() for p in model.parameters()),
     )

@@ -44,6 +44,13 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> list[Token]:
     return tokens
 
 
+def _decode_one(tokenizer: PreTrainedTokenizerBase, token_id: int) -> str:
+    text = tokenizer.decode([token_id], clean_up_tokenization_spaces=False)
+    if not isinstance(text, str):  # decode returns a list only for a batch of sequences
+        raise TypeError(f"the tokenizer decoded id {token_id} to {type(text).__name__}, not str")
+    return text
+
+
 class _DecodedCache:
     """Each vocabulary entry decoded once per tokenizer (the vocabulary bounds its size)."""
 
@@ -55,7 +62,7 @@ class _DecodedCache:
         with self._lock:
             known = self._by_tokenizer.setdefault(id(tokenizer), {})
             missing = [i for i in dict.fromkeys(ids) if i not in known]
-        decoded = {i: tokenizer.decode([i], clean_up_tokenization_spaces=False) for i in missing}
+        decoded = {i: _decode_one(tokenizer, i) for i in missing}
         with self._lock:
             known.update(decoded)
             return [known[i] for i in ids]

@@ -96,7 +96,7 @@ def python_docs(root: Path) -> list[str]:
             lines = para.splitlines()
             if not lines or lines[0].startswith((" ", "\t", "..", "+", "|", "=", "-", "*", ">>>", ":")):
                 continue
-            prose = " ".join(l.strip() for l in lines)
+            prose = " ".join(line.strip() for line in lines)
             prose = _ROLE.sub(r"\1", prose)
             prose = _LINK.sub(r"\1", prose).replace("``", "").replace("**", "").replace("::", ":")
             if len(prose) > 60 and prose.count(" ") > 8:

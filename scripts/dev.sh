@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One entry point for a fresh machine:
 #   bash scripts/dev.sh serve [attnscope serve options]   set up .venv/ and start the app
-#   bash scripts/dev.sh test  [pytest options]            set up .venv/ and run every test
+#   bash scripts/dev.sh test  [pytest options]            set up .venv/, then ruff, mypy and pytest
+#   bash scripts/dev.sh check                             set up .venv/, then ruff and mypy only
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmd=${1:-serve}; shift || true
@@ -22,6 +23,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "$want" > "$stamp"
 fi
 
+gates() {
+  # lint and strict types first: a finding fails the run before the tests start
+  "$VPY" -m ruff check .
+  "$VPY" -m mypy
+}
+
 case "$cmd" in
   serve)
     exec .venv/bin/attnscope serve "$@"
@@ -35,11 +42,15 @@ case "$cmd" in
         sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
       fi
     fi
+    gates
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ATTNSCOPE_REQUIRE_BROWSER=1
     exec "$VPY" -m pytest "$@"
     ;;
+  check)
+    gates
+    ;;
   *)
-    echo "usage: bash scripts/dev.sh serve|test [args]" >&2
+    echo "usage: bash scripts/dev.sh serve|test|check [args]" >&2
     exit 2
     ;;
 esac

@@ -20,13 +20,15 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# run as `python scripts/x.py`: the repository root goes on sys.path first, so the project's
+# imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
+from bench.report import write_section  # noqa: E402
 from model.analysis import head_scores  # noqa: E402
 from model.hooks import run_with_cache  # noqa: E402
 from model.loading import load_model  # noqa: E402
 from model.probes import induction_scores  # noqa: E402
-from bench.report import write_section  # noqa: E402
 
 log = logging.getLogger("model_card")
 

@@ -34,7 +34,7 @@ BUNDLED = BUNDLED_DIR / "attnscope-tiny"
 VOCAB = 8192  # the bundled tokenizer's size, shared by every tiny model
 
 
-def tiny_config(arch: str, **extra: object):  # noqa: ANN201 - a transformers config
+def tiny_config(arch: str, **extra: object):
     common = {"vocab_size": VOCAB}
     if arch == "gpt2":
         return GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=256, **common, **extra)

@@ -173,7 +173,7 @@ def test_too_many_tokens_names_limit_and_count(client: TestClient) -> None:
     assert "300 tokens" in msg and "256" in msg
 
 
-@pytest.mark.parametrize("params,expect", [({"layer": 2, "head": 0}, "layers 0..1"), ({"layer": -1, "head": 0}, "layers 0..1"),
+@pytest.mark.parametrize(("params", "expect"), [({"layer": 2, "head": 0}, "layers 0..1"), ({"layer": -1, "head": 0}, "layers 0..1"),
                                            ({"layer": 0, "head": 4}, "heads 0..3"), ({"layer": 0, "head": -3}, "heads 0..3")])
 def test_layer_head_out_of_range(client: TestClient, params: dict, expect: str) -> None:
     run = analyse(client)

@@ -171,7 +171,8 @@ def test_sparsity_sort_zoom_and_exports(page: object, base_url: str) -> None:
     assert len(values) == 32  # sorted cells carry their measured sparsity
     first = page.locator("[data-testid=head-cell]").first.get_attribute("title")
     assert "keys holding 90%" in first
-    page.fill("#zoom-q0", "3"); page.fill("#zoom-q1", "8"); page.fill("#zoom-k0", "0"); page.fill("#zoom-k1", "5")
+    for field, value in (("q0", "3"), ("q1", "8"), ("k0", "0"), ("k1", "5")):
+        page.fill(f"#zoom-{field}", value)
     page.get_by_test_id("zoom-apply").click()
     ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
     assert ranges == [[-0.5, 5.5], [8.5, 2.5]]
@@ -195,7 +196,8 @@ def test_every_chart_offers_svg_and_long_runs_zoom(page: object, base_url: str) 
         page.wait_for_function(f"() => document.querySelector('[data-testid={testid}]')._fullLayout")
         names = page.evaluate(f"() => document.querySelector('[data-testid={testid}]')._context.modeBarButtonsToAdd.map(b => b.name)")
         assert "Download plot as SVG" in names, testid
-    page.fill("#zoom-q0", "900"); page.fill("#zoom-q1", str(n - 1)); page.fill("#zoom-k0", "0"); page.fill("#zoom-k1", "99")
+    for field, value in (("q0", "900"), ("q1", str(n - 1)), ("k0", "0"), ("k1", "99")):
+        page.fill(f"#zoom-{field}", value)
     page.get_by_test_id("zoom-apply").click()
     ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
     assert ranges == [[-0.5, 99.5], [n - 0.5, 899.5]]

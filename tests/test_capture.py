@@ -147,7 +147,9 @@ def test_logit_lens_last_layer_equals_logits(tiny_models: dict[str, LoadedModel]
     ids = _ids(lm)
     acts = run_with_cache(lm, ids)
     last = acts[f"blocks.{lm.info.n_layers - 1}.hook_resid_post"][None]  # (1, n, d)
-    probs, top = analysis.logit_lens(last, lm.final_norm, lm.unembed, k=5)
+    head = lm.lm_head()
+    assert head is not None
+    probs, top = analysis.logit_lens(last, head, k=5)
     ref = acts["logits"].softmax(-1).topk(5)
     torch.testing.assert_close(probs[0], ref.values, atol=1e-5, rtol=0)
     assert torch.equal(top[0], ref.indices)

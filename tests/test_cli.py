@@ -94,6 +94,6 @@ def test_export_run_to_svg(client_for_export: tuple, tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def client_for_export(client):  # noqa: ANN001, ANN201 - the shared TestClient
+def client_for_export(client):
     run = client.post("/api/runs", json={"text": "bold <b>text</b> here"}).json()
     return client, run["run_id"]

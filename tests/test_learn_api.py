@@ -33,7 +33,7 @@ def test_heads_rebuild_the_attention_output(tiny_models: dict[str, LoadedModel],
         mixed = torch.einsum("hqk,hkd->hqd", pattern, v)  # (H, n, dh)
         out = torch.einsum("hqd,hde->qe", mixed, w_o)  # (n, d)
         block = lm.blocks[layer]
-        proj = {"gpt2": lambda b: b.attn.c_proj, "gpt_neox": lambda b: b.attention.dense}.get(arch, lambda b: b.self_attn.o_proj)(block)
+        proj = block.get_submodule(lm.spec.out_proj)
         if getattr(proj, "bias", None) is not None:
             out = out + proj.bias
         torch.testing.assert_close(out, acts[f"blocks.{layer}.hook_attn_out"], atol=1e-5, rtol=1e-4)
@@ -67,10 +67,10 @@ def test_embedding_neighbours(client: TestClient, engine: Engine) -> None:
 @pytest.mark.parametrize("name", ["tiny-gpt2", "tiny-llama", "tiny-qwen2", "tiny-gpt_neox", "minilm-l6"])
 def test_anatomy_adds_up(client: TestClient, engine: Engine, name: str) -> None:
     body = client.get(f"/api/models/{name}/anatomy").json()
-    parts = sum(l["attention"] + l["mlp"] + l["norms"] for l in body["per_layer"])
+    parts = sum(row["attention"] + row["mlp"] + row["norms"] for row in body["per_layer"])
     parts += body["token_embedding"] + body["position_embedding"] + body["final_norm_and_other"] + body["lm_head"]
     assert parts == body["total"] == engine.model(name).info.n_params
-    assert all(l["attention"] > 0 and l["mlp"] > 0 for l in body["per_layer"])
+    assert all(row["attention"] > 0 and row["mlp"] > 0 for row in body["per_layer"])
     if name == "tiny-gpt2":
         d = 32
         assert body["per_layer"][0]["attention"] == 4 * d * d + 4 * d  # c_attn (d x 3d + 3d) + c_proj (d x d + d)

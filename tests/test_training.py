@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = Path(__file__).parent / "data" / "heldout_sample.txt"
 
 
-def load_script():  # noqa: ANN201 - the module
+def load_script():
     spec = importlib.util.spec_from_file_location("train_bundled", ROOT / "scripts" / "train_bundled.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -55,7 +55,8 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
             raise BadInput("watch_layer and watch_head need record: true")
         layer, head = body.watch_layer or 0, body.watch_head or 0
         if layer >= lm.info.n_layers or head >= lm.info.n_heads:
-            raise BadInput(f"watch layer/head out of range: layers 0..{lm.info.n_layers - 1}, heads 0..{lm.info.n_heads - 1}")
+            raise BadInput(f"watch layer/head out of range: layers 0..{lm.info.n_layers - 1}, "
+                           f"heads 0..{lm.info.n_heads - 1}")
         watch = (layer, head)
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
                             top_k=body.top_k, top_p=body.top_p, seed=body.seed)

@@ -11,8 +11,10 @@ from app.routes.runs import ERRORS
 from app.schemas import (
     AnatomyOut,
     CompareOut,
+    CompareToken,
     ContributionsOut,
     EmbeddingOut,
+    Neighbour,
     PositionsOut,
     TimingOut,
     TimingRequest,
@@ -28,7 +30,8 @@ TIMING_MAX_TOKENS = 64
 
 @router.get("/runs/{run_id}/contributions", response_model=ContributionsOut, responses=ERRORS,
             summary="What each source token adds to one head's output at one query")
-def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, head: Int, position: Int) -> ContributionsOut:
+def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, head: Int,
+                  position: Int) -> ContributionsOut:
     cache = engine.run(run_id)
     engine.check_layer_head(cache, layer, head)
     if not 0 <= position < cache.n:
@@ -51,8 +54,8 @@ def embedding(name: str, engine: EngineDep, id: Int, top: Annotated[int, Query(g
     strings = token_map(lm.tokenizer, ids)
     return EmbeddingOut(
         model=name, id=id, token=strings[id], norm=data["norm"], vector=data["vector"],
-        neighbours=[{"id": i, "token": strings[i], "cos": c} for i, c in data["neighbours"]],
-        adjacent=[{"id": i, "token": strings[i], "cos": c} for i, c in data["adjacent"]],
+        neighbours=[Neighbour(id=i, token=strings[i], cos=c) for i, c in data["neighbours"]],
+        adjacent=[Neighbour(id=i, token=strings[i], cos=c) for i, c in data["adjacent"]],
         random_mean=data["random_mean"], random_std=data["random_std"])
 
 
@@ -75,7 +78,8 @@ def positions(name: str, engine: EngineDep, count: Annotated[int, Query(ge=1, le
 def timing(body: TimingRequest, engine: EngineDep, gate: GateDep) -> TimingOut:
     lm = engine.model(body.model)
     if not lm.info.has_lm_head:
-        raise BadInput(f"model {lm.info.name!r} is an encoder: it does not generate, so there is nothing serial to time")
+        raise BadInput(f"model {lm.info.name!r} is an encoder: it does not generate, "
+                       "so there is nothing serial to time")
     tokens = engine.tokenize(lm, body.text)
     if len(tokens) > TIMING_MAX_TOKENS:
         raise BadInput(f"the prompt has {len(tokens)} tokens; timing takes at most {TIMING_MAX_TOKENS} "
@@ -92,6 +96,8 @@ def compare(a: str, b: str, engine: EngineDep) -> CompareOut:
     if run_a.model != run_b.model:
         raise BadInput("both runs must come from the same model")
     texts = [t["text"] for t in run_a.summary["tokens"]]
-    pairs = lessons.hidden_similarity(texts, run_a.resid[-1], [t["text"] for t in run_b.summary["tokens"]], run_b.resid[-1])
-    return CompareOut(a=a, b=b, tokens=[{**p, "token": texts[p["a"]]} for p in pairs])
+    texts_b = [t["text"] for t in run_b.summary["tokens"]]
+    pairs = lessons.hidden_similarity(texts, run_a.resid[-1], texts_b, run_b.resid[-1])
+    return CompareOut(a=a, b=b, tokens=[CompareToken(a=p["a"], b=p["b"], cos=p["cos"], token=texts[p["a"]])
+                                        for p in pairs])
 

@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import torch
 from fastapi import APIRouter, Query, Response
 
 from app.deps import EngineDep, GateDep
 from app.encoding import rows, sqrt_u8
-from app.schemas import AttentionOut, NextOut, ErrorOut, LayerAttentionOut, LogitLensOut, ResidualOut, RunOut, RunRequest, SparsityOut
+from app.schemas import (
+    AttentionOut,
+    ErrorOut,
+    LayerAttentionOut,
+    LogitLensOut,
+    NextOut,
+    ResidualLayerOut,
+    ResidualOut,
+    RunOut,
+    RunRequest,
+    SparsityOut,
+)
 from model import analysis
 from model.cache import ActivationCache
 from model.errors import BadInput
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
-ERRORS = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 BINARY_DOC = (
     "With `format=bin` the body is `application/octet-stream`: one byte per visible cell, "
     "row-major by query (causal: row i holds keys 0..i; encoder: n keys per row), heads one "
@@ -38,7 +49,7 @@ def run_payload(run_id: str, cache: ActivationCache) -> dict[str, object]:
 
 
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
-    return RunOut(**run_payload(run_id, cache))
+    return RunOut.model_validate(run_payload(run_id, cache))
 
 
 @router.post("/runs", status_code=201, response_model=RunOut, responses=ERRORS,
@@ -116,7 +127,7 @@ def residual(run_id: str, engine: EngineDep) -> ResidualOut:
     cache = engine.run(run_id)
     layers = analysis.residual_stats(torch.stack(cache.resid), torch.stack(cache.attn_out), torch.stack(cache.mlp_out))
     return ResidualOut(n_layers=cache.n_layers, n=cache.n, embed_norm=cache.resid[0].norm(dim=-1).tolist(),
-                       layers=[layer.__dict__ for layer in layers])
+                       layers=[ResidualLayerOut.model_validate(layer, from_attributes=True) for layer in layers])
 
 
 @router.get("/runs/{run_id}/logit-lens", response_model=LogitLensOut, responses=ERRORS,
@@ -133,7 +144,8 @@ def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
 def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
     cache = engine.run(run_id)
     if "sparsity" not in cache.summary:
-        heads = [s.__dict__ for layer in range(cache.n_layers) for s in analysis.head_sparsity(layer, cache.pattern(layer))]
+        heads = [s.__dict__ for layer in range(cache.n_layers)
+                 for s in analysis.head_sparsity(layer, cache.pattern(layer))]
         cache.summary["sparsity"] = heads
     return SparsityOut(heads=cache.summary["sparsity"])
 
@@ -160,6 +172,7 @@ def export_run(run_id: str, engine: EngineDep) -> Response:
     payload = {"format": "attnscope-run/1", "run_id": run_id, "text": cache.text,
                "model_info": dict(lm.info.__dict__), "causal": cache.causal,
                **{k: cache.summary[k] for k in RUN_FIELDS},
-               "attention": [[rows(h, cache.causal, decimals=4) for h in cache.pattern(layer)] for layer in range(cache.n_layers)]}
+               "attention": [[rows(h, cache.causal, decimals=4) for h in cache.pattern(layer)]
+                             for layer in range(cache.n_layers)]}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.json"'})
