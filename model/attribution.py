@@ -139,9 +139,11 @@ def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int
         zs, _ = capture_z(lm, cache.input_ids[: position + 1])  # L x (P+1, H, d_head)
         x = cache.resid[-1][position]  # (d,)
         frozen = freeze_norm(lm.final_norm, x)
+        head = lm.lm_head()
+        if head is None:  # require_decoder checked it; the type says so here
+            raise BadInput(f"model {lm.info.name!r} has no LM head")
         with torch.inference_mode():
-            normed = lm.final_norm(x[None])[0] if lm.final_norm is not None else x
-            full = lm.unembed(normed[None])[0].float()  # (V,)
+            full = head.logits(x[None])[0]  # (V,)
         u, bias = _unembed_row(lm, token)
         logit = float(full[token])
         if token_b is not None:

@@ -125,7 +125,10 @@ def split_heads(z: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 
 def first(output: Any) -> torch.Tensor:
-    return output[0] if isinstance(output, tuple) else output
+    value = output[0] if isinstance(output, tuple) else output
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"expected a tensor (or a tuple starting with one), got {type(value).__name__}")
+    return value
 
 
 def replace_first(output: Any, value: torch.Tensor) -> Any:
@@ -133,10 +136,12 @@ def replace_first(output: Any, value: torch.Tensor) -> Any:
 
 
 def hidden_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+    hidden: torch.Tensor = args[0] if args else kwargs["hidden_states"]
+    return hidden
 
 
-def with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any], value: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any],
+                value: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
     if args:
         return (value, *args[1:]), kwargs
     return args, {**kwargs, "hidden_states": value}
@@ -149,7 +154,8 @@ def logits(lm: LoadedModel, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
             out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=keep)
         else:
             out = lm.model(input_ids=ids, use_cache=False)
-    return out.logits.float()
+    result: torch.Tensor = out.logits
+    return result.float()
 
 
 def capture_z(lm: LoadedModel, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -22,7 +22,7 @@ def _hook_counts(lm: LoadedModel) -> list[int]:
     return [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in lm.model.modules()]
 
 
-def _run(engine: Engine, arch: str, text: str = TEXT):  # noqa: ANN202 - an ActivationCache
+def _run(engine: Engine, arch: str, text: str = TEXT):
     return engine.analyse(text, f"tiny-{arch}").cache
 
 

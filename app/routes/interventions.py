@@ -12,17 +12,22 @@ from fastapi import APIRouter, Query
 
 from app.deps import EngineDep, GateDep
 from app.intervention_schemas import (
+    AblatedNext,
+    AblatedPosition,
     AblateOut,
     AblateRequest,
     AttributionOut,
+    Candidate,
     PatchOut,
     PatchRequest,
     PromptOut,
     ScanOut,
     ScanRequest,
+    TermOut,
     TokenRef,
 )
 from app.routes.runs import ERRORS
+from app.schemas import TokenOut
 from model import ablation, attribution, patching
 from model.errors import BadInput
 from model.loading import LoadedModel
@@ -55,7 +60,8 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
         result = attribution.attribute(lm, cache, position, chosen, token_b)
     refs = _refs(lm, [result.token] + ([] if result.token_b is None else [result.token_b]))
     return AttributionOut(position=result.position, token=refs[0], token_b=refs[1] if len(refs) > 1 else None,
-                          logit=result.logit, terms=[t.__dict__ for t in result.terms], error=result.error,
+                          logit=result.logit, terms=[TermOut.model_validate(t, from_attributes=True)
+                                                     for t in result.terms], error=result.error,
                           final_transform=result.final_transform)
 
 
@@ -70,10 +76,12 @@ def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -
     ids = [c.id for p in positions for c in p.top] + [p.actual_next.id for p in positions if p.actual_next]
     strings = token_map(lm.tokenizer, ids)
     return AblateOut(heads=heads, mode=body.mode, positions=[
-        {"position": p.position, "kl": p.kl,
-         "top": [{"id": c.id, "token": strings[c.id], "prob": c.prob} for c in p.top],
-         "actual_next": None if p.actual_next is None else {**p.actual_next.__dict__,
-                                                            "token": strings[p.actual_next.id]}}
+        AblatedPosition(
+            position=p.position, kl=p.kl,
+            top=[Candidate(id=c.id, token=strings[c.id], prob=c.prob) for c in p.top],
+            actual_next=None if p.actual_next is None else AblatedNext(
+                id=p.actual_next.id, token=strings[p.actual_next.id], prob_before=p.actual_next.prob_before,
+                prob_after=p.actual_next.prob_after))
         for p in positions])
 
 
@@ -113,8 +121,10 @@ def patch(body: PatchRequest, engine: EngineDep, gate: GateDep) -> PatchOut:
     refs = _refs(lm, [answer, wrong])
     return PatchOut(
         model=lm.info.name,
-        clean=PromptOut(text=body.clean, tokens=[t.__dict__ for t in clean_tokens], metric=result.clean_metric),
-        corrupted=PromptOut(text=body.corrupted, tokens=[t.__dict__ for t in corrupted_tokens],
+        clean=PromptOut(text=body.clean, tokens=[TokenOut.model_validate(t, from_attributes=True)
+                                                 for t in clean_tokens], metric=result.clean_metric),
+        corrupted=PromptOut(text=body.corrupted, tokens=[TokenOut.model_validate(t, from_attributes=True)
+                                                         for t in corrupted_tokens],
                             metric=result.corrupted_metric),
         answer=refs[0], wrong=refs[1], position=result.position, first_difference=result.first_difference,
         resid=result.resid, attn_out=result.attn_out, mlp_out=result.mlp_out, heads=result.heads,
