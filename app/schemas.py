@@ -71,8 +71,12 @@ class TokenOut(BaseModel):
     index: int
     text: str = Field(description="display string (BPE markers cleaned)")
     id: int
-    start: int = Field(description="character offset of the token's first character in text")
-    end: int = Field(description="character offset just past it; start == end for special tokens")
+    start: int = Field(description="character offset of the first character this token completes")
+    end: int = Field(description="character offset just past the last; start == end when it completes none. "
+                                 "Spans never overlap: consecutive tokens are contiguous and rebuild the text once")
+    special: bool = Field(False, description="a special token (<|endoftext|>, [CLS]); it covers no text")
+    partial: bool = Field(False, description="holds bytes of a character that a later token completes "
+                                             "(text then shows those bytes, e.g. ‹e6 88›)")
 
 
 class TopToken(BaseModel):
@@ -121,6 +125,7 @@ class RunOut(BaseModel):
     causal: bool
     n_layers: int
     n_heads: int
+    text: str = Field(description="the text the tokens cover (for a recorded generation: prompt + generated text)")
     tokens: list[TokenOut]
     predictions: list[PredictionOut] = Field(description="next-token distribution at every position, from one "
                                                          "forward; empty for encoders")
@@ -193,6 +198,8 @@ class GenerateRequest(Strict):
     top_k: int = Field(0, ge=0, le=100_000, description="0 = no top-k filter")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int = Field(0, ge=0, le=2**63 - 1)
+    stop_at_eos: bool = Field(True, description="stop when the model writes end-of-text (`done.stop` is then "
+                                                "\"eos\"); false: go on past it until max_new_tokens")
     record: bool = Field(False, description="keep every step's activations; a final `run` event names the run "
                                             "over prompt + generated text")
     watch_layer: int | None = Field(None, ge=0, le=10_000,

@@ -20,7 +20,7 @@ from model.errors import BadInput, UnknownModel
 from model.hooks import run_with_cache
 from model.loading import LMHead, LoadedModel
 from model.probes import probe_heads
-from model.tokens import Token, ids_tensor, token_map, token_strings, tokenize
+from model.tokens import TextAssembler, Token, ids_tensor, token_map, token_strings, tokenize
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +111,15 @@ class Engine:
                          acts: dict[str, torch.Tensor], top_k: int = 10) -> RunResult:
         """A recorded generation as a normal run over prompt + generated text."""
         t0 = time.perf_counter()
-        strings = token_strings(lm.tokenizer, new_ids)
+        asm = TextAssembler(lm.tokenizer)
         tokens, text = list(prompt_tokens), prompt
-        for tid, s in zip(new_ids, strings, strict=True):
-            tokens.append(Token(index=len(tokens), id=tid, text=s, start=len(text), end=len(text) + len(s)))
-            text += s
+        pieces = [asm.push(tid) for tid in new_ids]
+        rest = asm.finish()  # bytes of a character left incomplete: shown as U+FFFD, on the last token
+        for k, (tid, p) in enumerate(zip(new_ids, pieces, strict=True)):
+            owned = p.text + (rest if k == len(new_ids) - 1 else "")
+            tokens.append(Token(index=len(tokens), id=tid, text=p.display, start=len(text), end=len(text) + len(owned),
+                                special=p.special, partial=p.partial))
+            text += owned
         return self.store_run(lm, text, tokens, acts, top_k, {"recorded_steps": float(len(new_ids))}, t0)
 
     def run(self, run_id: str) -> ActivationCache:

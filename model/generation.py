@@ -15,7 +15,7 @@ import torch
 from model.hooks import hooked
 from model.loading import LoadedModel
 from model.recording import Recorder
-from model.tokens import token_strings
+from model.tokens import TextAssembler, token_strings
 
 
 @dataclass(frozen=True)
@@ -26,13 +26,17 @@ class SamplingParams:
     top_p: float  # 1 = no nucleus filter
     seed: int
     show_top: int = 5  # how many alternatives each step reports
+    stop_at_eos: bool = True  # False: keep going past end-of-text (it is then an ordinary token)
 
 
 @dataclass(frozen=True)
 class Step:
     index: int
     id: int
-    token: str
+    token: str  # display string: a special token's name, a partial character as ‹hex› bytes
+    text: str  # the characters this token completes ("" for a special token or a partial character)
+    special: bool
+    partial: bool
     prob: float  # probability of the chosen token under the (filtered) sampling distribution
     top: list[tuple[int, str, float]]  # the model's own top alternatives at temperature 1
     ms: float
@@ -64,6 +68,7 @@ class GenerationSession:
         self.steps = 0
         self.eos = lm.tokenizer.eos_token_id
         self.recorder = Recorder() if record else None
+        self.assembler = TextAssembler(lm.tokenizer)  # the generated ids as text, token by token
 
     def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
         """Feed the tokens the cache has not seen; returns the next-token logits (V,)."""
@@ -79,10 +84,23 @@ class GenerationSession:
         return logits.float()
 
     @property
+    def at_eos(self) -> bool:
+        return self.steps > 0 and self.eos is not None and int(self.ids[-1]) == self.eos
+
+    @property
     def done(self) -> bool:
-        return self.steps >= self.params.max_new_tokens or (
-            self.steps > 0 and self.eos is not None and int(self.ids[-1]) == self.eos
-        )
+        return self.steps >= self.params.max_new_tokens or (self.params.stop_at_eos and self.at_eos)
+
+    @property
+    def stop_reason(self) -> str:
+        """Why a finished session stopped: "eos" (end-of-text, when asked to stop there) or "length"."""
+        return "eos" if self.params.stop_at_eos and self.at_eos else "length"
+
+    def finish_text(self) -> str:
+        """The generated text: every character the steps completed, plus bytes of a
+        character the last step left incomplete (as U+FFFD). Special tokens add nothing."""
+        self.assembler.finish()
+        return self.assembler.text
 
     def step(self) -> Step:
         t0 = time.perf_counter()
@@ -99,11 +117,13 @@ class GenerationSession:
         natural = logits.softmax(-1)
         top = natural.topk(min(p.show_top, natural.shape[-1]))
         top_ids = top.indices.tolist()
-        strings = token_strings(self.lm.tokenizer, [choice, *top_ids])
+        strings = token_strings(self.lm.tokenizer, top_ids)
+        piece = self.assembler.push(choice)
         self.ids = torch.cat([self.ids, torch.tensor([choice])])
         self.steps += 1
-        return Step(index=self.steps - 1, id=choice, token=strings[0], prob=prob,
-                    top=list(zip(top_ids, strings[1:], top.values.tolist(), strict=True)),
+        return Step(index=self.steps - 1, id=choice, token=piece.display, text=piece.text, special=piece.special,
+                    partial=piece.partial, prob=prob,
+                    top=list(zip(top_ids, strings, top.values.tolist(), strict=True)),
                     ms=1e3 * (time.perf_counter() - t0))
 
     def finish_recording(self) -> dict[str, torch.Tensor]:

@@ -210,9 +210,9 @@ def test_invalid_json_is_422(client: TestClient) -> None:
 def test_any_unicode_round_trips(client: TestClient, text: str) -> None:
     run = analyse(client, text)
     for t in run["tokens"]:
-        assert t["text"] == text[t["start"]:t["end"]]
-    covered = "".join(text[a:b] for a, b in sorted({(t["start"], t["end"]) for t in run["tokens"]}))
-    assert covered == text
+        if not t["partial"]:  # a partial token shows its bytes (‹f0 9f›) instead of a character
+            assert t["text"] == text[t["start"]:t["end"]]
+    assert "".join(text[t["start"]:t["end"]] for t in run["tokens"]) == text  # each character once
 
 
 def test_generate_bad_input(client: TestClient) -> None:

@@ -21,11 +21,18 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["generate"])
 
 SSE_DOC = """Server-Sent Events. One `token` event per new token:
-`{"step", "id", "token", "prob", "top": [{"id", "token", "prob"}], "ms"}` (`prob` is the chosen
-token's probability under the sampling distribution, `top` the model's own top-5 at
-temperature 1, `ms` the step's time: one forward over the newest token with the KV cache,
-the first step being the prefill over the whole prompt). A final `done` event:
-`{"text", "n_new", "stop", "total_ms"}`. Generation stops when the client disconnects.
+`{"step", "id", "token", "text", "special", "partial", "prob", "top": [{"id", "token", "prob"}], "ms"}`
+(`token` is the display string — a special token's name such as `<|endoftext|>`, or a
+byte-level token that holds only part of a character as its bytes, e.g. `‹e6 88›`; `text`
+is the characters this token completes, so that joining every event's `text` gives the
+generated text exactly once; `prob` is the chosen token's probability under the sampling
+distribution, `top` the model's own top-5 at temperature 1, `ms` the step's time: one
+forward over the newest token with the KV cache, the first step being the prefill over
+the whole prompt). A final `done` event: `{"text", "n_new", "stop", "total_ms"}`, where
+`text` is the generated text (special tokens left out) and `stop` says why it stopped:
+`"eos"` (the model wrote end-of-text and `stop_at_eos` is true) or `"length"`
+(`max_new_tokens` reached). A client that disconnects stops generation at once (logged
+as stop `"client"`; no `done` event can reach it).
 
 With `"record": true` every step's activations are kept; token events then carry `rows`
 (the new attention rows of `watch_layer`/`watch_head`, when given: the prefill's rows for
@@ -59,26 +66,24 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
                            f"heads 0..{lm.info.n_heads - 1}")
         watch = (layer, head)
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
-                            top_k=body.top_k, top_p=body.top_p, seed=body.seed)
+                            top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop_at_eos=body.stop_at_eos)
     session = GenerationSession(lm, ids_tensor(tokens), params, record=body.record)
 
     async def events() -> AsyncIterator[str]:
         start = time.perf_counter()
-        stop = "length"
         with gate.enter(lm.info.name):
             while not session.done:
                 if await request.is_disconnected():
-                    stop = "disconnected"
-                    log.info("generation stopped: client went away after %d tokens", session.steps)
+                    log.info("generation stopped (stop: client): the client went away after %d tokens", session.steps)
                     return
                 step = await run_in_threadpool(session.step)
-                event = {"step": step.index, "id": step.id, "token": step.token, "prob": step.prob,
+                event = {"step": step.index, "id": step.id, "token": step.token, "text": step.text,
+                         "special": step.special, "partial": step.partial, "prob": step.prob,
                          "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top], "ms": step.ms}
                 if watch and session.recorder is not None:
                     event["rows"] = session.recorder.new_rows(*watch)
                 yield sse("token", event)
-            if session.eos is not None and int(session.ids[-1]) == session.eos:
-                stop = "eos"
+            text = session.finish_text()
             if session.recorder is not None:
                 acts = await run_in_threadpool(session.finish_recording)
                 new = session.ids[len(tokens):].tolist()
@@ -87,7 +92,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
                     yield sse("rows", {"rows": session.recorder.new_rows(*watch)})
                 yield sse("run", {"run_id": result.run_id, "n": result.cache.n})
         new_ids = session.ids[len(tokens):].tolist()
-        yield sse("done", {"text": lm.tokenizer.decode(new_ids), "n_new": len(new_ids), "stop": stop,
+        yield sse("done", {"text": text, "n_new": len(new_ids), "stop": session.stop_reason,
                            "total_ms": 1e3 * (time.perf_counter() - start)})
 
     return StreamingResponse(events(), media_type="text/event-stream",

@@ -20,9 +20,20 @@ def plotly_js_path() -> Path:
 
 
 def swagger_dir() -> Path:
+    """Swagger UI 5 (it reads the OpenAPI 3.1 that FastAPI writes; 4.x cannot), vendored in
+    the swagger-ui-bundle-v2 wheel. The folder is looked up rather than read from the
+    package's ``swagger_ui_path``: the older swagger-ui-bundle shares the module name."""
     import swagger_ui_bundle
 
-    return Path(swagger_ui_bundle.swagger_ui_path)
+    root = Path(swagger_ui_bundle.__file__).resolve().parent / "vendor"
+
+    def version(p: Path) -> tuple[int, ...]:
+        return tuple(int(x) for x in p.name.removeprefix("swagger-ui-").split(".") if x.isdigit())
+
+    found = sorted((p for p in root.glob("swagger-ui-*") if version(p) >= (5,)), key=version)
+    if not found:
+        raise RuntimeError("Swagger UI 5 is not installed (pip install swagger-ui-bundle-v2)")
+    return found[-1]
 
 
 @router.get("/", response_class=HTMLResponse)

@@ -215,7 +215,7 @@ async function generateAndRecord() {
       }
     }
     const run = await getJSON(`/api/runs/${encodeURIComponent(runId)}`);
-    $("#prompt").value = run.tokens.map((t) => t.text).join("");
+    $("#prompt").value = run.text; // prompt + generated text, each character once
     await loadRun(run, { layer, head, pos: run.tokens.length - 1, steps });
   } catch (err) {
     showError(err.message);

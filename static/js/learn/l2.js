@@ -6,7 +6,7 @@ import { plot } from "./charts.js";
 export async function render(body, ctx) {
   const { run, t } = ctx;
   const rows = run.predictions.slice(0, 40).map((p, i) => {
-    const prefix = run.tokens.slice(0, i + 1).map((x) => x.text).join("");
+    const prefix = run.text.slice(0, run.tokens[i].end); // the characters completed so far, each once
     const truth = p.actual_next;
     return el("tr", {},
       el("td", { class: "mono", text: prefix.length > 48 ? `…${prefix.slice(-48)}` : prefix }),
@@ -33,7 +33,10 @@ export async function render(body, ctx) {
       if (!r.ok) throw new Error((await r.json()).message);
       for await (const ev of readSSE(r)) {
         if (ev.event !== "token") continue;
-        stream.append(el("span", { class: "new", text: ev.data.token, title: `p=${fmt(ev.data.prob, 3)} · ${fmt(ev.data.ms, 1)} ms` }));
+        // the characters this token completes (a token holding part of a character adds none yet)
+        const shown = ev.data.special ? ev.data.token : ev.data.text;
+        stream.append(el("span", { class: ev.data.special ? "new special" : "new", text: shown,
+          title: `${showToken(ev.data.token)} · p=${fmt(ev.data.prob, 3)} · ${fmt(ev.data.ms, 1)} ms` }));
         ms.push(ev.data.ms);
         plot(steps, [{ type: "bar", x: ms.map((_, i) => i + 1), y: ms, marker: { color: "#2171b5" } }],
           { xaxis: { title: { text: "generated token (step 1 = the prompt's prefill)" } }, yaxis: { title: { text: "ms" } } });
@@ -46,7 +49,7 @@ export async function render(body, ctx) {
     }
   });
 
-  const words = run.tokens.slice(0, 64).map((x) => x.text).join("");
+  const words = run.text.slice(0, run.tokens[Math.min(64, run.tokens.length) - 1].end);
   const tm = await postJSON("/api/timing", { text: words, model: run.model });
   const cum = (xs) => xs.reduce((acc, v) => [...acc, (acc.at(-1) || 0) + v], []);
   const x = tm.serial_cache_ms.map((_, i) => i + 1);

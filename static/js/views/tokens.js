@@ -4,11 +4,15 @@ import { el, showToken } from "../dom.js";
 export function renderTokens(container, run, onSelect) {
   container.replaceChildren();
   for (const t of run.tokens) {
-    const special = t.start === t.end;
+    const kind = t.special ? " special" : t.partial ? " partial" : "";
+    const what = t.special ? "special token, covers no text"
+      : t.partial && t.start === t.end ? "bytes of a character the next tokens complete"
+      : t.partial ? `characters ${t.start}–${t.end}, then bytes of a character the next tokens complete`
+      : `characters ${t.start}–${t.end}`;
     const chip = el("button", {
       type: "button",
-      class: special ? "token special" : "token",
-      title: `token ${t.index} · id ${t.id} · characters ${t.start}–${t.end}`,
+      class: `token${kind}`,
+      title: `token ${t.index} · id ${t.id} · ${what}`,
       dataset: { testid: "token", index: String(t.index) },
       onclick: () => onSelect(t.index),
     },

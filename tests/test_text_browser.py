@@ -1,0 +1,56 @@
+"""Non-ASCII text in Chromium: each character shows once in the token strip, the prompt
+box after a recorded generation, and Learn's prefix table."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+import pytest
+
+from tests.browser import shot
+
+pytestmark = pytest.mark.browser
+CJK = "我爱人工智能"
+EMOJI = "I love 🤖 and 👩\u200d👩\u200d👧"
+
+
+def strip_markers(s: str) -> str:
+    return re.sub(r"‹[0-9a-f ]+›", "", s)
+
+
+def analyse(page: object, base_url: str, text: str) -> None:
+    page.goto(base_url + "/")
+    page.get_by_test_id("prompt-input").fill(text)
+    page.get_by_test_id("analyze-button").click()
+    page.wait_for_function(f"() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && "
+                           f"document.querySelectorAll('[data-testid=token]').length > 0 && "
+                           f"document.querySelector('#prompt').value === {text!r}")
+
+
+@pytest.mark.parametrize("text", [CJK, EMOJI])
+def test_token_strip_shows_each_character_once(page: object, base_url: str, text: str) -> None:
+    analyse(page, base_url, text)
+    page.wait_for_function(f"() => document.querySelectorAll('[data-testid=token]').length === "
+                           f"document.querySelector('[data-testid=attention-heatmap]').dataset.n * 1")
+    shown = strip_markers("".join(page.locator("[data-testid=token] .t").all_text_contents())).replace("␣", " ")
+    assert shown == text
+    partial = page.locator("[data-testid=token].partial")
+    assert partial.count() > 0 and "‹" in partial.first.locator(".t").text_content()
+
+
+def test_recorded_generation_keeps_the_prompt_once(page: object, base_url: str) -> None:
+    analyse(page, base_url, CJK)
+    page.get_by_test_id("generate-button").click()
+    page.wait_for_function("() => !document.querySelector('#timeline-box').hidden", timeout=60_000)
+    value = page.get_by_test_id("prompt-input").input_value()
+    assert value.startswith(CJK) and value.count("我") == 1 and "<|endoftext|>" not in value
+    shot(page, "generate-cjk")
+
+
+def test_learn_prefix_table_holds_each_character_once(page: object, base_url: str) -> None:
+    page.goto(f"{base_url}/learn?text={quote(CJK)}")
+    page.wait_for_function("() => document.querySelectorAll('.lesson-body[data-ready]').length === 9", timeout=90_000)
+    prefixes = page.eval_on_selector_all("[data-testid=l2-table] tbody tr td:first-child", "tds => tds.map(t => t.textContent)")
+    assert prefixes[-1] == CJK
+    assert all(CJK.startswith(p) for p in prefixes)
