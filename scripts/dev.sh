@@ -34,13 +34,12 @@ case "$cmd" in
     exec .venv/bin/attnscope serve "$@"
     ;;
   test)
-    if [ ! -x /usr/bin/chromium ]; then
-      # Debian's Chromium drives the browser tests (never a downloaded browser build)
-      if [ "$(id -u)" = 0 ]; then
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-      else
-        sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-      fi
+    # Debian's Chromium drives the browser tests (never a downloaded browser build), with a
+    # CJK font so that Chinese text renders as characters, not boxes, in the screenshots
+    if [ ! -x /usr/bin/chromium ] || ! fc-list :lang=zh 2>/dev/null | grep -q .; then
+      sudo=""; [ "$(id -u)" = 0 ] || sudo=sudo
+      $sudo apt-get update -qq
+      $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-zenhei fontconfig >/dev/null
     fi
     gates
     export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ATTNSCOPE_REQUIRE_BROWSER=1

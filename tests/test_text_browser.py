@@ -54,3 +54,19 @@ def test_learn_prefix_table_holds_each_character_once(page: object, base_url: st
     prefixes = page.eval_on_selector_all("[data-testid=l2-table] tbody tr td:first-child", "tds => tds.map(t => t.textContent)")
     assert prefixes[-1] == CJK
     assert all(CJK.startswith(p) for p in prefixes)
+
+
+def test_chinese_renders_as_glyphs_not_boxes(page: object, base_url: str) -> None:
+    """Two different characters drawn in the page's font differ; missing glyphs are identical boxes."""
+    page.goto(base_url + "/learn?lang=zh")
+    family = page.evaluate("() => getComputedStyle(document.body).fontFamily")
+    assert "Noto Sans CJK SC" in family and "WenQuanYi Zen Hei" in family
+    same = page.evaluate("""(family) => {
+        const pixels = (ch) => {
+            const c = document.createElement('canvas'); c.width = 40; c.height = 40;
+            const ctx = c.getContext('2d'); ctx.font = `32px ${family}`; ctx.fillText(ch, 2, 32);
+            return Array.from(ctx.getImageData(0, 0, 40, 40).data).join(',');
+        };
+        return pixels('我') === pixels('爱');
+    }""", family)
+    assert not same, "no CJK font: scripts/dev.sh installs fonts-wqy-zenhei next to chromium"
