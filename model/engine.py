@@ -20,7 +20,7 @@ from model.errors import BadInput, UnknownModel
 from model.hooks import run_with_cache
 from model.loading import LMHead, LoadedModel
 from model.probes import probe_heads
-from model.tokens import TextAssembler, Token, ids_tensor, token_map, token_strings, tokenize
+from model.tokens import TextAssembler, Token, ids_tensor, token_map, tokenize
 
 log = logging.getLogger(__name__)
 

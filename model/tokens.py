@@ -104,7 +104,7 @@ class TextAssembler:
 
     def push(self, tid: int, raw: str | None = None) -> Piece:
         if raw is None:
-            raw = self.tokenizer.convert_ids_to_tokens([tid])[0]
+            raw = str(self.tokenizer.convert_ids_to_tokens([tid])[0])
         if tid in self.special:
             return Piece(text="", display=raw, special=True, partial=False)
         if self.byte_level:
@@ -120,7 +120,7 @@ class TextAssembler:
 
     def _push_by_prefix(self, tid: int, raw: str) -> Piece:
         self._ids.append(tid)
-        full = self.tokenizer.decode(self._ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        full = self._decode()
         stable = full.rstrip("\ufffd")
         owned = stable[len(self._done):] if stable.startswith(self._done) else ""
         if stable.startswith(self._done):
@@ -130,12 +130,18 @@ class TextAssembler:
         shown = owned or display(raw)
         return Piece(text=owned, display=shown + ("…" if partial and owned else ""), special=False, partial=partial)
 
+    def _decode(self) -> str:
+        text = self.tokenizer.decode(self._ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if not isinstance(text, str):  # decode returns a list only for a batch of sequences
+            raise TypeError(f"the tokenizer decoded {len(self._ids)} ids to {type(text).__name__}, not str")
+        return text
+
     def finish(self) -> str:
         """Characters still incomplete at the end (shown as U+FFFD), for the last token."""
         if self.byte_level:
             rest = self._utf8.decode(b"", final=True)
         else:
-            full = self.tokenizer.decode(self._ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            full = self._decode()
             rest = full[len(self._done):]
             self._done = full
         self.text += rest
@@ -163,10 +169,7 @@ def _tokens_by_offsets(tokenizer: PreTrainedTokenizerBase, text: str, ids: list[
     for i, (s, e) in enumerate(offsets):
         for c in range(s, min(e, len(text))):
             owner[c] = i
-    last_owned: dict[int, int] = {}
-    for c, i in enumerate(owner):
-        if i >= 0:
-            last_owned[i] = c
+    last_owned = {i: c for c, i in enumerate(owner) if i >= 0}  # later characters overwrite earlier
     owners = sorted(last_owned)
     tokens: list[Token] = []
     cursor = 0
@@ -192,7 +195,7 @@ def tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> list[Token]:
     that never overlap and rebuild ``text`` exactly once."""
     enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
     ids: list[int] = [int(i) for i in enc["input_ids"]]
-    raws: list[str] = tokenizer.convert_ids_to_tokens(ids)
+    raws = [str(r) for r in tokenizer.convert_ids_to_tokens(ids)]
     offsets = [(int(s), int(e)) for s, e in enc["offset_mapping"]]
     if is_byte_level(tokenizer):
         asm = TextAssembler(tokenizer)
@@ -236,7 +239,7 @@ def _out_of_context(tokenizer: PreTrainedTokenizerBase, tid: int) -> str:
     """One vocabulary entry on its own; bytes that are not whole characters as ‹hex›."""
     text = _decode_one(tokenizer, tid)
     if "\ufffd" in text and is_byte_level(tokenizer):
-        data = token_bytes(tokenizer, tokenizer.convert_ids_to_tokens([tid])[0])
+        data = token_bytes(tokenizer, str(tokenizer.convert_ids_to_tokens([tid])[0]))
         if data is not None and "\ufffd" not in data.decode("utf-8", "ignore"):
             return _mixed(data)
     return text

@@ -31,8 +31,8 @@ def analyse(page: object, base_url: str, text: str) -> None:
 @pytest.mark.parametrize("text", [CJK, EMOJI])
 def test_token_strip_shows_each_character_once(page: object, base_url: str, text: str) -> None:
     analyse(page, base_url, text)
-    page.wait_for_function(f"() => document.querySelectorAll('[data-testid=token]').length === "
-                           f"document.querySelector('[data-testid=attention-heatmap]').dataset.n * 1")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=token]').length === "
+                           "document.querySelector('[data-testid=attention-heatmap]').dataset.n * 1")
     shown = strip_markers("".join(page.locator("[data-testid=token] .t").all_text_contents())).replace("␣", " ")
     assert shown == text
     partial = page.locator("[data-testid=token].partial")

@@ -44,8 +44,8 @@ RUN_FIELDS = ("model", "tokens", "predictions", "heads", "timing_ms")
 
 def run_payload(run_id: str, cache: ActivationCache) -> dict[str, object]:
     """The RunOut shape as plain data (the engine builds it field by field)."""
-    return {"run_id": run_id, "text": cache.text, "causal": cache.causal, "n_layers": cache.n_layers, "n_heads": cache.n_heads,
-            **{k: cache.summary[k] for k in RUN_FIELDS}}
+    return {"run_id": run_id, "text": cache.text, "causal": cache.causal, "n_layers": cache.n_layers,
+            "n_heads": cache.n_heads, **{k: cache.summary[k] for k in RUN_FIELDS}}
 
 
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
