@@ -7,6 +7,7 @@ import { drawHeatmap, wireHover } from "./views/heatmap.js";
 import { HeadGrid } from "./views/headgrid.js";
 import { drawFocusBars, drawFocusLines } from "./views/focus.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
+import { Tools } from "./tools/tools.js"; // causal tools (issue 17): attribution, ablation, patching, lens, residual, compare
 
 const sliceCache = new Map(); // "run:layer:head" -> binary slice, for this page's runs
 let hoverWired = false;
@@ -110,6 +111,7 @@ function selectPos(pos) {
   drawFocus();
   drawNextSoon();
   toURL();
+  tools.update("pos", state);
 }
 
 async function selectHead(layer, head) {
@@ -120,9 +122,11 @@ async function selectHead(layer, head) {
   } catch (err) {
     showError(err.message);
   }
+  tools.update("head", state);
 }
 
 const grid = new HeadGrid($("#head-grid"), (layer, head) => selectHead(layer, head));
+const tools = new Tools($("#tools"), { selectHead, error: showError, prompt: () => $("#prompt").value });
 
 async function analyse(initial = {}) {
   const text = $("#prompt").value;
@@ -164,6 +168,7 @@ async function loadRun(run, initial = {}) {
   grid.render(run, $("#grid-sort").value, { layer, head }, model);
   drawNextSoon();
   loadSparsity(run);
+  tools.update("run", state);
 }
 
 async function loadSparsity(run) {

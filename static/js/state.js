@@ -24,6 +24,9 @@ export function subscribe(fn) {
   return () => listeners.delete(fn);
 }
 
+// more URL parameters, from views that own some (the causal tools: view=..., their inputs)
+export const urlExtras = [];
+
 // The view's state as a shareable URL: /?text=...&model=...&layer=L&head=H&pos=P
 export function toURL() {
   if (!state.run) return;
@@ -34,5 +37,6 @@ export function toURL() {
     head: state.head,
     pos: state.pos,
   });
+  for (const extra of urlExtras) for (const [k, v] of Object.entries(extra())) params.set(k, v);
   history.replaceState(null, "", `${location.pathname}?${params}`);
 }

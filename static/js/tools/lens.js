@@ -1,0 +1,31 @@
+// The logit lens: each stage of the residual stream read through the final norm and the LM
+// head; the top token and its probability, stage by position.
+import { getJSON } from "../api.js";
+import { el } from "../dom.js";
+import { SCALE } from "../views/colour.js";
+import { label, plot, tokenTicks } from "./common.js";
+
+const MAX_POSITIONS = 64;
+
+export async function render(body, ctx) {
+  const { run, pos } = ctx;
+  const lens = await getJSON(`/api/runs/${encodeURIComponent(run.run_id)}/logit-lens?top_k=1`);
+  const n = run.tokens.length;
+  // a window of at most MAX_POSITIONS positions that ends at (or holds) the focused one
+  const lo = Math.max(0, Math.min(pos - MAX_POSITIONS + 1 + Math.floor(MAX_POSITIONS / 4), n - MAX_POSITIONS));
+  const hi = Math.min(n, lo + MAX_POSITIONS);
+  const xs = Array.from({ length: hi - lo }, (_, i) => lo + i);
+  const chart = el("div", { class: "chart tool-chart tall", "data-testid": "logit-lens" });
+  body.replaceChildren(el("p", { class: "legend", text: `Positions ${lo}–${hi - 1} of ${n}: the top next-token guess after each ` +
+    "block (cell text) and its probability (colour). Rows: embeddings, then each block; the last row is the model's output." }), chart);
+  const z = lens.layers.map((l) => xs.map((i) => l.positions[i].top[0].prob));
+  const text = lens.layers.map((l) => xs.map((i) => label(l.positions[i].top[0].token)));
+  const ticks = tokenTicks(run.tokens.slice(lo, hi));
+  await plot(chart, [{ type: "heatmap", x: xs, y: lens.layers.map((l) => l.label), z, text, texttemplate: "%{text}",
+    textfont: { size: 9 }, colorscale: SCALE, zmin: 0, zmax: 1,
+    hovertemplate: "%{y} · position %{x}: %{text} (p=%{z:.3f})<extra></extra>" }],
+  { xaxis: { tickvals: ticks.tickvals.map((i) => i + lo), ticktext: ticks.ticktext, tickangle: -50 },
+    shapes: pos >= lo && pos < hi ? [{ type: "rect", x0: pos - 0.5, x1: pos + 0.5, y0: -0.5, y1: lens.layers.length - 0.5, line: { color: "#8b1f8f", width: 2 } }] : [] });
+  chart.dataset.stages = String(lens.layers.length);
+  chart.dataset.positions = String(xs.length);
+}

@@ -1,0 +1,104 @@
+// The causal tools under the explorer: one tab per view, each opened from the URL
+// (?view=attribution|ablate|patch|lens|residual|compare) and redrawn when the run, the
+// focused position or the selected head changes. Views live in their own modules.
+import { el } from "../dom.js";
+import { urlExtras } from "../state.js";
+import * as attribution from "./attribution.js";
+import * as ablation from "./ablation.js";
+import * as patching from "./patching.js";
+import * as lens from "./lens.js";
+import * as residual from "./residual.js";
+import * as compare from "./compare.js";
+
+const VIEWS = {
+  attribution: { title: "Attribution", module: attribution, on: ["run", "pos"] },
+  ablate: { title: "Ablate", module: ablation, on: ["run", "pos"] },
+  patch: { title: "Patch", module: patching, on: ["run"] },
+  lens: { title: "Logit lens", module: lens, on: ["run", "pos"] },
+  residual: { title: "Residual", module: residual, on: ["run", "pos"] },
+  compare: { title: "Compare a head", module: compare, on: ["run", "head"] },
+};
+// the URL parameters each view owns (kept in the shareable URL while it is open)
+const OWN = { attribution: ["token"], ablate: ["ablate", "mode"], patch: ["clean", "corrupted", "answer", "wrong"], compare: ["compare"] };
+
+export class Tools {
+  constructor(root, { selectHead, error, prompt }) {
+    this.root = root;
+    this.hooks = { selectHead, error, prompt };
+    this.view = null;
+    this.params = {};
+    this.state = null;
+    this.tabs = el("div", { class: "tool-tabs", role: "tablist" });
+    this.body = el("div", { class: "tool-body", "data-testid": "tool-body" });
+    for (const [key, v] of Object.entries(VIEWS)) {
+      this.tabs.append(el("button", { type: "button", role: "tab", "data-view": key, "data-testid": `tool-tab-${key}`, text: v.title,
+        onclick: () => this.open(key) }));
+    }
+    root.replaceChildren(this.tabs, this.body);
+    this.body.append(el("p", { class: "legend", text: "Causal tools: attribute a logit to heads and MLPs, ablate heads, " +
+      "patch activations between two prompts, read the logit lens and the residual stream, compare a head on two prompts." }));
+    urlExtras.push(() => this.urlParams());
+    const url = new URLSearchParams(location.search);
+    const view = url.get("view");
+    if (view && VIEWS[view]) {
+      this.view = view;
+      for (const k of OWN[view] || []) if (url.has(k)) this.params[k] = url.get(k);
+    }
+  }
+
+  // extra URL parameters for state.js's toURL
+  urlParams() {
+    if (!this.view) return {};
+    const own = Object.fromEntries((OWN[this.view] || []).filter((k) => this.params[k] !== undefined && this.params[k] !== "").map((k) => [k, this.params[k]]));
+    return { view: this.view, ...own };
+  }
+
+  open(view) {
+    if (this.view !== view) this.params = {};
+    this.view = view;
+    this.draw();
+  }
+
+  // called by the explorer: what changed ("run", "pos", "head") and the current state
+  update(what, state) {
+    this.state = state;
+    this.root.hidden = false;
+    if (this.view && VIEWS[this.view].on.includes(what)) this.draw();
+  }
+
+  async draw() {
+    if (!this.view || !this.state || !this.state.run) return;
+    for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === this.view));
+    this.root.hidden = false;
+    this.root.dataset.view = this.view;
+    const { run, pos, layer, head, model } = this.state;
+    this.syncURL();
+    if (model && !model.has_lm_head && this.view !== "compare" && this.view !== "residual") {
+      this.body.replaceChildren(el("p", { class: "legend", "data-testid": "tool-unavailable",
+        text: `${run.model} is an encoder without an LM head: attribution, ablation, patching and the logit lens need a decoder.` }));
+      return;
+    }
+    const ctx = {
+      run, pos, layer, head, params: this.params,
+      selectHead: this.hooks.selectHead,
+      error: this.hooks.error,
+      prompt: this.hooks.prompt,
+      setParams: (p) => { Object.assign(this.params, p); this.syncURL(); },
+    };
+    const body = el("div", { class: "tool-view", "data-testid": `tool-view-${this.view}` });
+    this.body.replaceChildren(body);
+    try {
+      await VIEWS[this.view].module.render(body, ctx);
+    } catch (err) {
+      this.hooks.error(err.message);
+    }
+  }
+
+  syncURL() {
+    const url = new URLSearchParams(location.search);
+    for (const keys of Object.values(OWN)) for (const k of keys) url.delete(k);
+    url.delete("view");
+    for (const [k, v] of Object.entries(this.urlParams())) url.set(k, v);
+    history.replaceState(null, "", `${location.pathname}?${url}`);
+  }
+}

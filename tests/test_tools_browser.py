@@ -1,0 +1,115 @@
+"""The causal tools in headless Chromium on the bundled model: each view opens from the URL."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlencode, urlparse
+
+import pytest
+
+from tests.browser import shot
+
+pytestmark = pytest.mark.browser
+PROMPT = "The cat sat on the mat. The cat sat on the mat."
+
+
+def open_view(page: object, base_url: str, view: str, **extra: str) -> None:
+    query = urlencode({"text": PROMPT, "model": "attnscope-tiny", "pos": "9", "view": view, **extra})
+    page.goto(f"{base_url}/?{query}")
+    page.wait_for_selector(f"[data-testid=tool-view-{view}]")
+
+
+def chart(page: object, testid: str) -> dict:
+    """The first trace of a plotly chart, once drawn."""
+    page.wait_for_function(f"() => {{ const d = document.querySelector('[data-testid={testid}]'); return d && d.data; }}")
+    return page.evaluate(f"""() => {{
+        const d = document.querySelector('[data-testid={testid}]');
+        return {{z: d.data[0].z, x: d.data[0].x, y: d.data[0].y, data: {{...d.dataset}}}};
+    }}""")
+
+
+def test_attribution_view_from_the_url_sums_and_selects_a_head(page: object, base_url: str) -> None:
+    open_view(page, base_url, "attribution")
+    heat = chart(page, "attribution-heatmap")
+    assert len(heat["z"]) == 4 and len(heat["z"][0]) == 8 + 2  # layers x (heads, attention bias, MLP)
+    data = heat["data"]
+    assert abs(float(data["sum"]) + float(data["error"]) - float(data["logit"])) < 1e-6
+    assert "float residue" in page.get_by_test_id("attribution-summary").text_content()
+    # a difference of two logits
+    options = page.locator("[data-testid=attribution-token-b] option")
+    page.get_by_test_id("attribution-token-b").select_option(options.nth(2).get_attribute("value"))
+    page.wait_for_function("() => document.querySelector('[data-testid=attribution-summary]').textContent.includes('−')")
+    # clicking a head cell selects that head in the explorer
+    page.evaluate("""() => {
+        const d = document.querySelector('[data-testid=attribution-heatmap]');
+        d.emit('plotly_click', {points: [{pointIndex: [2, 5]}]});
+    }""")
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.layer === '2'")
+    assert page.evaluate("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head") == "5"
+    assert parse_qs(urlparse(page.url).query)["view"] == ["attribution"]
+    shot(page, "tools-attribution")
+
+
+def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> None:
+    open_view(page, base_url, "ablate")
+    page.wait_for_selector("[data-testid=ablation-panel][data-heads='0']")
+    kl = chart(page, "ablation-kl")
+    assert kl["data"]["max"] == "0"  # nothing ablated: the model's own distribution
+    page.get_by_test_id("ablate-1-1").click()
+    page.wait_for_selector("[data-testid=ablation-panel][data-heads='1']")
+    page.wait_for_function("() => Number(document.querySelector('[data-testid=ablation-kl]').dataset.max) > 0")
+    assert page.get_by_test_id("ablate-1-1").get_attribute("aria-pressed") == "true"
+    assert "1 head(s) ablated (zero)" in page.get_by_test_id("ablation-note").text_content()
+    assert parse_qs(urlparse(page.url).query)["ablate"] == ["1.1"]
+    page.get_by_test_id("ablation-mode").select_option("mean")
+    page.wait_for_function("() => document.querySelector('[data-testid=ablation-note]').textContent.includes('(mean)')")
+    page.get_by_test_id("ablation-scan-button").click()
+    scan = chart(page, "ablation-scan")
+    assert scan["data"]["cells"] == str(4 * 9)
+    assert any(abs(v) > 0 for row in scan["z"] for v in row)
+    shot(page, "tools-ablation")
+
+
+def test_patch_view_from_the_url(page: object, base_url: str) -> None:
+    open_view(page, base_url, "patch", clean="When Mary and John went to the store, John gave a drink to",
+              corrupted="When Mary and John went to the store, Mary gave a drink to", answer=" Mary", wrong=" John")
+    page.wait_for_selector("[data-testid=patch-heatmap][data-stages='5']")
+    resid = chart(page, "patch-resid")
+    n = int(page.get_by_test_id("patch-heatmap").get_attribute("data-positions"))
+    assert len(resid["z"]) == 5 and len(resid["z"][0]) == n
+    assert abs(resid["z"][4][n - 1] - 1) < 1e-3  # the final residual at the answer position restores it all
+    heads = chart(page, "patch-heads")
+    assert len(heads["z"]) == 4 and len(heads["z"][0]) == 8
+    assert "first differ" in page.get_by_test_id("patch-summary").text_content()
+    # a bad pair: the message names the token counts
+    page.get_by_test_id("patch-corrupted").fill("When Mary and John went to the store, Mary gave a drink to her")
+    page.get_by_test_id("patch-run").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=error-message]').textContent.includes('tokens and the corrupted one')")
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
+    query = parse_qs(urlparse(page.url).query)
+    assert query["view"] == ["patch"] and query["answer"] == [" Mary"]
+    shot(page, "tools-patch")
+
+
+def test_lens_and_residual_views(page: object, base_url: str) -> None:
+    open_view(page, base_url, "lens")
+    lens = chart(page, "logit-lens")
+    assert len(lens["z"]) == 5  # embeddings + 4 blocks
+    page.get_by_test_id("tool-tab-residual").click()
+    res = chart(page, "residual-chart")
+    assert res["x"] == ["embed", "block 0", "block 1", "block 2", "block 3"]
+    assert page.get_by_test_id("residual-chart").get_attribute("data-pos") == "9"
+    page.get_by_test_id("token").nth(4).click()
+    page.wait_for_selector("[data-testid=residual-chart][data-pos='4']")
+    assert parse_qs(urlparse(page.url).query)["view"] == ["residual"]
+
+
+def test_compare_a_head_on_two_prompts(page: object, base_url: str) -> None:
+    open_view(page, base_url, "compare", compare="The dog sat on the mat. The dog sat on the mat.")
+    page.wait_for_selector("[data-testid=head-compare][data-n]")
+    box = page.get_by_test_id("head-compare")
+    assert box.get_attribute("data-n") == page.evaluate("() => String(document.querySelectorAll('[data-testid=token]').length)")
+    assert float(box.get_attribute("data-max-diff")) > 0
+    diff = chart(page, "compare-diff")
+    assert diff["z"][0][1] is None  # the causal mask stays empty in the difference
+    assert "Both prompts have" in page.get_by_test_id("compare-note").text_content()
+    shot(page, "tools-compare")
