@@ -24,8 +24,6 @@ from torch.utils.hooks import RemovableHandle
 from model.errors import BadInput
 from model.loading import LoadedModel
 
-# names an attention module gives its output projection, across the Hugging Face families
-OUT_PROJ_NAMES = ("o_proj", "c_proj", "dense", "out_proj", "wo", "o")
 # one budget for the batched forwards' largest tensors (attention scores, MLP hidden, logits)
 BATCH_BYTES = 256 * 2**20
 
@@ -76,28 +74,18 @@ def mlp_module(lm: LoadedModel, layer: int) -> nn.Module:
 
 
 def out_proj(lm: LoadedModel, layer: int) -> nn.Module:
-    """The attention module's output projection, whose input is the heads' ``z`` side by side."""
-    attn = attention_module(lm, layer)
-    for name in OUT_PROJ_NAMES:
-        found = getattr(attn, name, None)
-        if isinstance(found, nn.Module):
-            return found
-    raise BadInput(f"model {lm.info.name!r}: cannot find the attention output projection of layer {layer} "
-                   f"(looked for {', '.join(OUT_PROJ_NAMES)} in {type(attn).__name__})")
+    """The attention's output projection (``ArchSpec.out_proj``), whose input is the heads' ``z`` side by side."""
+    return lm.blocks[layer].get_submodule(lm.spec.out_proj)
 
 
-def _matrix(proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(d_in, d_out) weight and bias of a Linear or of GPT-2's Conv1D (which stores W as (in, out))."""
-    weight = getattr(proj, "weight", None)
-    if not isinstance(weight, torch.Tensor):
-        raise BadInput(f"the output projection {type(proj).__name__} has no weight matrix")
-    bias = getattr(proj, "bias", None)
-    bias = bias if isinstance(bias, torch.Tensor) else None
-    if isinstance(proj, nn.Linear):
-        return weight.T, bias
-    if type(proj).__name__ == "Conv1D":
-        return weight, bias
-    raise BadInput(f"the output projection {type(proj).__name__} is neither a Linear nor a Conv1D")
+def _matrix(lm: LoadedModel, proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(d_in, d_out) weight and bias of the projection, whichever way the family stores it."""
+    weight = proj.get_parameter("weight")
+    try:
+        bias: torch.Tensor | None = proj.get_parameter("bias")
+    except AttributeError:
+        bias = None
+    return (weight if lm.spec.out_proj_transposed else weight.T), bias
 
 
 @dataclass(frozen=True)
@@ -111,7 +99,7 @@ class HeadWeights:
 
 
 def head_weights(lm: LoadedModel, layer: int) -> HeadWeights:
-    w, b = _matrix(out_proj(lm, layer))  # (H * d_head, d_model)
+    w, b = _matrix(lm, out_proj(lm, layer))  # (H * d_head, d_model)
     n_heads = lm.info.n_heads
     if w.shape[0] % n_heads:
         raise BadInput(f"layer {layer}'s output projection takes {w.shape[0]} inputs, not a multiple of "
