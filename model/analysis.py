@@ -38,9 +38,9 @@ def induction_pairs(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     n = ids.shape[0]
     same = ids[:, None] == ids[None, :]  # (n, n): same[i, j] = token i is token j
-    follows = torch.zeros(n, n, dtype=torch.bool)
+    follows = torch.zeros(n, n, dtype=torch.bool, device=ids.device)
     follows[:, 1:] = same[:, :-1]  # follows[i, k]: token k-1 equals token i
-    follows &= torch.ones(n, n, dtype=torch.bool).tril(-1)  # key k < query i
+    follows &= torch.ones(n, n, dtype=torch.bool, device=ids.device).tril(-1)  # key k < query i
     q, k = follows.nonzero(as_tuple=True)
     return q, k
 
@@ -50,7 +50,7 @@ SAMPLE_ROWS = 128
 
 def previous_token_weights(pattern: torch.Tensor) -> torch.Tensor:
     """(..., n, n) -> (..., n - 1): the attention from each query i >= 1 to key i - 1."""
-    rows = torch.arange(1, pattern.shape[-1])
+    rows = torch.arange(1, pattern.shape[-1], device=pattern.device)
     return pattern[..., rows, rows - 1]
 
 
@@ -70,20 +70,22 @@ def head_scores(layer: int, pattern: torch.Tensor, ids: torch.Tensor) -> list[He
     average over that many evenly spaced rows: analysis stays a small fraction of the
     forward pass at n = 1,024.
     """
+    pattern = pattern.float()  # analysis maths in float32, whatever the model's dtype
+    ids = ids.to(pattern.device)
     n_heads, n, _ = pattern.shape
-    sub = pattern if n <= SAMPLE_ROWS else pattern[:, sample_rows(n)]  # (H, S, n)
+    sub = pattern if n <= SAMPLE_ROWS else pattern[:, sample_rows(n).to(pattern.device)]  # (H, S, n)
     entropy = -torch.special.xlogy(sub, sub).sum(-1).mean(-1)  # (H,)
     peak = sub.amax(-1).mean(-1)  # (H,)
     if n > 1:
         prev = previous_token_weights(pattern).mean(-1)  # (H,)
         first = pattern[:, 1:, 0].mean(-1)  # (H,)
     else:
-        prev = first = torch.zeros(n_heads)
+        prev = first = torch.zeros(n_heads, device=pattern.device)
     q, k = induction_pairs(ids)
     induction: list[float | None] = [None] * n_heads
     if len(q):
         # sum over all earlier copies of a query's token, then average over those queries
-        per_query = torch.zeros(n_heads, n).index_add_(1, q, pattern[:, q, k])  # (H, n)
+        per_query = torch.zeros(n_heads, n, device=pattern.device).index_add_(1, q, pattern[:, q, k])  # (H, n)
         induction = per_query[:, torch.unique(q)].mean(-1).tolist()
     return [
         HeadScore(layer=layer, head=h, entropy=float(entropy[h]), prev_token=float(prev[h]),
@@ -94,7 +96,7 @@ def head_scores(layer: int, pattern: torch.Tensor, ids: torch.Tensor) -> list[He
 
 def head_sparsity(layer: int, pattern: torch.Tensor, mass: float = 0.9) -> list[HeadSparsity]:
     """How concentrated each head is, exactly, over every query row. pattern: (H, n, n)."""
-    ordered = pattern.sort(dim=-1, descending=True).values  # (H, n, n)
+    ordered = pattern.float().sort(dim=-1, descending=True).values  # (H, n, n)
     cum = ordered.cumsum(-1)
     top1 = ordered[..., 0].mean(-1)
     top5 = cum[..., min(5, pattern.shape[-1]) - 1].mean(-1)
@@ -121,6 +123,7 @@ def predictions(logits: torch.Tensor, ids: torch.Tensor, k: int, chunk: int = 64
     (logsumexp, top-k, the rank of the true next token).
     """
     logits = logits.float()
+    ids = ids.to(logits.device)
     n = logits.shape[0]
     k = min(k, logits.shape[-1])
     nxt = torch.cat([ids[1:], ids[:1]])  # (n,): the last row's "next" is a placeholder, dropped below
@@ -179,7 +182,8 @@ def logit_lens(
     head: LMHead,
     k: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Push residual states through the final norm and the LM head.
+    """Read residual states as the model reads its last one: ``to_logits`` applies the final
+    norm, the LM head and the family's final logit transform ((n, d) -> (n, V) float32).
 
     Returns top-k (probs, ids), each (S, n, k). Run one stage at a time to keep the
     (n, V) logits of only one stage in memory.

@@ -13,8 +13,8 @@ import torch
 from model.errors import RunNotFound
 
 
-def tril_mask(n: int) -> torch.Tensor:
-    return torch.ones(n, n, dtype=torch.bool).tril()  # (n, n)
+def tril_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)
 
 
 @dataclass
@@ -93,7 +93,7 @@ class ActivationCache:
 def pack_pattern(pattern: torch.Tensor, causal: bool) -> torch.Tensor:
     """(H, n, n) -> (H, cells): drop the masked future of a causal pattern."""
     if causal:
-        return pattern[:, tril_mask(pattern.shape[-1])].contiguous()
+        return pattern[:, tril_mask(pattern.shape[-1], pattern.device)].contiguous()
     return pattern.reshape(pattern.shape[0], -1).contiguous()
 
 

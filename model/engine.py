@@ -54,7 +54,8 @@ class Engine:
         return self.models[key]
 
     def token_limit(self, lm: LoadedModel) -> int:
-        return min(self.max_tokens, lm.info.max_positions)
+        """ATTNSCOPE_MAX_TOKENS, bounded only by the model's positions (ALiBi models have no bound)."""
+        return self.max_tokens if lm.info.max_positions is None else min(self.max_tokens, lm.info.max_positions)
 
     def tokenize(self, lm: LoadedModel, text: str) -> list[Token]:
         if not text.strip():
@@ -146,8 +147,7 @@ class Engine:
         if not 0 <= position < cache.n:
             raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
         with lm.lock, torch.inference_mode():
-            h = cache.resid[-1][position]  # (d,)
-            logits = head.logits(h)  # (V,)
+            logits = head.logits(cache.resid[-1][position])  # (V,) float32
         logp = (logits / temperature).log_softmax(-1)
         probs = logp.exp()
         top = probs.topk(min(top_k, probs.shape[-1]))

@@ -72,16 +72,17 @@ class GenerationSession:
 
     def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
         """Feed the tokens the cache has not seen; returns the next-token logits (V,)."""
+        ids = new_ids[None, :].to(self.lm.input_device)  # (1, q)
         with self.lm.lock, torch.inference_mode():
             if self.recorder is None:
-                out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
+                out = self.lm.model(input_ids=ids, cache=self.cache, use_cache=True)
             else:
                 with hooked(self.lm) as acts:
-                    out = self.lm.model(input_ids=new_ids[None, :], cache=self.cache, use_cache=True)
+                    out = self.lm.model(input_ids=ids, cache=self.cache, use_cache=True)
                 self.recorder.add(acts, out.logits[0])
         self.cache = out.cache
         logits: torch.Tensor = out.logits[0, -1]  # (V,)
-        return logits.float()
+        return logits.float().cpu()  # sampling runs on the CPU with its own generator
 
     @property
     def at_eos(self) -> bool:

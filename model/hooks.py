@@ -1,4 +1,5 @@
-"""Capture activations with temporary forward hooks.
+"""Capture activations for one forward: the attention through ``model.capture``,
+the residual stream with temporary forward hooks.
 
 Hooks are global state on the model (TransformerLens' lesson): they are registered
 for one forward and always removed in ``finally``, so nothing piles up between
@@ -9,11 +10,19 @@ name                          shape               what
 ============================  ==================  =====================================
 blocks.{i}.hook_resid_pre     (n, d_model)        residual stream entering block i
 blocks.{i}.attn.hook_pattern  (heads, n, n)       post-softmax attention, query x key
-blocks.{i}.hook_attn_out      (n, d_model)        attention sublayer's output
-blocks.{i}.hook_mlp_out       (n, d_model)        MLP sublayer's output
+blocks.{i}.attn.hook_rot_q    (heads, n, d_head)  post-rotary queries (interface families, on request)
+blocks.{i}.attn.hook_rot_k    (kv_heads, n, d_head) post-rotary keys, K/V heads not repeated (on request)
+blocks.{i}.hook_attn_out      (n, d_model)        what attention adds to the residual stream
+blocks.{i}.hook_mlp_out       (n, d_model)        what the MLP adds to the residual stream
 blocks.{i}.hook_resid_post    (n, d_model)        residual stream leaving block i
-logits                        (n, vocab)          the LM head's output (decoders)
+logits                        (n, vocab)          the model's final logits (decoders)
 ============================  ==================  =====================================
+
+Every captured tensor is float32 (a copy when the model runs in another dtype, or
+when the model later writes into the tensor in place), detached, on the device of
+the layer that produced it. ``attn_out`` / ``mlp_out`` are the contributions as
+``model/arch.py`` defines them per family (normed for sandwich blocks, scaled for
+Granite).
 """
 
 from __future__ import annotations
@@ -26,15 +35,47 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from model import capture
+from model.capture import AttentionCall, LazyMask
 from model.errors import AttentionUnavailable
 from model.loading import LoadedModel
 
 HOOK_KINDS = ("hook_resid_pre", "attn.hook_pattern", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
+ON_REQUEST_KINDS = ("attn.hook_rot_q", "attn.hook_rot_k")
 Filter = Callable[[str], bool]
 
 
+def hook_name(layer: int, kind: str) -> str:
+    """``hook_name(3, "attn.hook_pattern")`` -> ``"blocks.3.attn.hook_pattern"``."""
+    return f"blocks.{layer}.{kind}"
+
+
 def hook_names(n_layers: int) -> list[str]:
-    return [f"blocks.{i}.{kind}" for i in range(n_layers) for kind in HOOK_KINDS]
+    """The names a default capture fills (the on-request Q/K are not among them)."""
+    return [hook_name(i, kind) for i in range(n_layers) for kind in HOOK_KINDS]
+
+
+class Captures(dict[str, torch.Tensor]):
+    """Activations by name, plus what each layer's attention saw (``calls``), filled during forwards."""
+
+    def __init__(self, wanted: Filter) -> None:
+        super().__init__()
+        self.wanted = wanted
+        self.calls: dict[int, AttentionCall] = {}
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, pattern: torch.Tensor,
+                  call: AttentionCall) -> None:
+        """The capture point's callback (model.capture): q (H, r, dh), k (Hkv, kv, dh), pattern (H, r, kv)."""
+        self.calls[layer] = call
+        offset = int(call.mask.kwargs.get("kv_offset", 0)) if isinstance(call.mask, LazyMask) else 0
+        if self.wanted(name := hook_name(layer, "attn.hook_pattern")):
+            if offset:  # a sliding-window cache kept only the last keys: put them at their positions
+                pattern = torch.nn.functional.pad(pattern, (offset, 0))
+            self[name] = pattern
+        if self.wanted(name := hook_name(layer, "attn.hook_rot_q")):
+            self[name] = q.float()
+        if self.wanted(name := hook_name(layer, "attn.hook_rot_k")):
+            self[name] = k.float()
 
 
 def _first(output: Any) -> torch.Tensor:
@@ -44,54 +85,65 @@ def _first(output: Any) -> torch.Tensor:
     return value
 
 
-def _squeeze(t: torch.Tensor) -> torch.Tensor:
-    return t[0].detach()  # drop the batch of one: (1, ...) -> (...)
+def _rows(t: torch.Tensor, copy: bool) -> torch.Tensor:
+    """(1, n, d) or (n, d) -> (n, d) float32, detached (a batch of one)."""
+    t = t.detach()
+    t = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    return t.to(torch.float32, copy=copy)
 
 
-def _add_hooks(lm: LoadedModel, store: dict[str, torch.Tensor], wanted: Filter) -> list[RemovableHandle]:
+def _add_hooks(lm: LoadedModel, store: Captures) -> list[RemovableHandle]:
     handles: list[RemovableHandle] = []
+    wanted = store.wanted
+    spec = lm.spec
+    scale = float(getattr(lm.model.config, spec.residual_scale)) if spec.residual_scale else None
 
-    def save_output(name: str, pick: Callable[[Any], torch.Tensor | None]) -> Callable[..., None]:
+    def save_output(name: str, copy: bool = False, factor: float | None = None) -> Callable[..., None]:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
-            value = pick(output)
-            if value is None:
+            value = _rows(_first(output), copy)
+            store[name] = value * factor if factor is not None else value
+
+        return hook
+
+    def save_pattern(name: str) -> Callable[..., None]:
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if weights is None:
                 raise AttentionUnavailable(
                     f"{name}: the attention module returned no weights; attnscope needs the eager "
                     "attention implementation (attn_implementation='eager')"
                 )
-            store[name] = _squeeze(value)
+            store[name] = weights[0].detach().float()  # (H, q, kv)
 
         return hook
 
     def save_input(name: str) -> Callable[..., None]:
         def hook(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
             hidden = args[0] if args else kwargs["hidden_states"]
-            store[name] = _squeeze(hidden)
+            store[name] = _rows(hidden, copy=True)
 
         return hook
 
-    spec = lm.spec
     for i, block in enumerate(lm.blocks):
-        prefix = f"blocks.{i}"
-        if wanted(f"{prefix}.hook_resid_pre"):
-            handles.append(block.register_forward_pre_hook(save_input(f"{prefix}.hook_resid_pre"), with_kwargs=True))
-        if wanted(f"{prefix}.attn.hook_pattern"):
-            handles.append(block.get_submodule(spec.pattern).register_forward_hook(
-                save_output(f"{prefix}.attn.hook_pattern", lambda out: out[1])))
-        if wanted(f"{prefix}.hook_attn_out"):
+        if wanted(name := hook_name(i, "hook_resid_pre")):
+            handles.append(block.register_forward_pre_hook(save_input(name), with_kwargs=True))
+        if spec.capture == "module" and wanted(name := hook_name(i, "attn.hook_pattern")):
+            handles.append(block.get_submodule(spec.attn).register_forward_hook(save_pattern(name)))
+        if wanted(name := hook_name(i, "hook_attn_out")):
             handles.append(block.get_submodule(spec.attn_out).register_forward_hook(
-                save_output(f"{prefix}.hook_attn_out", _first)))
-        if wanted(f"{prefix}.hook_mlp_out"):
+                save_output(name, factor=scale)))
+        if wanted(name := hook_name(i, "hook_mlp_out")):
             handles.append(block.get_submodule(spec.mlp_out).register_forward_hook(
-                save_output(f"{prefix}.hook_mlp_out", _first)))
-        if wanted(f"{prefix}.hook_resid_post"):
-            handles.append(block.register_forward_hook(save_output(f"{prefix}.hook_resid_post", _first)))
+                save_output(name, copy=spec.mutates_mlp_out, factor=scale)))
+        if wanted(name := hook_name(i, "hook_resid_post")):
+            handles.append(block.register_forward_hook(save_output(name, copy=True)))
     return handles
 
 
 def _filter(names: Iterable[str] | Filter | None) -> Filter:
     if names is None:
-        return lambda _name: True
+        defaults = set(HOOK_KINDS)
+        return lambda name: name == "logits" or name.split(".", 2)[-1] in defaults
     if callable(names):
         return names
     chosen = set(names)
@@ -99,17 +151,22 @@ def _filter(names: Iterable[str] | Filter | None) -> Filter:
 
 
 @contextmanager
-def hooked(lm: LoadedModel, names: Iterable[str] | Filter | None = None) -> Iterator[dict[str, torch.Tensor]]:
+def hooked(lm: LoadedModel, names: Iterable[str] | Filter | None = None) -> Iterator[Captures]:
     """Hooks live only inside the ``with``: every forward run there fills the dict.
 
     With the KV cache a step's forward sees one new query: its pattern is then
     (heads, 1, keys) and its residual tensors (1, d_model).
     """
-    store: dict[str, torch.Tensor] = {}
-    handles = _add_hooks(lm, store, _filter(names))
+    store = Captures(_filter(names))
+    attention_modules = [block.get_submodule(lm.spec.attn) for block in lm.blocks]
+    handles: list[RemovableHandle] = []
     try:
+        handles = _add_hooks(lm, store)
+        if lm.spec.capture == "interface":
+            capture.activate(attention_modules, store)
         yield store
     finally:
+        capture.deactivate(attention_modules)
         for handle in handles:
             handle.remove()
 
@@ -118,7 +175,7 @@ def run_with_cache(
     lm: LoadedModel,
     input_ids: torch.Tensor,  # (n,)
     names: Iterable[str] | Filter | None = None,
-) -> dict[str, torch.Tensor]:
+) -> Captures:
     """One forward over all positions; returns the captured activations by name.
 
     ``names`` keeps only what was asked for (a list of names or a predicate), like
@@ -126,7 +183,15 @@ def run_with_cache(
     """
     wanted = _filter(names)
     with hooked(lm, wanted) as store, torch.inference_mode():
-        out = lm.model(input_ids=input_ids[None, :], use_cache=False)
+        out = lm.model(input_ids=input_ids[None, :].to(lm.input_device), use_cache=False)
+    missing = [name for i in range(lm.info.n_layers) if wanted(name := hook_name(i, "attn.hook_pattern"))
+               and name not in store]
+    if missing:
+        raise AttentionUnavailable(
+            f"{missing[0]}: the attention never reached attnscope's capture point (the model runs "
+            f"{lm.model.config._attn_implementation!r} attention); attnscope needs attn_implementation="
+            f"{lm.spec.attn_implementation!r}"
+        )
     logits = getattr(out, "logits", None)
     if logits is not None and wanted("logits"):
         store["logits"] = logits[0].float()  # (n, vocab)

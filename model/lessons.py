@@ -40,15 +40,18 @@ def _value_vectors(lm: LoadedModel, layer: int, ids: torch.Tensor) -> tuple[torc
     handle = block.get_submodule(spec.values).register_forward_hook(keep)
     try:
         with torch.inference_mode():
-            lm.model(input_ids=ids[None], use_cache=False)
+            lm.model(input_ids=ids[None].to(lm.input_device), use_cache=False)
     finally:
         handle.remove()
     out = seen["v"]  # (n, ...)
     n = out.shape[0]
-    if spec.value_layout == "fused_gpt2":
-        v = out[:, 2 * d :].view(n, H, dh)
+    if spec.value_layout == "fused_gpt2":  # [q | k | v]: the values are the last n_kv_heads * d_head features
+        v = out[:, out.shape[-1] - info.n_kv_heads * dh :].reshape(n, info.n_kv_heads, dh)
+        v = v.repeat_interleave(H // info.n_kv_heads, dim=1)
     elif spec.value_layout == "fused_neox":
         v = out.view(n, H, 3 * dh)[..., 2 * dh :]
+    elif spec.value_layout == "fused_grouped":  # per K/V group: [q ... q k v]
+        v = out.view(n, info.n_kv_heads, -1, dh)[:, :, -1].repeat_interleave(H // info.n_kv_heads, dim=1)
     else:  # grouped-query: each K/V head serves n_heads / n_kv_heads query heads
         v = out.view(n, info.n_kv_heads, dh).repeat_interleave(H // info.n_kv_heads, dim=1)
     w_o = out_w.T.reshape(H, dh, d)  # (H, dh, d): head h's slice of the output projection
@@ -99,7 +102,7 @@ def anatomy(lm: LoadedModel) -> dict[str, Any]:
     model, spec = lm.model, lm.spec
     blocks = lm.blocks
     block_of = {id(p): i for i, b in enumerate(blocks) for p in b.parameters()}
-    attn_root = spec.pattern.split(".")[0] + "."
+    attn_root = spec.attn.split(".")[0] + "."
     mlp_prefixes = spec.mlp_params
     per_layer = [{"layer": i, "attention": 0, "mlp": 0, "norms": 0} for i in range(len(blocks))]
     totals = {"token_embedding": 0, "position_embedding": 0, "final_norm_and_other": 0, "lm_head": 0}

@@ -23,15 +23,15 @@ def repeated_random_tokens(vocab_size: int, length: int, seed: int = 0) -> torch
 
 def induction_scores(lm: LoadedModel, length: int = 50, seeds: int = 4) -> list[list[float]]:
     """(layers x heads) mean attention from i to i - length + 1 in the second copy. Caller holds the lock."""
-    length = min(length, lm.info.max_positions // 2)
+    length = min(length, (lm.info.max_positions or 2 * length) // 2)
     totals = torch.zeros(lm.info.n_layers, lm.info.n_heads)
     for seed in range(seeds):
         ids = repeated_random_tokens(lm.info.vocab_size, length, seed)
         acts = run_with_cache(lm, ids, lambda name: name.endswith("hook_pattern"))
-        q = torch.arange(length, 2 * length)
         for layer in range(lm.info.n_layers):
             pattern = acts[f"blocks.{layer}.attn.hook_pattern"]  # (H, 2L, 2L)
-            totals[layer] += pattern[:, q, q - length + 1].mean(-1)
+            q = torch.arange(length, 2 * length, device=pattern.device)
+            totals[layer] += pattern[:, q, q - length + 1].mean(-1).cpu()
     return (totals / seeds).tolist()
 
 

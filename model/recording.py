@@ -42,7 +42,7 @@ class Recorder:
             parts = [c[name] for c in self.chunks]
             if name.endswith("attn.hook_pattern"):
                 heads = parts[0].shape[0]
-                full = torch.zeros(heads, n, n)
+                full = torch.zeros(heads, n, n, device=parts[0].device)
                 row = 0
                 for p in parts:  # (H, rows, keys): keys = every position up to the last row
                     full[:, row : row + p.shape[1], : p.shape[2]] = p

@@ -70,7 +70,7 @@ def anatomy(name: str, engine: EngineDep) -> AnatomyOut:
             summary="How the model encodes position: its learned table, or its rotary frequencies")
 def positions(name: str, engine: EngineDep, count: Annotated[int, Query(ge=1, le=1024)] = 64) -> PositionsOut:
     lm = engine.model(name)
-    return PositionsOut(model=name, **lessons.position_table(lm, min(count, lm.info.max_positions)))
+    return PositionsOut(model=name, **lessons.position_table(lm, min(count, lm.info.max_positions or count)))
 
 
 @router.post("/timing", response_model=TimingOut, responses=ERRORS,
