@@ -15,7 +15,6 @@ from tests.conftest import ARCHS
 
 TEXT = "The cat sat on the mat. The cat sat on the mat again."
 CLEAN = "When Mary and John went to the store, John gave a drink to"
-CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
 
 
 def _hook_counts(lm: LoadedModel) -> list[int]:
@@ -143,11 +142,12 @@ def test_head_out_of_range_names_the_range(engine: Engine, tiny_models: dict[str
 
 
 def _pair(lm: LoadedModel) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """Two prompts that differ at one token, 4 from the end; answer and wrong are those two tokens."""
     clean = ids_tensor(tokenize(lm.tokenizer, CLEAN))
-    corrupted = ids_tensor(tokenize(lm.tokenizer, CORRUPTED))
-    answer = patching.single_token(lm, " Mary", "answer")
-    wrong = patching.single_token(lm, " John", "wrong")
-    return clean, corrupted, answer, wrong
+    corrupted = clean.clone()
+    d = clean.shape[0] - 4
+    corrupted[d] = (int(clean[d]) + 1) % lm.info.vocab_size
+    return clean, corrupted, int(clean[d]), int(corrupted[d])
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -193,11 +193,12 @@ def test_patching_at_an_earlier_position_ignores_later_tokens(tiny_models: dict[
 def test_patching_refuses_what_it_cannot_do(tiny_models: dict[str, LoadedModel]) -> None:
     lm = tiny_models["gpt2"]
     clean, corrupted, answer, wrong = _pair(lm)
-    with pytest.raises(patching.BadInput, match=r"has 15 tokens and the corrupted one 14|tokens and the corrupted"):
+    with pytest.raises(patching.BadInput, match=rf"has {len(clean) + 1} tokens and the corrupted one {len(clean)};"):
         patching.patch(lm, torch.cat([clean, clean[:1]]), corrupted, answer, wrong)
     with pytest.raises(patching.BadInput, match="same metric"):
         patching.patch(lm, clean, clean, answer, wrong)
-    with pytest.raises(patching.BadInput, match="exactly one token"):
+    pieces = len(lm.tokenizer(" Mary Mary", add_special_tokens=False)["input_ids"])
+    with pytest.raises(patching.BadInput, match=f"is {pieces} tokens for this model.*exactly one token"):
         patching.single_token(lm, " Mary Mary", "answer")
     with pytest.raises(patching.BadInput, match="TFLOP"):
         patching.patch(lm, clean, corrupted, answer, wrong, max_flops=1.0)

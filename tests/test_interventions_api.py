@@ -7,6 +7,8 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
+from model.engine import Engine
+from model.tokens import display, tokenize
 from tests.conftest import ARCHS
 
 TEXT = "The cat sat on the mat. The cat sat on the mat again."
@@ -114,12 +116,18 @@ def test_patch_endpoint(client: TestClient) -> None:
     assert out["clean"]["metric"] != out["corrupted"]["metric"]
 
 
-def test_patch_refusals_name_the_problem(client: TestClient) -> None:
+def test_patch_refusals_name_the_problem(client: TestClient, engine: Engine) -> None:
+    tokenizer = engine.model("tiny-gpt2").tokenizer
+    count = len(tokenize(tokenizer, CLEAN))
     base = {"clean": CLEAN, "corrupted": CORRUPTED, "answer": " Mary", "wrong": " John"}
     r = client.post("/api/patch", json={**base, "corrupted": CORRUPTED + " her"})
-    assert r.status_code == 422 and "14 tokens and the corrupted one 15" in r.json()["message"]
+    longer = len(tokenize(tokenizer, CORRUPTED + " her"))
+    assert r.status_code == 422 and f"{count} tokens and the corrupted one {longer}" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "answer": " Mary Ann"})
-    assert r.status_code == 422 and "answer ' Mary Ann' is 3 tokens for this model ([' Mary', ' An', 'n'])" in r.json()["message"]
+    pieces = [display(t) for t in tokenizer.convert_ids_to_tokens(tokenizer(" Mary Ann", add_special_tokens=False)["input_ids"])]
+    assert len(pieces) > 1
+    assert r.status_code == 422
+    assert f"answer ' Mary Ann' is {len(pieces)} tokens for this model ({pieces})" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "corrupted": CLEAN})
     assert r.status_code == 422 and "same metric" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "wrong": " Mary"})

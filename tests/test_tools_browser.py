@@ -18,6 +18,14 @@ def open_view(page: object, base_url: str, view: str, **extra: str) -> None:
     page.wait_for_selector(f"[data-testid=tool-view-{view}]")
 
 
+def shape(page: object) -> tuple[int, int]:
+    """(layers, heads) of the bundled model, as the page's run reports them."""
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell]').length > 0")
+    layers = page.evaluate("() => new Set([...document.querySelectorAll('[data-testid=head-cell]')].map(c => c.dataset.layer)).size")
+    heads = page.get_by_test_id("head-cell").count() // layers
+    return layers, heads
+
+
 def chart(page: object, testid: str) -> dict:
     """The first trace of a plotly chart, once drawn."""
     page.wait_for_function(f"() => {{ const d = document.querySelector('[data-testid={testid}]'); return d && d.data; }}")
@@ -29,8 +37,9 @@ def chart(page: object, testid: str) -> dict:
 
 def test_attribution_view_from_the_url_sums_and_selects_a_head(page: object, base_url: str) -> None:
     open_view(page, base_url, "attribution")
+    layers, heads = shape(page)
     heat = chart(page, "attribution-heatmap")
-    assert len(heat["z"]) == 4 and len(heat["z"][0]) == 8 + 2  # layers x (heads, attention bias, MLP)
+    assert len(heat["z"]) == layers and len(heat["z"][0]) == heads + 2  # layers x (heads, attention bias, MLP)
     data = heat["data"]
     assert abs(float(data["sum"]) + float(data["error"]) - float(data["logit"])) < 1e-6
     assert "float residue" in page.get_by_test_id("attribution-summary").text_content()
@@ -41,16 +50,17 @@ def test_attribution_view_from_the_url_sums_and_selects_a_head(page: object, bas
     # clicking a head cell selects that head in the explorer
     page.evaluate("""() => {
         const d = document.querySelector('[data-testid=attribution-heatmap]');
-        d.emit('plotly_click', {points: [{pointIndex: [2, 5]}]});
+        d.emit('plotly_click', {points: [{pointIndex: [1, 2]}]});
     }""")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.layer === '2'")
-    assert page.evaluate("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head") == "5"
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.layer === '1'")
+    assert page.evaluate("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head") == "2"
     assert parse_qs(urlparse(page.url).query)["view"] == ["attribution"]
     shot(page, "tools-attribution")
 
 
 def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> None:
     open_view(page, base_url, "ablate")
+    layers, heads = shape(page)
     page.wait_for_selector("[data-testid=ablation-panel][data-heads='0']")
     kl = chart(page, "ablation-kl")
     assert kl["data"]["max"] == "0"  # nothing ablated: the model's own distribution
@@ -64,7 +74,7 @@ def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> 
     page.wait_for_function("() => document.querySelector('[data-testid=ablation-note]').textContent.includes('(mean)')")
     page.get_by_test_id("ablation-scan-button").click()
     scan = chart(page, "ablation-scan")
-    assert scan["data"]["cells"] == str(4 * 9)
+    assert scan["data"]["cells"] == str(layers * (heads + 1))
     assert any(abs(v) > 0 for row in scan["z"] for v in row)
     shot(page, "tools-ablation")
 
@@ -72,13 +82,14 @@ def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> 
 def test_patch_view_from_the_url(page: object, base_url: str) -> None:
     open_view(page, base_url, "patch", clean="When Mary and John went to the store, John gave a drink to",
               corrupted="When Mary and John went to the store, Mary gave a drink to", answer=" Mary", wrong=" John")
-    page.wait_for_selector("[data-testid=patch-heatmap][data-stages='5']")
+    layers, heads = shape(page)
+    page.wait_for_selector(f"[data-testid=patch-heatmap][data-stages='{layers + 1}']")
     resid = chart(page, "patch-resid")
     n = int(page.get_by_test_id("patch-heatmap").get_attribute("data-positions"))
-    assert len(resid["z"]) == 5 and len(resid["z"][0]) == n
-    assert abs(resid["z"][4][n - 1] - 1) < 1e-3  # the final residual at the answer position restores it all
-    heads = chart(page, "patch-heads")
-    assert len(heads["z"]) == 4 and len(heads["z"][0]) == 8
+    assert len(resid["z"]) == layers + 1 and len(resid["z"][0]) == n
+    assert abs(resid["z"][layers][n - 1] - 1) < 1e-3  # the final residual at the answer position restores it all
+    grid = chart(page, "patch-heads")
+    assert len(grid["z"]) == layers and len(grid["z"][0]) == heads
     assert "first differ" in page.get_by_test_id("patch-summary").text_content()
     # a bad pair: the message names the token counts
     page.get_by_test_id("patch-corrupted").fill("When Mary and John went to the store, Mary gave a drink to her")
@@ -92,11 +103,12 @@ def test_patch_view_from_the_url(page: object, base_url: str) -> None:
 
 def test_lens_and_residual_views(page: object, base_url: str) -> None:
     open_view(page, base_url, "lens")
+    layers, _ = shape(page)
     lens = chart(page, "logit-lens")
-    assert len(lens["z"]) == 5  # embeddings + 4 blocks
+    assert len(lens["z"]) == layers + 1  # embeddings + every block
     page.get_by_test_id("tool-tab-residual").click()
     res = chart(page, "residual-chart")
-    assert res["x"] == ["embed", "block 0", "block 1", "block 2", "block 3"]
+    assert res["x"] == ["embed"] + [f"block {i}" for i in range(layers)]
     assert page.get_by_test_id("residual-chart").get_attribute("data-pos") == "9"
     page.get_by_test_id("token").nth(4).click()
     page.wait_for_selector("[data-testid=residual-chart][data-pos='4']")
