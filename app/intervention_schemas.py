@@ -53,7 +53,8 @@ class AblateRequest(Strict):
 class Candidate(BaseModel):
     id: int
     token: str
-    prob: float
+    prob: float = Field(description="after the ablation")
+    prob_before: float = Field(description="the model's own probability of this token")
 
 
 class AblatedNext(BaseModel):

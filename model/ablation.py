@@ -41,7 +41,8 @@ Mode = Literal["zero", "mean"]
 @dataclass(frozen=True)
 class Candidate:
     id: int
-    prob: float
+    prob: float  # after the ablation
+    prob_before: float  # the model's own
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ def ablate(lm: LoadedModel, cache: ActivationCache, heads: list[tuple[int, int]]
             actual = ActualNext(nxt, float(before[pos, nxt]), float(after[pos, nxt]))
         result.append(AblatedPosition(
             position=pos, kl=float(kl[pos]),
-            top=[Candidate(int(i), float(p)) for i, p in zip(top.indices[pos], top.values[pos], strict=True)],
+            top=[Candidate(int(i), float(p), float(before[pos, i]))
+                 for i, p in zip(top.indices[pos], top.values[pos], strict=True)],
             actual_next=actual))
     return result
 

@@ -100,6 +100,7 @@ def test_ablating_no_head_changes_nothing(engine: Engine, tiny_models: dict[str,
         positions = ablation.ablate(lm, cache, [], mode)
         assert [p.kl for p in positions] == [0.0] * cache.n
         for p in positions:
+            assert all(c.prob == c.prob_before for c in p.top)
             if p.actual_next is not None:
                 assert p.actual_next.prob_after == p.actual_next.prob_before
 

@@ -78,7 +78,7 @@ def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -
     return AblateOut(heads=heads, mode=body.mode, positions=[
         AblatedPosition(
             position=p.position, kl=p.kl,
-            top=[Candidate(id=c.id, token=strings[c.id], prob=c.prob) for c in p.top],
+            top=[Candidate(id=c.id, token=strings[c.id], prob=c.prob, prob_before=c.prob_before) for c in p.top],
             actual_next=None if p.actual_next is None else AblatedNext(
                 id=p.actual_next.id, token=strings[p.actual_next.id], prob_before=p.actual_next.prob_before,
                 prob_after=p.actual_next.prob_after))

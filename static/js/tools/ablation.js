@@ -49,9 +49,14 @@ export async function render(body, ctx) {
     if (mine !== seq) return;
     const p = res.positions[pos];
     const top = p.top.slice().reverse();
-    await plot(next, [{ type: "bar", orientation: "h", x: top.map((c) => c.prob), y: top.map((c) => label(c.token)),
-      hovertemplate: "%{y}: %{x:.3f}<extra></extra>", marker: { color: "#2171b5" } }],
-    { margin: { l: 90, r: 10, t: 30, b: 30 }, xaxis: { rangemode: "tozero", title: { text: "probability after ablation" } },
+    const names = top.map((c, i) => `${top.length - i}. ${label(c.token)}`);
+    await plot(next, [
+      { type: "bar", orientation: "h", name: "before", x: top.map((c) => c.prob_before), y: names,
+        hovertemplate: "%{y}: %{x:.3f} before<extra></extra>", marker: { color: "#bdbdbd" } },
+      { type: "bar", orientation: "h", name: "after", x: top.map((c) => c.prob), y: names,
+        hovertemplate: "%{y}: %{x:.3f} after<extra></extra>", marker: { color: "#2171b5" } }],
+    { barmode: "group", legend: { orientation: "h", y: -0.25 }, margin: { l: 110, r: 10, t: 30, b: 50 },
+      xaxis: { rangemode: "tozero", title: { text: "probability" } },
       title: { text: `next token after position ${pos}`, font: { size: 12 } } });
     const ticks = tokenTicks(run.tokens);
     await plot(kl, [{ type: "heatmap", z: [res.positions.map((q) => q.kl)], y: ["KL"], colorscale: SCALE, zmin: 0,
