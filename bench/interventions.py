@@ -5,11 +5,13 @@ For each model and prompt length n:
           position but one: ``model.ablation.scan`` (many ablations per batched forward, the
           clean prompt riding along) against one batch-1 forward per ablation with the same hooks;
   patch:  activation patching of every site (resid stages, attention and MLP outputs by
-          position, every head) for two prompts that differ at one token, 8 tokens before the
-          end: ``model.patching.patch`` against one batch-1 forward per patch with the same hooks.
+          position, every head) for two prompts that differ at one token, ``--diff-from-end``
+          tokens before the end: ``model.patching.patch`` against one batch-1 forward per patch with the same hooks.
 The one-at-a-time loops time ``--sample`` interventions evenly spread over all of them and
 scale to the full count (each is a forward over the same prefix: their cost is the same);
-the batched side runs in full. Both sides are checked to give the same numbers.
+the batched side runs in full. Both sides are checked to give the same numbers. Torch runs
+``--threads`` intra-op threads (default 1: on a shared, loaded machine two threads spend
+most of a small forward waiting for each other, which would flatter batching).
 
     python bench/interventions.py --write BENCHMARKS.md
 """
@@ -65,11 +67,11 @@ def bench_scan(lm: LoadedModel, engine: Engine, text: str, sample: int) -> dict[
             "batched_s": batched, "single_s": single, "sampled": len(picked)}
 
 
-def bench_patch(lm: LoadedModel, text: str, sample: int) -> dict[str, float]:
+def bench_patch(lm: LoadedModel, text: str, sample: int, from_end: int) -> dict[str, float]:
     clean = torch.tensor(lm.tokenizer(text)["input_ids"])  # (n,)
     n = clean.shape[0]
     corrupted = clean.clone()
-    corrupted[n - 8] = (int(clean[n - 8]) + 1) % lm.info.vocab_size
+    corrupted[n - from_end] = (int(clean[n - from_end]) + 1) % lm.info.vocab_size
     answer, wrong = int(clean[-1]), (int(clean[-1]) + 7) % lm.info.vocab_size
     t0 = time.perf_counter()
     result = patching.patch(lm, clean, corrupted, answer, wrong, max_flops=float("inf"))
@@ -95,14 +97,14 @@ def bench_patch(lm: LoadedModel, text: str, sample: int) -> dict[str, float]:
             "batched_s": batched, "single_s": single, "sampled": len(picked)}
 
 
-def measure(name: str, source: str, lengths: list[int], sample: int) -> list[dict[str, object]]:
+def measure(name: str, source: str, lengths: list[int], sample: int, from_end: int) -> list[dict[str, object]]:
     lm = load_model(name, source)
     engine = Engine({name: lm}, name, RunStore(4 << 30), 1024)
     rows: list[dict[str, object]] = []
     for n in lengths:
         text = prompt_of(lm.tokenizer, n)
         logits(lm, torch.tensor(lm.tokenizer(text)["input_ids"])[None], keep=1)  # warm-up
-        for row in (bench_scan(lm, engine, text, sample), bench_patch(lm, text, sample)):
+        for row in (bench_scan(lm, engine, text, sample), bench_patch(lm, text, sample, from_end)):
             row = {"model": name, "n": n, **row}
             log.info("%(model)s n=%(n)d %(what)s: %(count)d interventions, batched %(batched_s).2f s "
                      "(%(forwards)d forwards), one at a time %(single_s).2f s", row)
@@ -124,21 +126,26 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", default="64,256")
-    p.add_argument("--sample", type=int, default=48, help="one-at-a-time interventions timed per row")
+    p.add_argument("--sample", type=int, default=12, help="one-at-a-time interventions timed per row")
     p.add_argument("--write", type=Path, default=None, help="replace this section of the given markdown file")
     p.add_argument("--tmp", type=Path, default=Path("/tmp/attnscope-bench"))
     p.add_argument("--models", default="attnscope-tiny,gpt2-small-random")
+    p.add_argument("--diff-from-end", type=int, default=4, help="where the patching prompts differ")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     args = p.parse_args()
+    torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
     sources = {"attnscope-tiny": "bundled:attnscope-tiny", "gpt2-small-random": None}
     rows = []
     for name in args.models.split(","):
         source = sources[name] or str(gpt2_small_folder(args.tmp))
-        rows += measure(name, source, lengths, args.sample)
+        rows += measure(name, source, lengths, args.sample, args.diff_from_end)
     text = table(rows)
     sys.stdout.write(text + "\n")
     if args.write:
-        write_section(args.write, "interventions", text, "python bench/interventions.py --write BENCHMARKS.md")
+        command = (f"python bench/interventions.py --sample {args.sample} --diff-from-end {args.diff_from_end} "
+                   f"--threads {args.threads} --write BENCHMARKS.md")
+        write_section(args.write, "interventions", text, command)
 
 
 if __name__ == "__main__":
