@@ -71,6 +71,7 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    from app.encoding import rows_from_f32_base64
     from app.svg_export import heatmap_svg
 
     try:
@@ -84,8 +85,15 @@ def _export(args: argparse.Namespace) -> int:
                          f"heads 0..{len(attention[0]) - 1}\n")
         return 1
     tokens = [t["text"] for t in run["tokens"]]
+    head = attention[args.layer][args.head]
+    if run.get("attention_encoding") == "f32-le-base64":  # attnscope-run/2: exact float32 cells
+        try:
+            head = rows_from_f32_base64(head, len(tokens), run["causal"])
+        except ValueError as exc:
+            sys.stderr.write(f"attnscope: {args.run}: {exc}\n")
+            return 1
     title = f"{run['model']} · layer {args.layer} head {args.head} · {len(tokens)} tokens"
-    args.svg.write_text(heatmap_svg(attention[args.layer][args.head], tokens, run["causal"], title), encoding="utf-8")
+    args.svg.write_text(heatmap_svg(head, tokens, run["causal"], title), encoding="utf-8")
     sys.stdout.write(f"attnscope: wrote {args.svg}\n")
     return 0
 

@@ -12,6 +12,8 @@ prompts visible (1/1024 is q = 8) while a weight near 1 is within 0.004.
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import torch
 
@@ -20,6 +22,27 @@ def sqrt_u8(packed: torch.Tensor) -> bytes:
     """(..., cells) float weights in [0, 1] -> bytes, one per cell."""
     q = torch.round(packed.clamp(0, 1).sqrt() * 255).to(torch.uint8)
     return q.numpy().tobytes()
+
+
+def f32_le(packed: torch.Tensor) -> bytes:
+    """(..., cells) weights -> little-endian float32 bytes, exact."""
+    return packed.to(torch.float32).numpy().astype("<f4").tobytes()
+
+
+def f32_base64(packed: torch.Tensor) -> str:
+    """(cells,) one head's visible cells -> base64 of little-endian float32: exact and ~5.3
+    characters a cell, where JSON numbers with float32's 9 significant digits take ~12."""
+    return base64.b64encode(f32_le(packed)).decode("ascii")
+
+
+def rows_from_f32_base64(data: str, n: int, causal: bool) -> list[list[float]]:
+    """The inverse of f32_base64, split into rows (causal: row i holds i+1 keys)."""
+    values = np.frombuffer(base64.b64decode(data), dtype="<f4").astype(np.float64)
+    widths = [i + 1 for i in range(n)] if causal else [n] * n
+    if len(values) != sum(widths):
+        raise ValueError(f"expected {sum(widths)} float32 cells for n = {n}, found {len(values)}")
+    starts = np.cumsum([0, *widths[:-1]])
+    return [values[s : s + w].tolist() for s, w in zip(starts, widths, strict=True)]
 
 
 def decode_sqrt_u8(data: bytes) -> np.ndarray:

@@ -90,6 +90,20 @@ def test_attention_binary_is_one_byte_per_visible_cell(client: TestClient) -> No
     np.testing.assert_array_equal(head_block, decode_sqrt_u8(r.content))
 
 
+def test_attention_f32_is_exact(client: TestClient, engine: Engine) -> None:
+    """format=f32: the real weights for a reader (hover), where the 8-bit bytes are for drawing."""
+    run = analyse(client)
+    n = len(run["tokens"])
+    r = client.get(f"/api/runs/{run['run_id']}/attention", params={"layer": 1, "head": 2, "format": "f32"})
+    assert r.headers["x-attn-encoding"] == "f32" and len(r.content) == 4 * n * (n + 1) // 2
+    cells = np.frombuffer(r.content, dtype="<f4")
+    packed = engine.run(run["run_id"]).packed(1, 2)[0].numpy()
+    np.testing.assert_array_equal(cells, packed)
+    coarse = decode_sqrt_u8(client.get(f"/api/runs/{run['run_id']}/attention",
+                                       params={"layer": 1, "head": 2, "format": "bin"}).content)
+    assert np.abs(coarse - cells).max() > 1e-4  # the drawing bytes alone could not give 3 significant digits
+
+
 def test_attention_all_heads_json(client: TestClient) -> None:
     run = analyse(client)
     body = client.get(f"/api/runs/{run['run_id']}/attention", params={"layer": 1}).json()

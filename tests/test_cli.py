@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
+from app.encoding import rows_from_f32_base64
 from tests.servers import free_port
 
 
@@ -77,8 +79,13 @@ def test_export_run_to_svg(client_for_export: tuple, tmp_path: Path) -> None:
     assert body.status_code == 200 and "attachment" in body.headers["content-disposition"]
     run = body.json()
     n = len(run["tokens"])
-    assert run["format"] == "attnscope-run/1" and len(run["attention"]) == 2 and len(run["attention"][0]) == 4
-    assert [len(r) for r in run["attention"][1][3]] == list(range(1, n + 1))
+    assert run["format"] == "attnscope-run/2" and len(run["attention"]) == 2 and len(run["attention"][0]) == 4
+    head = rows_from_f32_base64(run["attention"][1][3], n, causal=True)
+    assert [len(r) for r in head] == list(range(1, n + 1))
+    exact = client.get(f"/api/runs/{run_id}/attention", params={"layer": 1, "head": 3, "format": "f32"})
+    assert exact.headers["x-attn-encoding"] == "f32"
+    cells = np.frombuffer(exact.content, dtype="<f4")
+    assert [v for r in head for v in r] == cells.astype(np.float64).tolist()  # the export keeps every float32 bit
     path = tmp_path / "run.json"
     path.write_bytes(body.content)
     out = tmp_path / "head.svg"

@@ -10,7 +10,7 @@ import torch
 from fastapi import APIRouter, Query, Response
 
 from app.deps import EngineDep, GateDep
-from app.encoding import rows, sqrt_u8
+from app.encoding import f32_base64, f32_le, rows, sqrt_u8
 from app.schemas import (
     AttentionOut,
     ErrorOut,
@@ -35,7 +35,9 @@ BINARY_DOC = (
     "row-major by query (causal: row i holds keys 0..i; encoder: n keys per row), heads one "
     "after another when no head is given. A byte q means weight (q/255)². The shape is in "
     "the headers X-Attn-N, X-Attn-Heads, X-Attn-Causal, X-Attn-Layer, X-Attn-Head and "
-    "X-Attn-Encoding (sqrt-u8)."
+    "X-Attn-Encoding (sqrt-u8). With `format=f32` the same cells are little-endian float32, "
+    "the exact weights (4 bytes a cell; X-Attn-Encoding: f32): what a reader of values wants "
+    "where the 8-bit view is for drawing."
 )
 
 
@@ -92,7 +94,7 @@ def attention(
     engine: EngineDep,
     layer: Annotated[int, Query(ge=-(2**31), le=2**31)],
     head: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
-    format: Literal["json", "bin"] = "json",
+    format: Literal["json", "bin", "f32"] = "json",
     size: Annotated[int | None, Query(ge=2, le=256, description="bin only: mean-pool each head to size x size "
                                       "(full square, masked cells 0) for thumbnails; ignored when n <= size")] = None,
 ) -> Response:
@@ -106,13 +108,15 @@ def attention(
                    "X-Attn-Head": "all" if head is None else str(head), "X-Attn-Encoding": "sqrt-u8-pooled"}
         return Response(sqrt_u8(pooled.reshape(pooled.shape[0], -1)), media_type="application/octet-stream",
                         headers=headers)
-    if format == "bin":
+    if format in ("bin", "f32"):
         selected = cache.packed(layer, head)  # (H or 1, cells)
         headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(selected.shape[0]),
                    "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
-                   "X-Attn-Head": "all" if head is None else str(head), "X-Attn-Encoding": "sqrt-u8",
+                   "X-Attn-Head": "all" if head is None else str(head),
+                   "X-Attn-Encoding": "sqrt-u8" if format == "bin" else "f32",
                    "Cache-Control": "private, max-age=3600"}
-        return Response(sqrt_u8(selected), media_type="application/octet-stream", headers=headers)
+        body = sqrt_u8(selected) if format == "bin" else f32_le(selected)
+        return Response(body, media_type="application/octet-stream", headers=headers)
     pattern = cache.pattern(layer)  # (H, n, n)
     if head is not None:
         return _json({"layer": layer, "head": head, "n": cache.n, "causal": cache.causal,
@@ -164,15 +168,18 @@ def next_token(run_id: str, engine: EngineDep,
 
 @router.get("/runs/{run_id}/export", responses=ERRORS,
             summary="The whole run as one JSON file: summary, model, text and every head's attention rows",
-            description="Attention rows are rounded to 4 decimals, rows as in the attention endpoint. "
+            description="Attention keeps full float32 precision: `attention[layer][head]` is base64 of the "
+                        "head's visible cells as little-endian float32, row-major as in the attention "
+                        "endpoint's binary form (causal row i holds keys 0..i). "
                         "`attnscope export RUN.json --layer L --head H --svg out.svg` turns it into a figure.")
 def export_run(run_id: str, engine: EngineDep) -> Response:
     cache = engine.run(run_id)
     lm = engine.model(cache.model)
-    payload = {"format": "attnscope-run/1", "run_id": run_id, "text": cache.text,
+    payload = {"format": "attnscope-run/2", "run_id": run_id, "text": cache.text,
                "model_info": dict(lm.info.__dict__), "causal": cache.causal,
                **{k: cache.summary[k] for k in RUN_FIELDS},
-               "attention": [[rows(h, cache.causal, decimals=4) for h in cache.pattern(layer)]
+               "attention_encoding": "f32-le-base64",
+               "attention": [[f32_base64(cells) for cells in cache.packed(layer)]
                              for layer in range(cache.n_layers)]}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.json"'})
