@@ -18,22 +18,37 @@ async function check(response) {
   throw new ApiError(response.status, message);
 }
 
-export async function getJSON(url) {
-  return (await check(await fetch(url))).json();
+// Every fetch may carry an AbortSignal: a newer request aborts the one it replaces.
+export async function getJSON(url, { signal } = {}) {
+  return (await check(await fetch(url, { signal }))).json();
 }
 
-export async function postJSON(url, body) {
-  const r = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+export async function postJSON(url, body, { signal } = {}) {
+  const r = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal });
   return (await check(r)).json();
+}
+
+// A streamed POST (Server-Sent Events) whose errors read like the JSON API's.
+export async function postStream(url, body, { signal } = {}) {
+  return check(await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal }));
+}
+
+export const isAbort = (err) => err && err.name === "AbortError";
+
+// The exact weights of one head (format=f32): what hover reads, where the bytes are for drawing.
+export async function getAttentionF32(runId, layer, head) {
+  const params = new URLSearchParams({ layer, head, format: "f32" });
+  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`));
+  return new Float32Array(await r.arrayBuffer());
 }
 
 // Binary layout (see /docs): one byte q per visible cell, weight = (q/255)^2, row-major by
 // query; causal rows hold i+1 keys. Returns {n, heads, causal, size, data: Float32Array}.
-export async function getAttentionBin(runId, layer, head = null, size = null) {
+export async function getAttentionBin(runId, layer, head = null, size = null, { signal } = {}) {
   const params = new URLSearchParams({ layer, format: "bin" });
   if (head !== null) params.set("head", head);
   if (size !== null) params.set("size", size);
-  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`));
+  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`, { signal }));
   const bytes = new Uint8Array(await r.arrayBuffer());
   const data = new Float32Array(bytes.length);
   for (let i = 0; i < bytes.length; i++) { const v = bytes[i] / 255; data[i] = v * v; }

@@ -1,16 +1,20 @@
 // The explorer: analyse a prompt once, then look at it head by head and token by token.
 import { $, el, fmt, showToken } from "./dom.js";
-import { getAttentionBin, getJSON, postJSON, readSSE } from "./api.js";
-import { state, set, toURL } from "./state.js";
+import { getAttentionBin, getAttentionF32, getJSON, isAbort, postJSON, postStream, readSSE } from "./api.js";
+import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
-import { drawHeatmap, wireHover } from "./views/heatmap.js";
+import { cellText, drawHeatmap, rangesFrom, ticks, wireHover } from "./views/heatmap.js";
 import { HeadGrid } from "./views/headgrid.js";
 import { drawFocusBars, drawFocusLines } from "./views/focus.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
 import { Tools } from "./tools/tools.js"; // causal tools (issue 17): attribution, ablation, patching, lens, residual, compare
 
 const sliceCache = new Map(); // "run:layer:head" -> binary slice, for this page's runs
+const exactCache = new Map(); // "run:layer:head" -> exact float32 cells, for hover
+const DEFAULT_PROMPT = "I love artificial intelligence";
 let hoverWired = false;
+
+// ---- errors and the one request in flight ------------------------------------------------
 
 function showError(message) {
   const box = $("#error");
@@ -18,10 +22,52 @@ function showError(message) {
   box.hidden = !message;
 }
 
-function busy(on) {
-  $("#busy").hidden = !on;
-  $("#analyze").disabled = on;
+// Report a failed fetch to the person; an aborted one was replaced on purpose.
+function report(err) {
+  if (isAbort(err)) return;
+  showError(err && err.message ? err.message : String(err));
 }
+
+// The newest request wins: starting one aborts the one before, and every await checks
+// that its request is still the latest before it touches the page.
+let current = null;
+function begin(kind) {
+  if (current) current.controller.abort();
+  current = { kind, controller: new AbortController(), steps: 0 };
+  busy(current);
+  return current;
+}
+const latest = (req) => req === current;
+function end(req) {
+  if (!latest(req)) return;
+  current = null;
+  busy(null);
+}
+
+function busy(req) {
+  const box = $("#busy");
+  box.hidden = !req;
+  box.textContent = !req ? "" : req.kind === "generate" ? "generating…" : "running the model…";
+  document.body.dataset.busy = req ? req.kind : "";
+  updateGenerate();
+}
+
+// Generate needs a decoder with an LM head, and no other run in flight: say why it cannot act.
+function updateGenerate() {
+  const picked = state.models.find((m) => m.name === $("#model-picker").value) || state.model;
+  let why = "";
+  if (picked && !picked.has_lm_head) why = `${picked.name} is an encoder without an LM head: it reads text but cannot generate it.`;
+  else if (current && current.kind === "analyse") why = "Generate waits until the model has finished analysing.";
+  else if (current && current.kind === "generate") why = "Generating… pressing Analyse or an example stops it.";
+  const button = $("#generate");
+  button.disabled = Boolean(why);
+  button.title = why || "generate token by token, recording every step";
+  $("#gen-count").disabled = Boolean(why) && !(current && current.kind === "generate");
+  $("#gen-why").textContent = why;
+  $("#gen-why").hidden = !why;
+}
+
+// ---- drawing --------------------------------------------------------------------------------
 
 function fillSelect(select, count, prefix, value) {
   select.replaceChildren(...Array.from({ length: count }, (_, i) => el("option", { value: String(i), text: `${prefix} ${i}` })));
@@ -35,29 +81,29 @@ function describeModel(m) {
     `${m.causal ? "decoder (causal mask)" : "encoder (full attention)"}, ${(m.n_params / 1e6).toFixed(1)}M parameters`;
 }
 
-async function loadSlice() {
-  const { run, layer, head } = state;
-  const key = `${run.run_id}:${layer}:${head}`;
-  if (!sliceCache.has(key)) sliceCache.set(key, getAttentionBin(run.run_id, layer, head));
-  try {
-    return await sliceCache.get(key);
-  } catch (err) {
-    sliceCache.delete(key);
-    throw err;
-  }
+function cached(cache, key, load) {
+  if (!cache.has(key)) cache.set(key, load().catch((err) => { cache.delete(key); throw err; }));
+  return cache.get(key);
 }
 
 async function drawHead() {
   const { run, layer, head } = state;
-  const slice = await loadSlice();
+  const key = `${run.run_id}:${layer}:${head}`;
+  const slice = await cached(sliceCache, key, () => getAttentionBin(run.run_id, layer, head));
   if (state.run !== run || state.layer !== layer || state.head !== head) return; // a newer choice won
   state.slice = slice;
+  state.exact = null;
+  cached(exactCache, key, () => getAttentionF32(run.run_id, layer, head)).then((exact) => {
+    if (state.slice !== slice) return;
+    state.exact = exact;
+    readout();
+  }).catch(report);
   const score = run.heads.find((h) => h.layer === layer && h.head === head);
   const title = `layer ${layer}, head ${head} · entropy ${fmt(score.entropy, 2)} · prev-token ${fmt(score.prev_token, 2)} · ` +
     `first-token ${fmt(score.first_token, 2)}${score.induction === null ? "" : ` · induction ${fmt(score.induction, 2)}`}`;
   $("#heat-title").textContent = `${run.tokens.length} tokens`;
   const div = $("#heatmap");
-  await drawHeatmap(div, slice, run.tokens, { colour: state.colour, title });
+  await drawHeatmap(div, slice, run.tokens, { colour: state.colour, title, zoom: state.zoom, cell: { q: state.pos, k: state.key } });
   div.dataset.n = String(slice.n);
   div.dataset.layer = String(layer);
   div.dataset.head = String(head);
@@ -66,13 +112,16 @@ async function drawHead() {
     wireHover(div, $("#heat-tip"), () => state);
     div.on("plotly_click", (ev) => {
       const pt = ev.points.find((p) => p.data.type === "heatmap");
-      if (pt) selectPos(pt.y);
+      if (pt) selectCell(pt.y, pt.x);
     });
+    div.on("plotly_relayout", (ev) => onRelayout(ev));
     hoverWired = true;
   }
   $("#layer-picker").value = String(layer);
   $("#head-picker").value = String(head);
+  showZoomInputs();
   drawFocus();
+  readout();
   toURL();
 }
 
@@ -100,18 +149,40 @@ function drawNextSoon(delay = 0) {
       const next = await fetchNext(run.run_id, pos, temperature);
       if (state.run === run && state.pos === pos) drawNext($("#next-chart"), $("#next-actual"), next);
     } catch (err) {
-      showError(err.message);
+      report(err);
     }
   }, delay);
 }
 
-function selectPos(pos) {
-  set({ pos });
+// ---- selection: cell, token, head ---------------------------------------------------------
+
+function readout() {
+  if (!state.slice) return;
+  $("#cell-readout").textContent = cellText(state, state.pos, state.key).replace(/\n/g, " · ");
+}
+
+function moveCell() {
+  const div = $("#heatmap");
+  if (!div.layout) return;
+  const { pos: q, key: k } = state;
+  window.Plotly.relayout(div, { shapes: [{ type: "rect", x0: k - 0.5, x1: k + 0.5, y0: q - 0.5, y1: q + 0.5, line: { color: "#d6336c", width: 2 }, layer: "above" }] });
+}
+
+function selectCell(pos, key = pos) {
+  const before = state.pos;
+  const visible = state.slice && state.slice.causal ? Math.min(key, pos) : key;
+  set({ pos, key: Math.max(0, visible) });
   markSelected($("#tokens"), pos);
+  moveCell();
   drawFocus();
+  readout();
   drawNextSoon();
   toURL();
-  tools.update("pos", state);
+  if (pos !== before) tools.update("pos", state);
+}
+
+function selectPos(pos) {
+  selectCell(pos, pos);
 }
 
 async function selectHead(layer, head) {
@@ -120,26 +191,90 @@ async function selectHead(layer, head) {
   try {
     await drawHead();
   } catch (err) {
-    showError(err.message);
+    report(err);
   }
   tools.update("head", state);
 }
 
-const grid = new HeadGrid($("#head-grid"), (layer, head) => selectHead(layer, head));
+const grid = new HeadGrid($("#head-grid"), (layer, head) => selectHead(layer, head), report);
 const tools = new Tools($("#tools"), { selectHead, error: showError, prompt: () => $("#prompt").value });
+
+// Arrow keys move the selected cell (the query with up/down, the key with left/right).
+function heatmapKeys(ev) {
+  if (!state.run) return;
+  const n = state.run.tokens.length;
+  const moves = { ArrowUp: [-1, 0], ArrowDown: [1, 0], ArrowLeft: [0, -1], ArrowRight: [0, 1], Home: [0, -n], End: [0, n] };
+  if (!moves[ev.key]) return;
+  ev.preventDefault();
+  const [dq, dk] = moves[ev.key];
+  const q = Math.max(0, Math.min(n - 1, state.pos + dq));
+  let k = Math.max(0, Math.min(n - 1, state.key + dk));
+  if (state.slice && state.slice.causal) k = Math.min(k, q);
+  selectCell(q, k);
+}
+
+// ---- zoom -------------------------------------------------------------------------------------
+
+function showZoomInputs() {
+  const z = state.zoom;
+  for (const [id, v] of [["#zoom-q0", z?.q0], ["#zoom-q1", z?.q1], ["#zoom-k0", z?.k0], ["#zoom-k1", z?.k1]]) $(id).value = v ?? "";
+}
+
+function relabel(zoom) {
+  const n = state.run.tokens.length;
+  const z = zoom || { q0: 0, q1: n - 1, k0: 0, k1: n - 1 };
+  const x = ticks(state.run.tokens, z.k0, z.k1), y = ticks(state.run.tokens, z.q0, z.q1);
+  return { "xaxis.tickvals": x.tickvals, "xaxis.ticktext": x.ticktext, "yaxis.tickvals": y.tickvals, "yaxis.ticktext": y.ticktext };
+}
+
+let relabelling = false;
+// A drag-zoom (or double-click reset) in plotly: the inputs, the labels and the URL follow.
+function onRelayout(ev) {
+  if (relabelling || !state.run) return;
+  const keys = Object.keys(ev || {});
+  if (!keys.some((k) => k.startsWith("xaxis.range") || k.startsWith("yaxis.range") || k.endsWith("autorange"))) return;
+  const n = state.run.tokens.length;
+  const zoom = rangesFrom($("#heatmap"), n);
+  set({ zoom });
+  showZoomInputs();
+  relabelling = true;
+  Promise.resolve(window.Plotly.relayout($("#heatmap"), relabel(zoom))).finally(() => { relabelling = false; });
+  toURL();
+}
+
+function zoom() {
+  if (!state.run) return;
+  const n = state.run.tokens.length;
+  const get = (id, dflt) => { const v = $(id).value; return v === "" ? dflt : Math.max(0, Math.min(n - 1, Math.round(Number(v)))); };
+  let [q0, q1, k0, k1] = [get("#zoom-q0", 0), get("#zoom-q1", n - 1), get("#zoom-k0", 0), get("#zoom-k1", n - 1)];
+  if (q0 > q1) [q0, q1] = [q1, q0];
+  if (k0 > k1) [k0, k1] = [k1, k0];
+  const z = q0 === 0 && k0 === 0 && q1 === n - 1 && k1 === n - 1 ? null : { q0, q1, k0, k1 };
+  set({ zoom: z });
+  relabelling = true;
+  Promise.resolve(window.Plotly.relayout($("#heatmap"), {
+    "xaxis.range": [k0 - 0.5, k1 + 0.5], "yaxis.range": [q1 + 0.5, q0 - 0.5], ...relabel(z),
+  })).finally(() => { relabelling = false; });
+  showZoomInputs();
+  toURL();
+}
+
+// ---- analyse --------------------------------------------------------------------------------
 
 async function analyse(initial = {}) {
   const text = $("#prompt").value;
   const modelName = $("#model-picker").value || undefined;
   showError("");
-  busy(true);
+  hideStatus();
+  const req = begin("analyse");
   try {
-    const run = await postJSON("/api/runs", { text, model: modelName, top_k: 10 });
+    const run = await postJSON("/api/runs", { text, model: modelName, top_k: 10 }, { signal: req.controller.signal });
+    if (!latest(req)) return;
     await loadRun(run, initial);
   } catch (err) {
-    showError(err.message);
+    if (latest(req)) report(err);
   } finally {
-    busy(false);
+    end(req);
   }
 }
 
@@ -149,15 +284,23 @@ async function loadRun(run, initial = {}) {
   const layer = clamp(initial.layer, run.n_layers, 0);
   const head = clamp(initial.head, run.n_heads, 0);
   const pos = clamp(initial.pos, run.tokens.length, run.tokens.length - 1);
-  set({ run, model, layer, head, pos, slice: null });
+  let key = clamp(initial.key, run.tokens.length, pos);
+  if (run.causal) key = Math.min(key, pos);
+  const n = run.tokens.length;
+  const z = initial.zoom;
+  const zoomOk = z && [z.q0, z.q1, z.k0, z.k1].every((v) => v >= 0 && v < n) && z.q0 <= z.q1 && z.k0 <= z.k1;
+  set({ run, model, layer, head, pos, key, slice: null, exact: null, zoom: zoomOk ? z : null });
   $("#explorer").hidden = false;
   renderTokens($("#tokens"), run, selectPos);
   markSelected($("#tokens"), pos);
   fillSelect($("#layer-picker"), run.n_layers, "layer", layer);
   fillSelect($("#head-picker"), run.n_heads, "head", head);
   $("#model-summary").textContent = describeModel(model);
+  $("#model-summary").title = describeModel(model);
   $("#timeline-box").hidden = true;
+  updateGenerate();
   await drawHead();
+  if (state.run !== run) return;
   if (initial.steps) {
     const tl = $("#timeline");
     tl.max = String(initial.steps);
@@ -165,7 +308,7 @@ async function loadRun(run, initial = {}) {
     $("#timeline-value").textContent = `all ${initial.steps} generated tokens`;
     $("#timeline-box").hidden = false; // shown once the full run is drawn
   }
-  grid.render(run, $("#grid-sort").value, { layer, head }, model);
+  grid.render(run, state.sort, { layer, head }, model);
   drawNextSoon();
   loadSparsity(run);
   tools.update("run", state);
@@ -178,23 +321,45 @@ async function loadSparsity(run) {
     heads.forEach((s, i) => Object.assign(run.heads[i], s));
     grid.annotate(run);
   } catch (err) {
-    showError(err.message);
+    report(err);
   }
 }
 
-// Generate with the KV cache, recording every step: the heatmap fills row by row as
-// tokens stream in, then the recording becomes an ordinary run with a timeline.
-async function generateAndRecord() {
-  if (!state.run) await analyse();
-  if (!state.run || !state.model.has_lm_head) return;
-  const text = $("#prompt").value;
-  const body = { text, model: state.run.model, max_new_tokens: Number($("#gen-count").value), temperature: Number($("#gen-temp").value),
-                 top_k: 0, top_p: 1, seed: 0, record: true, watch_layer: state.layer, watch_head: state.head };
+// ---- generate -------------------------------------------------------------------------------
+
+function hideStatus() {
+  $("#gen-status").hidden = true;
+  $("#gen-continue").hidden = true;
+}
+
+function showStatus(message, offerContinue = false) {
+  $("#gen-status span").textContent = message;
+  $("#gen-status").hidden = false;
+  $("#gen-continue").hidden = !offerContinue;
+}
+
+let lastGeneration = null; // the request body, so that "continue past end-of-text" can repeat it
+
+// Generate with the KV cache, recording every step: the heatmap fills row by row as tokens
+// stream in — redrawn at most once per animation frame, so the page keeps up with the stream
+// and stays responsive — then the recording becomes an ordinary run with a timeline.
+async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
+  if (text !== null) $("#prompt").value = text;
+  if (!state.run || state.run.text !== $("#prompt").value || state.run.model !== $("#model-picker").value) await analyse();
+  if (!state.run || !state.model.has_lm_head || current) return;
+  const prompt = $("#prompt").value;
+  const asked = Math.max(1, Math.round(Number($("#gen-count").value) || 1));
+  const body = { text: prompt, model: state.run.model, max_new_tokens: asked, temperature: Number($("#gen-temp").value),
+                 top_k: 0, top_p: 1, seed: 0, stop_at_eos: stopAtEos, record: true, watch_layer: state.layer, watch_head: state.head };
+  lastGeneration = body;
   const { layer, head } = state;
   showError("");
-  busy(true);
+  hideStatus();
+  const req = begin("generate");
   const rows = [];
   const tokens = state.run.tokens.slice();
+  const div = $("#heatmap");
+  let frame = 0, draws = 0, steps = 0, done = null, runId = null;
   const live = () => {
     const n = rows.length;
     const data = new Float32Array(n * (n + 1) / 2);
@@ -202,30 +367,54 @@ async function generateAndRecord() {
     for (const r of rows) for (const v of r) data[k++] = v;
     return { n, heads: 1, causal: true, size: null, data };
   };
+  const draw = () => {
+    frame = 0;
+    if (!latest(req) || !rows.length) return;
+    drawHeatmap(div, live(), tokens.slice(0, rows.length), { colour: state.colour, title: `recording · layer ${layer} head ${head} · ${rows.length} rows` });
+    draws += 1;
+    div.dataset.liveRows = String(rows.length);
+    div.dataset.liveDraws = String(draws);
+    $("#busy").textContent = `generating… ${steps} of ${asked} tokens`;
+  };
   try {
-    const r = await fetch("/api/generate", { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
-    if (!r.ok) throw new Error((await r.json()).message);
-    let runId = null;
-    let steps = 0;
+    const r = await postStream("/api/generate", body, { signal: req.controller.signal });
     for await (const ev of readSSE(r)) {
+      if (!latest(req)) return;
       if (ev.data.rows) rows.push(...ev.data.rows);
       if (ev.event === "token") {
         steps += 1;
-        tokens.push({ index: tokens.length, id: ev.data.id, text: ev.data.token, start: 0, end: 0 });
+        req.steps = steps;
+        tokens.push({ index: tokens.length, id: ev.data.id, text: ev.data.token, start: 0, end: 0, special: ev.data.special, partial: ev.data.partial });
+        div.dataset.liveTokens = String(steps);
       }
       if (ev.event === "run") runId = ev.data.run_id;
-      if (rows.length) {
-        await drawHeatmap($("#heatmap"), live(), tokens.slice(0, rows.length), { colour: state.colour, title: `recording · layer ${layer} head ${head} · ${rows.length} rows` });
-        $("#heatmap").dataset.liveRows = String(rows.length);
-      }
+      if (ev.event === "done") done = ev.data;
+      if (!frame) frame = requestAnimationFrame(draw); // one redraw per frame at most
     }
-    const run = await getJSON(`/api/runs/${encodeURIComponent(runId)}`);
-    $("#prompt").value = run.text; // prompt + generated text, each character once
+    cancelAnimationFrame(frame);
+    if (!latest(req)) return;
+    const run = await getJSON(`/api/runs/${encodeURIComponent(runId)}`, { signal: req.controller.signal });
+    if (!latest(req)) return;
+    $("#prompt").value = run.text; // prompt + generated text; an end-of-text token adds none (the strip marks it)
     await loadRun(run, { layer, head, pos: run.tokens.length - 1, steps });
+    div.dataset.liveDraws = String(draws);
+    if (done && done.stop === "eos") {
+      showStatus(`Stopped at end-of-text after ${done.n_new} of ${asked} tokens: the model ended its text there ` +
+        "(the token strip marks <|endoftext|>; it is not written into the prompt).", true);
+    } else if (done) {
+      showStatus(`Generated ${done.n_new} tokens, the number asked for${stopAtEos ? "" : " (end-of-text did not stop it)"}.`);
+    }
+    $("#gen-status").dataset.stop = done ? done.stop : "";
   } catch (err) {
-    showError(err.message);
+    if (isAbort(err) || !latest(req)) {
+      showStatus(`Generation stopped after ${steps} tokens: a newer request replaced it.`);
+      $("#gen-status").dataset.stop = "client";
+    } else {
+      report(err);
+    }
   } finally {
-    busy(false);
+    cancelAnimationFrame(frame);
+    end(req);
   }
 }
 
@@ -236,15 +425,10 @@ function showStep(k) {
   const n = run.tokens.length - (total - k);
   $("#timeline-value").textContent = k === total ? `all ${total} generated tokens` : `after ${k} of ${total} generated tokens`;
   const data = slice.data.subarray(0, (n * (n + 1)) / 2);
-  drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: `layer ${state.layer}, head ${state.head} · step ${k}` });
+  return drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: `layer ${state.layer}, head ${state.head} · step ${k}` });
 }
 
-function zoom() {
-  const n = state.run.tokens.length;
-  const get = (id, dflt) => { const v = $(id).value; return v === "" ? dflt : Math.max(0, Math.min(n - 1, Number(v))); };
-  const [q0, q1, k0, k1] = [get("#zoom-q0", 0), get("#zoom-q1", n - 1), get("#zoom-k0", 0), get("#zoom-k1", n - 1)];
-  window.Plotly.relayout($("#heatmap"), { "xaxis.range": [k0 - 0.5, k1 + 0.5], "yaxis.range": [q1 + 0.5, q0 - 0.5] });
-}
+// ---- start ----------------------------------------------------------------------------------
 
 function download(name, blob) {
   const url = URL.createObjectURL(blob);
@@ -254,6 +438,9 @@ function download(name, blob) {
   a.remove();
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
+
+// Run a handler and show what goes wrong instead of dropping it.
+const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).catch(report);
 
 async function init() {
   const { models } = await getJSON("/api/models");
@@ -270,42 +457,56 @@ async function init() {
   for (const b of document.querySelectorAll(".example")) {
     b.addEventListener("click", () => { $("#prompt").value = b.dataset.example; analyse(); });
   }
+  picker.addEventListener("change", updateGenerate);
   $("#layer-picker").addEventListener("change", (ev) => selectHead(Number(ev.target.value), state.head));
   $("#head-picker").addEventListener("change", (ev) => selectHead(state.layer, Number(ev.target.value)));
-  $("#colour-scale").addEventListener("change", (ev) => { set({ colour: ev.target.value }); drawHead(); });
-  $("#grid-sort").addEventListener("change", (ev) => state.run && grid.render(state.run, ev.target.value, state, state.model));
+  $("#colour-scale").addEventListener("change", safely((ev) => { set({ colour: ev.target.value }); return state.run && drawHead(); }));
+  $("#grid-sort").addEventListener("change", safely((ev) => {
+    set({ sort: ev.target.value });
+    if (state.run) grid.render(state.run, state.sort, state, state.model);
+    toURL();
+  }));
   $("#temperature").addEventListener("input", (ev) => {
     const t = Number(ev.target.value);
     $("#temperature-value").textContent = t.toFixed(2);
     set({ temperature: t });
     drawNextSoon(60);
+    toURL();
   });
-  $("#export-png").addEventListener("click", () =>
-    window.Plotly.downloadImage($("#heatmap"), { format: "png", filename: `attnscope-L${state.layer}H${state.head}`, scale: 2 }));
-  $("#export-svg").addEventListener("click", () =>
-    window.Plotly.downloadImage($("#heatmap"), { format: "svg", filename: `attnscope-L${state.layer}H${state.head}` }));
-  $("#grid-png").addEventListener("click", () => grid.exportImage("png").then((blob) => download("attnscope-heads.png", blob)));
-  $("#grid-svg").addEventListener("click", () => grid.exportImage("svg").then((blob) => download("attnscope-heads.svg", blob)));
-  $("#generate").addEventListener("click", generateAndRecord);
-  $("#timeline").addEventListener("input", (ev) => showStep(Number(ev.target.value)));
-  $("#zoom-apply").addEventListener("click", zoom);
-  $("#zoom-reset").addEventListener("click", () => drawHead());
-  $("#export-json").addEventListener("click", async () => {
+  $("#export-png").addEventListener("click", safely(() =>
+    window.Plotly.downloadImage($("#heatmap"), { format: "png", filename: `attnscope-L${state.layer}H${state.head}`, scale: 2 })));
+  $("#export-svg").addEventListener("click", safely(() =>
+    window.Plotly.downloadImage($("#heatmap"), { format: "svg", filename: `attnscope-L${state.layer}H${state.head}` })));
+  $("#grid-png").addEventListener("click", safely(() => grid.exportImage("png").then((blob) => download("attnscope-heads.png", blob))));
+  $("#grid-svg").addEventListener("click", safely(() => grid.exportImage("svg").then((blob) => download("attnscope-heads.svg", blob))));
+  $("#generate").addEventListener("click", () => generateAndRecord());
+  $("#gen-continue").addEventListener("click", () => lastGeneration && generateAndRecord({ stopAtEos: false, text: lastGeneration.text }));
+  $("#timeline").addEventListener("input", safely((ev) => showStep(Number(ev.target.value))));
+  $("#zoom-apply").addEventListener("click", safely(zoom));
+  $("#zoom-reset").addEventListener("click", safely(() => { set({ zoom: null }); return state.run && drawHead(); }));
+  $("#heatmap").addEventListener("keydown", heatmapKeys);
+  $("#export-json").addEventListener("click", safely(async () => {
     if (!state.run) return;
     const r = await fetch(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
-    if (!r.ok) return showError((await r.json()).message);
+    if (!r.ok) throw new Error((await r.json()).message);
     download(`attnscope-run-${state.run.run_id}.json`, await r.blob());
-  });
+  }));
+  window.addEventListener("unhandledrejection", (ev) => { report(ev.reason); ev.preventDefault(); });
+  updateGenerate();
 
-  const params = new URLSearchParams(location.search);
-  if (params.get("model") && models.some((m) => m.name === params.get("model"))) picker.value = params.get("model");
-  if (params.get("text")) {
-    $("#prompt").value = params.get("text");
-    const num = (k) => (params.has(k) ? Number(params.get(k)) : undefined);
-    await analyse({ layer: num("layer"), head: num("head"), pos: num("pos") });
-  } else {
-    $("#prompt").value = "I love artificial intelligence";
-  }
+  // a shared link reopens the same view; a first visit analyses the prefilled example at once
+  const want = fromURL();
+  if (want.model && models.some((m) => m.name === want.model)) picker.value = want.model;
+  if (want.sort && [...$("#grid-sort").options].some((o) => o.value === want.sort)) set({ sort: want.sort });
+  if (want.colour && [...$("#colour-scale").options].some((o) => o.value === want.colour)) set({ colour: want.colour });
+  if (want.temperature !== undefined && want.temperature >= 0.1 && want.temperature <= 3) set({ temperature: want.temperature });
+  $("#grid-sort").value = state.sort;
+  $("#colour-scale").value = state.colour;
+  $("#temperature").value = String(state.temperature);
+  $("#temperature-value").textContent = state.temperature.toFixed(2);
+  $("#prompt").value = want.text || DEFAULT_PROMPT;
+  updateGenerate();
+  await analyse(want);
 }
 
 function start() {

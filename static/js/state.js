@@ -9,8 +9,11 @@ export const state = {
   layer: 0,
   head: 0,
   pos: 0, // selected query position
+  key: 0, // selected key position (keyboard cell cursor)
   temperature: 1,
   colour: "linear",
+  sort: "position", // head-grid order
+  zoom: null, // {q0, q1, k0, k1}: the visible query and key ranges, or null for all
   slice: null, // binary attention of the selected head
 };
 
@@ -27,7 +30,7 @@ export function subscribe(fn) {
 // more URL parameters, from views that own some (the causal tools: view=..., their inputs)
 export const urlExtras = [];
 
-// The view's state as a shareable URL: /?text=...&model=...&layer=L&head=H&pos=P
+// The view's state as a shareable URL: everything a person set, so a link reopens the same view.
 export function toURL() {
   if (!state.run) return;
   const params = new URLSearchParams({
@@ -37,6 +40,30 @@ export function toURL() {
     head: state.head,
     pos: state.pos,
   });
+  if (state.key !== state.pos) params.set("key", state.key);
+  if (state.sort !== "position") params.set("sort", state.sort);
+  if (state.colour !== "linear") params.set("colour", state.colour);
+  if (state.temperature !== 1) params.set("t", state.temperature);
+  if (state.zoom) params.set("zoom", [state.zoom.q0, state.zoom.q1, state.zoom.k0, state.zoom.k1].join(","));
   for (const extra of urlExtras) for (const [k, v] of Object.entries(extra())) params.set(k, v);
   history.replaceState(null, "", `${location.pathname}?${params}`);
+}
+
+// The state a URL asks for (unchecked: the caller clamps to the run it gets).
+export function fromURL(search = location.search) {
+  const p = new URLSearchParams(search);
+  const num = (k) => (p.has(k) && p.get(k) !== "" && Number.isFinite(Number(p.get(k))) ? Number(p.get(k)) : undefined);
+  const zoom = (p.get("zoom") || "").split(",").map(Number);
+  return {
+    text: p.get("text"),
+    model: p.get("model"),
+    layer: num("layer"),
+    head: num("head"),
+    pos: num("pos"),
+    key: num("key"),
+    sort: p.get("sort") || undefined,
+    colour: p.get("colour") || undefined,
+    temperature: num("t"),
+    zoom: zoom.length === 4 && zoom.every(Number.isInteger) ? { q0: zoom[0], q1: zoom[1], k0: zoom[2], k1: zoom[3] } : null,
+  };
 }

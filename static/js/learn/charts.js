@@ -4,6 +4,11 @@ import { plotConfig } from "../plotconfig.js";
 
 export const label = (s) => plotlyText(showToken(s));
 
+// A legend above the plotting area (never over the data): margin.t grows with its entries.
+export function legendAbove(entries) {
+  return { legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom" }, margin: { l: 50, r: 10, t: 24 + 20 * entries, b: 60 } };
+}
+
 export function plot(div, data, layout = {}) {
   return window.Plotly.react(div, data, { margin: { l: 50, r: 10, t: 24, b: 60 }, ...layout }, plotConfig(`attnscope-${div.dataset.testid || "chart"}`));
 }

@@ -1,7 +1,7 @@
 // 1. Attention aggregates context: weights vs what each source actually adds.
 import { el, fmt } from "../dom.js";
 import { getJSON } from "../api.js";
-import { plot, tokenAxis } from "./charts.js";
+import { legendAbove, plot, tokenAxis } from "./charts.js";
 
 export async function render(body, ctx) {
   const { run } = ctx;
@@ -22,12 +22,15 @@ export async function render(body, ctx) {
     const x = tokens.map((_, i) => i);
     await plot(chart, [
       { type: "bar", name: "attention weight", x, y: c.weights, marker: { color: "#6baed6" } },
-      { type: "bar", name: "share of what the head adds (weight × ‖v W_O‖)", x, y: share, marker: { color: "#08306b" } },
-    ], { barmode: "group", xaxis: tokenAxis(tokens), yaxis: { range: [0, 1] }, legend: { orientation: "h", y: 1.15 } });
+      { type: "bar", name: "share of what the head adds<br>(weight × ‖v W_O‖)", x, y: share, marker: { color: "#08306b" } },
+    ], { barmode: "group", xaxis: { ...tokenAxis(tokens), automargin: true }, yaxis: { range: [0, 1.02] }, ...legendAbove(3) });
     const top = share.indexOf(Math.max(...share));
     note.textContent = `Largest contribution: token ${top} "${tokens[top]}" (${fmt(share[top], 2)} of the head's output at this position; its weight is ${fmt(c.weights[top], 2)}).`;
     ctx.link(1, { layer, head, pos: position });
   }
-  for (const s of [layerSel, headSel, posSel]) s.addEventListener("change", draw);
+  for (const [s, what] of [[layerSel, "layer"], [headSel, "head"], [posSel, "token position"]]) {
+    s.setAttribute("aria-label", what);
+    s.addEventListener("change", () => draw().catch((e) => ctx.error(e.message)));
+  }
   await draw();
 }

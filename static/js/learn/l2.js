@@ -1,7 +1,7 @@
 // 2. One parallel pass vs serial generation: the prefix table, streamed generation, timing.
 import { el, fmt, showToken } from "../dom.js";
 import { postJSON, readSSE } from "../api.js";
-import { plot } from "./charts.js";
+import { legendAbove, plot } from "./charts.js";
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
@@ -57,6 +57,6 @@ export async function render(body, ctx) {
     { type: "scatter", mode: "lines", name: "serial, no KV cache (prefix recomputed)", x, y: cum(tm.serial_no_cache_ms) },
     { type: "scatter", mode: "lines", name: "serial, with KV cache", x, y: cum(tm.serial_cache_ms) },
     { type: "scatter", mode: "lines", name: `one parallel forward over all ${tm.n} tokens`, x: [1, tm.n], y: [tm.parallel_ms, tm.parallel_ms], line: { dash: "dot" } },
-  ], { xaxis: { title: { text: "tokens processed" } }, yaxis: { title: { text: "cumulative ms" } }, legend: { orientation: "h", y: 1.2 } });
+  ], { xaxis: { title: { text: "tokens processed" } }, yaxis: { title: { text: "cumulative ms" }, rangemode: "tozero" }, ...legendAbove(3) });
   ctx.link(2, {});
 }

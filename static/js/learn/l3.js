@@ -25,7 +25,7 @@ export async function render(body, ctx) {
     note.textContent = `Orange: ids ${e.adjacent.map((a) => a.id).join(" and ")} (next to ${e.id} in number only): cosine ${e.adjacent.map((a) => fmt(a.cos, 2)).join(", ")}. ` +
       `Blue: the real nearest neighbours. Dotted: random pairs average ${fmt(e.random_mean, 2)} ± ${fmt(e.random_std, 2)}.`;
   }
-  idBox.addEventListener("change", draw);
+  idBox.addEventListener("change", () => draw().catch((e) => ctx.error(e.message)));
   await draw();
   ctx.link(3, {});
 }

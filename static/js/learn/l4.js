@@ -17,7 +17,8 @@ export async function render(body, ctx) {
         yaxis: { visible: false }, xaxis: { title: { text: "dimension" } }, margin: { l: 10, r: 10, t: 30, b: 40 } });
     list.replaceChildren(...e.neighbours.map((n) => el("li", { class: "mono", text: `${showToken(n.token)}  id ${n.id}  cos ${fmt(n.cos, 3)}` })));
   }
-  pick.addEventListener("change", draw);
+  pick.setAttribute("aria-label", "token");
+  pick.addEventListener("change", () => draw().catch((e) => ctx.error(e.message)));
   await draw();
   ctx.link(4, {});
 }

@@ -8,8 +8,8 @@ export async function render(body, ctx) {
   const { run, t } = ctx;
   const pos = await getJSON(`/api/models/${encodeURIComponent(run.model)}/positions?count=64`);
   const table = el("div", { class: "chart tall", "data-testid": "l6-positions" });
-  const aBox = el("input", { value: "dog bites man", "data-testid": "l6-a" });
-  const bBox = el("input", { value: "man bites dog", "data-testid": "l6-b" });
+  const aBox = el("input", { value: "dog bites man", "data-testid": "l6-a", "aria-label": t("l6.a") });
+  const bBox = el("input", { value: "man bites dog", "data-testid": "l6-b", "aria-label": t("l6.b") });
   const go = el("button", { type: "button", text: "compare" });
   const heatA = el("div", { class: "chart tall", "data-testid": "l6-heat-a" });
   const heatB = el("div", { class: "chart tall", "data-testid": "l6-heat-b" });
@@ -33,7 +33,7 @@ export async function render(body, ctx) {
     await drawHeatmap(heatB, sb, b.tokens, { title: `B · layer ${layer} head ${head}` });
     const c = await getJSON(`/api/compare?a=${a.run_id}&b=${b.run_id}`);
     await plot(cos, [{ type: "bar", x: c.tokens.map((x) => `${x.a} ${label(x.token)}`), y: c.tokens.map((x) => x.cos), marker: { color: "#2171b5" } }],
-      { yaxis: { title: { text: t("l6.cos") }, range: [0, 1] } });
+      { title: { text: t("l6.cos"), font: { size: 12 } }, margin: { l: 40, r: 10, t: 36, b: 60 }, yaxis: { range: [Math.min(0, ...c.tokens.map((x) => x.cos)), 1] } });
     const last = (r) => r.predictions.at(-1).top.map((p) => `${p.token.trim() || p.token} ${fmt(p.prob, 2)}`).join(", ");
     preds.textContent = `A "${aBox.value}" → ${last(a)}\nB "${bBox.value}" → ${last(b)}`;
   }

@@ -62,6 +62,8 @@ async function runAll(models) {
 }
 
 async function init() {
+  // a failed fetch is shown to the person, never dropped as an unhandled rejection
+  window.addEventListener("unhandledrejection", (ev) => { showError(ev.reason?.message || String(ev.reason)); ev.preventDefault(); });
   applyLanguage();
   $("#lang").addEventListener("click", () => {
     lang = lang === "en" ? "zh" : "en";

@@ -5,10 +5,12 @@ import { getAttentionBin } from "../api.js";
 import { rgb } from "./colour.js";
 
 const THUMB = 48;
+// [class, score key, threshold, title, the letter a cell shows]: one letter each, so that
+// three badges fit a cell of any grid from 4 to 32 heads without covering one another
 export const BADGES = [
-  ["prev", "prev_token", 0.4, "previous-token head"],
-  ["sink", "first_token", 0.6, "first-token (sink) head"],
-  ["ind", "induction", 0.3, "induction-like head"],
+  ["prev", "prev_token", 0.4, "previous-token head", "P"],
+  ["sink", "first_token", 0.6, "first-token (sink) head", "S"],
+  ["ind", "induction", 0.3, "induction-like head", "I"],
 ];
 
 function drawThumb(canvas, slice, head) {
@@ -60,11 +62,36 @@ function badgesFor(score, n) {
 }
 
 export class HeadGrid {
-  constructor(container, onSelect) {
+  constructor(container, onSelect, onError = () => {}) {
     this.container = container;
     this.onSelect = onSelect;
+    this.onError = onError;
     this.canvases = new Map();
     this.token = 0;
+    // arrow keys move the selected head: left/right within a layer, up/down across layers
+    container.addEventListener("keydown", (ev) => this.key(ev));
+  }
+
+  key(ev) {
+    const moves = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] };
+    if (!this.run || !moves[ev.key]) return;
+    ev.preventDefault();
+    const cells = [...this.container.querySelectorAll(".head-cell")];
+    const at = Math.max(0, cells.findIndex((c) => c.classList.contains("selected")));
+    let next;
+    if (this.byPosition) {
+      const [dl, dh] = moves[ev.key];
+      const cur = cells[at].dataset;
+      const layer = Math.max(0, Math.min(this.run.n_layers - 1, Number(cur.layer) + dl));
+      const head = Math.max(0, Math.min(this.run.n_heads - 1, Number(cur.head) + dh));
+      next = cells.find((c) => Number(c.dataset.layer) === layer && Number(c.dataset.head) === head);
+    } else { // sorted: move through the order, a row of cols at a time up and down
+      const step = { ArrowLeft: -1, ArrowRight: 1, ArrowUp: -this.cols, ArrowDown: this.cols }[ev.key];
+      next = cells[Math.max(0, Math.min(cells.length - 1, at + step))];
+    }
+    if (!next) return;
+    next.focus();
+    this.onSelect(Number(next.dataset.layer), Number(next.dataset.head));
   }
 
   render(run, sortKey, selected, model = null) {
@@ -80,7 +107,11 @@ export class HeadGrid {
       scores.sort((a, b) => sign * ((a[sortKey] ?? missing) - (b[sortKey] ?? missing)));
     }
     const cols = byPosition ? run.n_heads : Math.min(8, run.n_heads);
-    this.container.style.gridTemplateColumns = `${byPosition ? "2.2em " : ""}repeat(${cols}, minmax(0, 1fr))`;
+    this.byPosition = byPosition;
+    this.cols = cols;
+    // cells never narrower than a readable thumbnail: wide grids scroll sideways, tall ones down
+    this.container.style.gridTemplateColumns = `${byPosition ? "2.4em " : ""}repeat(${cols}, minmax(var(--cell-min), 1fr))`;
+    this.container.dataset.cols = String(cols);
     // grouped-query attention: query heads that share one K/V head stand together
     const kv = model ? model.n_kv_heads : run.n_heads;
     const group = run.n_heads / kv;
@@ -100,18 +131,22 @@ export class HeadGrid {
       }
       const canvas = el("canvas", { width: THUMB, height: THUMB });
       const badges = el("span", { class: "badges" });
-      for (const [name, , , title] of badgesFor(s, run.tokens.length)) badges.append(el("b", { class: `badge ${name}`, text: name, title }));
+      for (const [name, , , title, letter] of badgesFor(s, run.tokens.length)) {
+        badges.append(el("b", { class: `badge ${name}`, text: letter, title, dataset: { badge: name } }));
+      }
       const cell = el("button", {
         type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",
         title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
         dataset: { testid: "head-cell", layer: String(s.layer), head: String(s.head) },
+        "aria-label": `layer ${s.layer} head ${s.head}, entropy ${fmt(s.entropy, 2)}`,
+        tabindex: "-1",
         onclick: () => this.onSelect(s.layer, s.head),
-      }, canvas, badges, el("span", { class: "lbl", text: byPosition ? fmt(s.entropy, 2) : `L${s.layer}H${s.head} ${fmt(s.entropy, 1)}` }));
+      }, canvas, el("span", { class: "lbl", text: byPosition ? fmt(s.entropy, 2) : `L${s.layer}H${s.head} ${fmt(s.entropy, 1)}` }), badges);
       this.container.append(cell);
       this.canvases.set(`${s.layer}:${s.head}`, canvas);
     }
     this.select(selected.layer, selected.head);
-    this.loadThumbnails(run, token);
+    this.loadThumbnails(run, token).catch((err) => token === this.token && this.onError(err));
   }
 
   async loadThumbnails(run, token) {
@@ -169,7 +204,10 @@ export class HeadGrid {
 
   select(layer, head) {
     for (const cell of this.container.querySelectorAll(".head-cell")) {
-      cell.classList.toggle("selected", Number(cell.dataset.layer) === layer && Number(cell.dataset.head) === head);
+      const on = Number(cell.dataset.layer) === layer && Number(cell.dataset.head) === head;
+      cell.classList.toggle("selected", on);
+      cell.setAttribute("aria-pressed", on ? "true" : "false");
+      cell.tabIndex = on ? 0 : -1; // one tab stop; arrow keys move inside the grid
     }
   }
 }

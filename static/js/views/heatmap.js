@@ -1,18 +1,20 @@
 // The attention heatmap of one head: queries down, keys across, the causal mask hatched.
-import { plotlyText, showToken, fmt } from "../dom.js";
+import { plotlyText, showToken } from "../dom.js";
 import { rowOf } from "../api.js";
 import { SCALE } from "./colour.js";
 import { plotConfig } from "../plotconfig.js";
 
-const MAX_TICKS = 48;
+export const MAX_TICKS = 48; // at most this many labels an axis; a zoom that shows fewer labels every one
 
-function ticks(tokens) {
-  const step = Math.max(1, Math.ceil(tokens.length / MAX_TICKS));
+// Labels for the visible positions lo..hi: every one when they fit, else every step-th.
+export function ticks(tokens, lo = 0, hi = tokens.length - 1) {
+  const a = Math.max(0, Math.ceil(lo)), b = Math.min(tokens.length - 1, Math.floor(hi));
+  const step = Math.max(1, Math.ceil((b - a + 1) / MAX_TICKS));
   const vals = [];
   const text = [];
-  for (let i = 0; i < tokens.length; i += step) {
+  for (let i = a; i <= b; i += step) {
     vals.push(i);
-    text.push(plotlyText(`${showToken(tokens[i].text)}`));
+    text.push(plotlyText(showToken(tokens[i].text)));
   }
   return { tickvals: vals, ticktext: text };
 }
@@ -34,7 +36,12 @@ function maskTrace(n) {
   };
 }
 
-export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "" } = {}) {
+// The keyboard cursor: an outlined cell.
+export function cellShape(q, k) {
+  return { type: "rect", x0: k - 0.5, x1: k + 0.5, y0: q - 0.5, y1: q + 0.5, line: { color: "#d6336c", width: 2 }, layer: "above" };
+}
+
+export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "", zoom = null, cell = null } = {}) {
   const n = slice.n;
   const z = new Array(n);
   for (let i = 0; i < n; i++) {
@@ -43,7 +50,9 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "" 
     for (let j = 0; j < row.length; j++) full[j] = colour === "sqrt" ? Math.sqrt(row[j]) : row[j];
     z[i] = full;
   }
-  const tk = ticks(tokens);
+  const clampZ = (v) => Math.max(0, Math.min(n - 1, v));
+  const zq = zoom ? [clampZ(zoom.q0), clampZ(zoom.q1)] : [0, n - 1];
+  const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
   const colorbar = colour === "sqrt"
     ? { title: { text: "weight" }, tickvals: [0, 0.1, 0.3, 0.5, 0.7, 1].map(Math.sqrt), ticktext: ["0", "0.1", "0.3", "0.5", "0.7", "1"], thickness: 12 }
     : { title: { text: "weight" }, thickness: 12 };
@@ -54,13 +63,30 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "" 
   const layout = {
     margin: { l: 90, r: 10, t: 80, b: 28 },
     title: { text: plotlyText(title), font: { size: 12 }, y: 0.005, yanchor: "bottom" },
-    xaxis: { side: "top", tickangle: -60, ...tk, range: [-0.5, n - 0.5], showgrid: false, zeroline: false, title: { text: "key (read from)", standoff: 4 } },
-    yaxis: { autorange: "reversed", ...tk, range: [n - 0.5, -0.5], showgrid: false, zeroline: false, title: { text: "query (reading)" } },
+    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1]), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: "key (read from)", standoff: 4 } },
+    yaxis: { ...ticks(tokens, zq[0], zq[1]), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: "query (reading)" } },
     plot_bgcolor: "#ffffff",
     dragmode: "zoom",
+    shapes: cell ? [cellShape(cell.q, cell.k)] : [],
   };
-  const config = { ...plotConfig("attnscope-heatmap"), modeBarButtonsToRemove: ["select2d", "lasso2d"] };
-  return window.Plotly.react(div, traces, layout, config);
+  return window.Plotly.react(div, traces, layout, plotConfig("attnscope-heatmap", { remove: ["select2d", "lasso2d"] }));
+}
+
+// The visible ranges after a drag-zoom (null: everything), read from plotly's relayout event.
+export function rangesFrom(div, n) {
+  const l = div.layout;
+  const xr = l.xaxis.range, yr = l.yaxis.range;
+  if (!xr || !yr) return null;
+  const k0 = Math.max(0, Math.ceil(Math.min(xr[0], xr[1]))), k1 = Math.min(n - 1, Math.floor(Math.max(xr[0], xr[1])));
+  const q0 = Math.max(0, Math.ceil(Math.min(yr[0], yr[1]))), q1 = Math.min(n - 1, Math.floor(Math.max(yr[0], yr[1])));
+  if (k0 === 0 && q0 === 0 && k1 === n - 1 && q1 === n - 1) return null;
+  return { q0, q1, k0, k1 };
+}
+
+// Weight text for a reader: the exact float32 (4 significant digits) once loaded.
+export function weightText(exact, approx) {
+  if (exact === undefined || exact === null) return `weight ≈ ${approx.toFixed(3)} (8-bit view; exact value loading)`;
+  return `weight ${Number(exact).toPrecision(4)}`;
 }
 
 // Our own tooltip (plain text): the two tokens and the weight.
@@ -68,19 +94,21 @@ export function wireHover(div, tip, getState) {
   div.on("plotly_hover", (ev) => {
     const pt = ev.points.find((p) => p.data.type === "heatmap");
     if (!pt) return;
-    const { run, slice } = getState();
-    const q = pt.y, k = pt.x;
-    const row = rowOf(slice, q);
-    const masked = slice.causal && k > q;
-    const tq = run.tokens[q], tk = run.tokens[k];
-    tip.textContent = masked
-      ? `query ${q} ${showToken(tq.text)}\nkey ${k} ${showToken(tk.text)}\nmasked: a future token`
-      : `query ${q} ${showToken(tq.text)}\nkey ${k} ${showToken(tk.text)}\nweight ≈ ${fmt(row[k], 4)}`;
+    tip.textContent = cellText(getState(), pt.y, pt.x);
     const box = div.getBoundingClientRect();
     const host = div.parentElement.getBoundingClientRect();
-    tip.style.left = `${ev.event.clientX - host.left + 14}px`;
+    tip.style.left = `${Math.min(ev.event.clientX - host.left + 14, host.width - 260)}px`;
     tip.style.top = `${ev.event.clientY - host.top + 14}px`;
     tip.hidden = !(ev.event.clientX >= box.left);
   });
   div.on("plotly_unhover", () => { tip.hidden = true; });
+}
+
+export function cellText({ run, slice, exact }, q, k) {
+  const masked = slice.causal && k > q;
+  const tq = run.tokens[q], tk = run.tokens[k];
+  const head = `query ${q} ${showToken(tq.text)}\nkey ${k} ${showToken(tk.text)}\n`;
+  if (masked) return `${head}masked: a future token`;
+  const idx = slice.causal ? (q * (q + 1)) / 2 + k : q * slice.n + k;
+  return head + weightText(exact && exact.length > idx ? exact[idx] : null, rowOf(slice, q)[k]);
 }
