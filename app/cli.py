@@ -53,7 +53,7 @@ def _analyze(args: argparse.Namespace) -> int:
     try:
         if name not in settings.models:
             raise EngineError(f"unknown model {name!r}; configured models: {', '.join(settings.models)}")
-        lm = load_model(name, settings.models[name])
+        lm = load_model(name, settings.models[name], settings.placement())
         engine = Engine({name: lm}, name, RunStore(settings.cache_bytes), settings.max_tokens)
         result = engine.analyse(args.text, name, args.top_k)
     except EngineError as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,7 +32,15 @@ Activations are named after TransformerLens (`blocks.{i}.attn.hook_pattern`, ...
 
 
 def build_engine(settings: Settings) -> Engine:
-    loaded = {name: load_model(name, source) for name, source in settings.models.items()}
+    placement = settings.placement()
+    loaded = {}
+    for i, (name, source) in enumerate(settings.models.items(), start=1):
+        start = time.perf_counter()
+        log.info("loading model %d/%d: %s from %s", i, len(settings.models), name, source)
+        loaded[name] = load_model(name, source, placement)
+        info = loaded[name].info
+        log.info("loaded %s in %.1f s: %s, %s on %s", name, time.perf_counter() - start, info.architecture,
+                 info.dtype, info.device)
     return Engine(loaded, settings.default_model, RunStore(settings.cache_bytes), settings.max_tokens)
 
 

@@ -25,8 +25,13 @@ class ModelOut(BaseModel):
     d_head: int
     d_mlp: int
     vocab_size: int
-    max_positions: int
+    max_positions: int | None = Field(description="the model's position limit; null when it has none (ALiBi)")
     max_tokens: int = Field(description="longest prompt this server accepts for this model")
+    family: str = Field(description="the model family (transformers' model_type), one of the supported ones")
+    device: str = Field(description="where the model runs: 'cpu', 'cuda:0', 'mps', ... (its input embedding's "
+                                    "device when layers are spread over several)")
+    dtype: str = Field(description="the weights' dtype: float32, bfloat16 or float16 (analysis is float32)")
+    has_chat_template: bool = Field(description="the tokenizer has a chat template: POST /api/runs accepts messages")
     position_encoding: PositionEncoding
     causal: bool
     has_lm_head: bool

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from model.loading import Placement
 
 DEFAULT_MODELS = {
     "attnscope-tiny": "bundled:attnscope-tiny",
@@ -18,8 +22,16 @@ class Settings(BaseSettings):
     # e.g. ATTNSCOPE_MODELS='{"gpt2": "/models/gpt2"}'. Requests pick a *name*.
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     default_model: str = "attnscope-tiny"
-    # tokens per prompt; each model is further capped by its own max positions
-    max_tokens: int = Field(1024, ge=1, le=1024)
+    # tokens per prompt; each model is further capped by its own max positions (and nothing else)
+    max_tokens: int = Field(1024, ge=1)
+    # where the models run: auto (CUDA if present, else MPS, else CPU) | cpu | cuda | cuda:N | mps
+    device: str = "auto"
+    # auto: the checkpoint's dtype on a GPU, float32 on the CPU; analysis maths is float32 anyway
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    # "auto": accelerate spreads each model's layers over the GPUs (needs pip install accelerate)
+    device_map: Literal["auto"] | None = None
+    # with device_map=auto: memory per device, e.g. '{"0": "70GiB", "1": "70GiB", "cpu": "200GiB"}'
+    max_memory: dict[str, str] | None = None
     # total bytes of activation caches kept server-side (least recently used go first)
     cache_bytes: int = Field(1 << 30, ge=1 << 20)
     # request bodies larger than this answer 413
@@ -39,3 +51,7 @@ class Settings(BaseSettings):
     # origins allowed by CORS; empty = no CORS headers at all
     cors_origins: list[str] = Field(default_factory=list)
     log_level: str = "INFO"
+
+    def placement(self) -> Placement:
+        return Placement(device=self.device, dtype=self.dtype, device_map=self.device_map,
+                         max_memory=self.max_memory)

@@ -80,7 +80,9 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
     if norm is None:
         return FrozenNorm(False, torch.ones(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64))
     with torch.inference_mode():
-        y = norm(x[None])[0].double()  # (d,)
+        # run the norm in float32 whatever the model's dtype, so its output is checked at float32 precision
+        params = {name: t.float() for name, t in [*norm.named_parameters(), *norm.named_buffers()]}
+        y = torch.func.functional_call(norm, params, (x[None].float(),))[0].double()  # (d,)
     eps = _eps(norm)
     weight = getattr(norm, "weight", None)
     w = weight.detach().double() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)
@@ -102,10 +104,18 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
 
 
 def final_transform(lm: LoadedModel) -> str | None:
-    cap = getattr(lm.model.config, "final_logit_softcapping", None)
+    """What the family does to its logits after the LM head (model/arch.py): the attributed logit is the one before."""
+    spec, cfg = lm.spec, lm.model.config
+    cap = getattr(cfg, spec.logit_softcap, None) if spec.logit_softcap else None
     if cap:
         return (f"the model soft-caps its logits (tanh(x / {cap}) * {cap}); the attributed logit "
                 "is the one before the cap")
+    if spec.logit_scale:
+        return (f"the model multiplies its logits by {spec.logit_scale} = {getattr(cfg, spec.logit_scale)}; "
+                "the attributed logit is the one before")
+    if spec.logit_divide:
+        return (f"the model divides its logits by {spec.logit_divide} = {getattr(cfg, spec.logit_divide)}; "
+                "the attributed logit is the one before")
     return None
 
 
@@ -143,7 +153,7 @@ def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int
         if head is None:  # require_decoder checked it; the type says so here
             raise BadInput(f"model {lm.info.name!r} has no LM head")
         with torch.inference_mode():
-            full = head.logits(x[None])[0]  # (V,)
+            full = head.logits(x[None], transform=False)[0]  # (V,) before the family's final transform
         u, bias = _unembed_row(lm, token)
         logit = float(full[token])
         if token_b is not None:

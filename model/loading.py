@@ -181,11 +181,13 @@ class LMHead:
     spec: ArchSpec
     config: PretrainedConfig
 
-    def logits(self, resid: torch.Tensor) -> torch.Tensor:
+    def logits(self, resid: torch.Tensor, transform: bool = True) -> torch.Tensor:
         """(..., d) residual states -> (..., V) float32 logits.
 
         The residual enters in the model's own dtype and on the LM head's device, so the
         last layer's lens equals the model's logits; the transform runs in float32.
+        ``transform=False`` stops before the family's final logit transform (the linear
+        logit that direct logit attribution splits).
         """
         weight = self.unembed.get_parameter("weight")
         h = resid.to(device=weight.device, dtype=weight.dtype)
@@ -195,7 +197,7 @@ class LMHead:
             if self.after_final_norm is not None:
                 h = self.after_final_norm(h)
             out: torch.Tensor = self.unembed(h)
-        return logit_transform(self.spec, self.config, out.float())
+        return logit_transform(self.spec, self.config, out.float()) if transform else out.float()
 
 
 def input_embeddings(model: PreTrainedModel) -> torch.Tensor:

@@ -15,7 +15,7 @@ router = APIRouter(prefix="/api", tags=["models"])
 def list_models(engine: EngineDep) -> ModelsOut:
     out = []
     for name, lm in engine.models.items():
-        out.append(ModelOut(**asdict(lm.info), default=name == engine.default,
+        out.append(ModelOut(**asdict(lm.info), default=name == engine.default, family=lm.info.architecture,
                             max_tokens=engine.token_limit(lm),
                             induction_scores=lm.probe.get("induction", [])))
     return ModelsOut(models=out)
