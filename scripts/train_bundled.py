@@ -1,23 +1,35 @@
 """Train the bundled decoder: a byte-level BPE tokenizer and a small GPT-2, on CPU.
 
 A plain PyTorch loop in the spirit of nanoGPT's train.py: AdamW, linear warm-up then
-cosine decay, gradient clipping, a fixed seed, a held-out split and a progress bar.
-Every evaluation also probes each head's previous-token score on held-out text.
+cosine decay, gradient clipping, a fixed seed, a held-out split, a progress bar, and a
+checkpoint (weights, optimiser, generator and curve) that ``--resume`` continues from.
+The only objective is the language-model loss: nothing in the recipe looks at attention.
 
-Options for a CPU-sized budget, each measured (see the model card):
+The tokenizer: byte-level BPE (``tokenizers``) whose pre-tokenizer isolates every CJK
+character, so a Chinese token is never more than one character; its training text is the
+corpus plus the most frequent English words (in the forms ``word``, `` word``, ``Word``,
+`` Word``) and the most frequent Chinese characters of the corpus, each given enough
+weight that it becomes a single token.
 
-* a share of rows repeat a segment of themselves, or a run of random tokens, so that
-  in-context copying (induction heads) has a reason to form;
-* the position table can start from sinusoids (``--position-spread mixed`` makes
-  neighbouring positions nearly orthogonal);
-* ``--guide-steps``: for a short warm-up, a term in the loss points a few heads at the
-  previous token; its weight falls to 0, and from then on the language-model loss alone
-  decides whether the model keeps them.
+The data mix (see ``get_batch``): windows of the corpus, of which a share
+
+* repeat a segment of themselves later on (copying natural text),
+* carry a run of random common words repeated two or more times (the probe's task),
+* are a run of random token ids repeated until the row is full (the app's probe).
+
+A model can only lower its loss on the repeats by looking back for the earlier copy,
+which is what induction heads (and the previous-token heads feeding them) do; they are
+left to emerge from the loss.
+
+Training reads windows of ``--seq`` tokens and, from ``--long-from`` of the steps on,
+windows of ``--long-seq`` (with the batch shrunk to keep the tokens per step), so every
+position up to the model's context is trained.
 
 Usage (after scripts/build_corpus.py)::
 
-    nohup python scripts/train_bundled.py --corpus data/corpus \
-        --out model/bundled/attnscope-tiny > train.log 2>&1 &
+    nohup python scripts/train_bundled.py --corpus data/corpus --out data/run \
+        --threads 1 > train.log 2>&1 &
+    python scripts/train_bundled.py ... --resume data/run   # continue after an interruption
 """
 
 from __future__ import annotations
@@ -27,11 +39,14 @@ import json
 import logging
 import math
 import random
+import re
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
@@ -39,22 +54,74 @@ from model.analysis import previous_token_weights
 
 log = logging.getLogger("train_bundled")
 EOS = "<|endoftext|>"
+CJK = "\u4e00-\u9fff\u3400-\u4dbf\uf900-\ufaff"
+_CJK_CHAR = re.compile(f"[{CJK}]")
+_WORD = re.compile(r"[A-Za-z]+")
+STATE = "state.pt"  # optimiser, generator, step and curve: beside the weights, never committed
 
 
-def train_tokenizer(corpus: Path, vocab_size: int) -> PreTrainedTokenizerFast:
+def common_words(text: str, count: int) -> list[str]:
+    """The ``count`` most frequent lower-case words (2+ letters, and "a", "I") of the text."""
+    words = Counter(w.lower() for w in _WORD.findall(text))
+    ranked = [w for w, _ in words.most_common() if len(w) > 1 or w in ("a", "i")]
+    return ranked[:count]
+
+
+def common_chars(text: str, count: int, least: int = 2) -> list[str]:
+    """The ``count`` most frequent CJK characters of the text that occur at least ``least`` times."""
+    chars = Counter(_CJK_CHAR.findall(text))
+    return [c for c, n in chars.most_common(count) if n >= least]
+
+
+def word_forms(word: str, capitals: bool) -> list[str]:
+    """The forms a word takes in running text: after a space, alone, and (``capitals``) capitalised."""
+    word = "I" if word == "i" else word
+    forms = [" " + word, word] + ([" " + word.capitalize(), word.capitalize()] if capitals else [])
+    return list(dict.fromkeys(forms))
+
+
+def supplement(text: str, everyday: list[str], words: int, chars: int) -> list[str]:
+    """Strings the tokenizer must keep whole: the corpus's ``words`` most frequent words (capitalised
+    too), the everyday words (after a space; the first 1,500 alone too) and ``chars`` CJK characters."""
+    forms = [f for w in common_words(text, words) for f in word_forms(w, capitals=True)]
+    forms += [f for rank, w in enumerate(everyday) for f in word_forms(w, False)[: 2 if rank < 1500 else 1]]
+    return list(dict.fromkeys(forms)) + common_chars(text, chars)
+
+
+def tokenizer_text(corpus: Path, words: int, chars: int, weight: int) -> Iterator[str]:
+    """The tokenizer's training text: the corpus, then ``supplement`` ``weight`` times."""
+    text = (corpus / "train.txt").read_text(encoding="utf-8")
+    yield from text.split("\n\n")
+    everyday = corpus / "everyday_words.txt"  # written by build_corpus.py: SemCor's most frequent lemmas
+    listed = everyday.read_text(encoding="utf-8").split() if everyday.exists() else []
+    chosen = "\n".join(supplement(text, listed, words, chars))
+    for _ in range(weight):
+        yield chosen
+
+
+def build_tokenizer() -> Tokenizer:
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(f"[{CJK}]"), behavior="isolated"),  # one CJK character per piece
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
     tok.decoder = decoders.ByteLevel()
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
+def train_tokenizer(corpus: Path, vocab_size: int, words: int = 1500, chars: int = 3000,
+                    weight: int = 300) -> PreTrainedTokenizerFast:
+    tok = build_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         special_tokens=[EOS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train([str(corpus / "train.txt")], trainer)
+    tok.train_from_iterator(tokenizer_text(corpus, words, chars, weight), trainer)
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=EOS, eos_token=EOS, unk_token=EOS, model_max_length=512
+        tokenizer_object=tok, bos_token=EOS, eos_token=EOS, unk_token=EOS, model_max_length=1024
     )
 
 
@@ -70,25 +137,48 @@ def encode_docs(tokenizer: PreTrainedTokenizerFast, path: Path) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
+def word_ids(tokenizer: PreTrainedTokenizerFast, count: int = 2000) -> torch.Tensor:
+    """Ids of single tokens that are a space and a lower-case word of 3+ letters, the most frequent first."""
+    ids = []
+    for token, idx in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+        if token.startswith("\u0120") and token[1:].isascii() and token[1:].isalpha() and token[1:].islower() \
+                and len(token) > 3:
+            ids.append(idx)
+    return torch.tensor(ids[:count], dtype=torch.long)
+
+
+def repeated_words(words: torch.Tensor, length: int, copies: int, gen: torch.Generator) -> torch.Tensor:
+    """``copies`` copies of a run of ``length`` random words: (length * copies,)."""
+    run = words[torch.randint(0, len(words), (length,), generator=gen)]
+    return run.repeat(copies)
+
+
 def get_batch(
     data: torch.Tensor, batch: int, seq: int, gen: torch.Generator, repeat_share: float,
-    random_share: float = 0.0, vocab: int = 0,
+    words_share: float = 0.0, random_share: float = 0.0, words: torch.Tensor | None = None, vocab: int = 0,
 ) -> torch.Tensor:
-    """(batch, seq+1) windows; a share of rows copy a segment of themselves later on.
+    """(batch, seq+1) windows of the corpus; a share of rows carry something repeated.
 
-    Another share of rows (``random_share``) are a run of random tokens repeated until the
-    row is full: a task only attention can solve (look back one period, then copy), which
-    rewards a previous-token head and an induction head composing with it.
+    * ``repeat_share``: a segment of the row is copied to a later place in it;
+    * ``words_share``: a run of 8 to 64 random common words, repeated 2 to 4 times, overwrites
+      part of the row (the induction probe's task, in the middle of ordinary text);
+    * ``random_share``: the row is a run of random token ids repeated until it is full.
     """
     starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=gen)
     x = torch.stack([data[s : s + seq + 1] for s in starts])  # (B, T+1)
     for row in range(batch):
         draw = torch.rand((), generator=gen).item()
         if draw < random_share:
-            period = int(torch.randint(8, seq // 2, (), generator=gen))
+            period = int(torch.randint(8, max(9, seq // 4), (), generator=gen))
             segment = torch.randint(256, vocab, (period,), generator=gen)  # skip byte-level tokens
             x[row] = segment.repeat(seq // period + 2)[: seq + 1]
-        elif draw < random_share + repeat_share:
+        elif draw < random_share + words_share and words is not None:
+            length = int(torch.randint(8, min(65, max(9, seq // 4)), (), generator=gen))
+            copies = int(torch.randint(2, 5, (), generator=gen))
+            run = repeated_words(words, length, copies, gen)[: seq + 1]
+            dst = int(torch.randint(0, seq + 2 - len(run), (), generator=gen))
+            x[row, dst : dst + len(run)] = run
+        elif draw < random_share + words_share + repeat_share:
             length = int(torch.randint(min(16, seq // 8), seq // 4, (), generator=gen))
             src = int(torch.randint(0, seq // 2 - length, (), generator=gen))
             dst = int(torch.randint(src + length, seq + 1 - length, (), generator=gen))
@@ -96,31 +186,51 @@ def get_batch(
     return x
 
 
+def heldout_windows(data: torch.Tensor, seq: int, count: int) -> torch.Tensor:
+    """(count, seq) evenly spaced windows of the held-out stream (fewer if it is short)."""
+    step = max(seq, (len(data) - seq) // count)
+    return torch.stack([data[s : s + seq] for s in range(0, len(data) - seq, step)][:count])
+
+
 @torch.no_grad()
-def evaluate(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, n_batches: int = 8) -> float:
+def evaluate(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, data: torch.Tensor, seq: int,
+             count: int = 8) -> tuple[float, float]:
+    """(mean loss in nats per token, bits per UTF-8 byte) on held-out windows."""
     model.eval()
-    gen = torch.Generator().manual_seed(1234)
-    losses = []
-    for _ in range(n_batches):
-        x = get_batch(data, 8, seq, gen, repeat_share=0.0)
-        losses.append(model(x[:, :-1], labels=x[:, :-1]).loss.item())
+    windows = heldout_windows(data, seq, count)  # (W, T)
+    nats, tokens, n_bytes = 0.0, 0, 0
+    for ids in windows:
+        logits = model(ids[None]).logits[0, :-1].float()  # (T-1, V)
+        nats += torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum").item()
+        tokens += len(ids) - 1
+        n_bytes += len(tokenizer.decode(ids[1:]).encode("utf-8"))
     model.train()
-    return sum(losses) / len(losses)
+    return nats / tokens, nats / math.log(2) / n_bytes
 
 
 @torch.no_grad()
-def previous_token_scores(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, n_windows: int = 4) -> list[list[float]]:
-    """(layers x heads) mean attention from i to i-1 on held-out windows, as the model card measures it."""
+def attention_probes(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, words: torch.Tensor,
+                     n_windows: int = 2, length: int = 40, seeds: int = 4) -> tuple[list[list[float]], list[list[float]]]:
+    """(previous-token, induction) scores, each (layers x heads).
+
+    previous-token: mean attention from i to i-1 on held-out windows of ``seq`` tokens;
+    induction: mean attention from each token of the second copy of ``length`` random common
+    words to the token after its first occurrence.
+    """
     model.eval()
     implementation = model.config._attn_implementation
     model.set_attn_implementation("eager")  # the only implementation that returns weights
-    step = max(seq, (len(data) - seq) // n_windows)
-    x = torch.stack([data[s : s + seq] for s in range(0, len(data) - seq, step)][:n_windows])  # (W, T)
+    x = heldout_windows(data, seq, n_windows)  # (W, T)
     attentions = model(x, output_attentions=True).attentions  # layers x (W, H, T, T)
-    scores = [previous_token_weights(a).mean(dim=(0, 2)).tolist() for a in attentions]
+    prev = [previous_token_weights(a).mean(dim=(0, 2)).tolist() for a in attentions]
+    gen = torch.Generator().manual_seed(99)
+    runs = torch.stack([repeated_words(words, length, 2, gen) for _ in range(seeds)])  # (S, 2L)
+    attentions = model(runs, output_attentions=True).attentions
+    q = torch.arange(length, 2 * length)
+    induction = [a[:, :, q, q - length + 1].mean(dim=(0, 2)).tolist() for a in attentions]
     model.set_attn_implementation(implementation)
     model.train()
-    return scores
+    return prev, induction
 
 
 def sinusoids(positions: int, d: int, spread: str = "geometric") -> torch.Tensor:
@@ -132,6 +242,7 @@ def sinusoids(positions: int, d: int, spread: str = "geometric") -> torch.Tensor
     a fixed jitter) over (0, pi), whose sum of cosines is a sharp kernel: positions i and
     i - 1 are then nearly orthogonal, and because p_{i-1} is a fixed rotation of p_i, one
     linear map in a head's query/key weights can point every position at its predecessor.
+    An initialisation only: the table is learned like every other weight.
     """
     pos = torch.arange(positions).float()[:, None]  # (P, 1)
     half = d // 2
@@ -149,38 +260,6 @@ def sinusoids(positions: int, d: int, spread: str = "geometric") -> torch.Tensor
     return table
 
 
-def grow_positions(model: GPT2LMHeadModel, positions: int) -> GPT2LMHeadModel:
-    """Extend the learned position table to ``positions`` rows (new rows = the last one)."""
-    old = model.transformer.wpe.weight.data  # (P_old, d)
-    if positions <= old.shape[0]:
-        return model
-    grown = torch.nn.Embedding(positions, old.shape[1])
-    grown.weight.data[: old.shape[0]] = old
-    grown.weight.data[old.shape[0]:] = old[-1]
-    model.transformer.wpe = grown
-    model.config.n_positions = positions
-    return model
-
-
-def guide_weight(step: int, steps: int, weight: float) -> float:
-    """The guide's weight: ``weight`` at step 0, falling linearly to 0 at ``steps``."""
-    return weight * max(0.0, 1.0 - step / steps) if steps else 0.0
-
-
-def guide_loss(attentions: tuple[torch.Tensor, ...], heads: list[tuple[int, int]]) -> torch.Tensor:
-    """Mean -log of the attention from each token to the one before it, for the guided heads.
-
-    attentions: per layer (B, H, T, T). A warm-up only: it names the behaviour (look one
-    token back) for a few heads early on; the language-model loss alone decides afterwards
-    whether the model keeps them.
-    """
-    losses = []
-    for layer, head in heads:
-        a = attentions[layer][:, head]  # (B, T, T)
-        losses.append(-(previous_token_weights(a) + 1e-6).log().mean())
-    return torch.stack(losses).mean()
-
-
 def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> float:
     if step < warmup:
         return lr * (step + 1) / warmup
@@ -188,158 +267,137 @@ def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> f
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def window_at(step: int, args: argparse.Namespace) -> tuple[int, int]:
+    """(batch, seq) of this step: short windows first, ``--long-seq`` from ``--long-from`` on."""
+    if step >= int(args.long_from * args.steps) and args.long_seq > args.seq:
+        return max(1, args.batch * args.seq // args.long_seq), args.long_seq
+    return args.batch, args.seq
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
-    p.add_argument("--out", type=Path, default=Path("model/bundled/attnscope-tiny"))
-    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--out", type=Path, default=Path("data/run"))
+    p.add_argument("--vocab", type=int, default=16384)
+    p.add_argument("--common-words", type=int, default=1500, help="most frequent words made whole tokens")
+    p.add_argument("--common-chars", type=int, default=3000, help="most frequent CJK characters made whole tokens")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--d-model", type=int, default=256)
-    p.add_argument("--positions", type=int, default=512)
+    p.add_argument("--positions", type=int, default=1024)
     p.add_argument("--seq", type=int, default=512)
+    p.add_argument("--long-seq", type=int, default=1024)
+    p.add_argument("--long-from", type=float, default=0.8, help="share of the steps after which windows are --long-seq")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--steps", type=int, default=1800)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--warmup", type=int, default=100)
-    p.add_argument("--repeat-share", type=float, default=0.15)
-    p.add_argument("--random-share", type=float, default=0.0,
-                   help="share of rows that repeat a run of random tokens (trains copying heads)")
+    p.add_argument("--repeat-share", type=float, default=0.15, help="rows that copy a segment of themselves")
+    p.add_argument("--words-share", type=float, default=0.2, help="rows carrying a repeated run of random words")
+    p.add_argument("--random-share", type=float, default=0.05, help="rows that repeat a run of random token ids")
     p.add_argument("--eval-every", type=int, default=100)
-    p.add_argument("--probe-seq", type=int, default=256,
-                   help="length of the held-out windows the previous-token probe reads")
+    p.add_argument("--probe-seq", type=int, default=1024, help="length of the held-out windows the probes read")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    p.add_argument("--tokenizer", type=Path, default=None,
-                   help="reuse the tokenizer of this folder instead of training one (the same vocabulary)")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward (weights stay float32)")
     p.add_argument("--sinusoid-init", type=float, default=0.05,
-                   help="start the learned position table from sinusoids of this amplitude (0 = GPT-2's random init); "
-                        "smooth positions let previous-token heads form within a CPU-sized budget")
-    p.add_argument("--position-spread", choices=("geometric", "mixed"), default="geometric",
-                   help="frequencies of the sinusoidal start (see sinusoids())")
-    p.add_argument("--freeze-positions", type=int, default=0,
-                   help="hold the position table fixed for this many steps (then it is learned): a relative "
-                        "mechanism learnt on short windows then holds at every position")
-    p.add_argument("--positions-only-from", type=int, default=None,
-                   help="train only the position table's rows from this one on, every other weight held: rows "
-                        "that earlier phases never reached learn to fit the trained network")
-    p.add_argument("--no-attn-scale", action="store_true",
-                   help="GPT-2's scale_attn_weights=False: attention logits are q.k, not q.k/sqrt(d_head)")
-    p.add_argument("--guide-heads", default="0:0,0:1",
-                   help="layer:head pairs the guide points at the previous token (with --guide-steps)")
-    p.add_argument("--guide-steps", type=int, default=0,
-                   help="add the guide to the loss for this many steps, its weight falling linearly to 0")
-    p.add_argument("--guide-weight", type=float, default=0.5)
-    p.add_argument("--qk-init", type=float, default=0.0,
-                   help="std of the query/key weights at init (0 = GPT-2's 0.02); larger logits let heads "
-                        "specialise sooner")
-    p.add_argument("--resume", type=Path, default=None,
-                   help="continue from a trained folder (its tokenizer too); with --positions larger than "
-                        "the folder's, the position table grows and the new rows start from the last one")
-    args = p.parse_args()
+                   help="start the learned position table from sinusoids of this amplitude (0 = GPT-2's random init)")
+    p.add_argument("--position-spread", choices=("geometric", "mixed"), default="mixed")
+    p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    args = parse_args(argv)
     torch.manual_seed(args.seed)
+    random.seed(args.seed)
     if args.threads:
         torch.set_num_threads(args.threads)
-    random.seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
 
     t0 = time.time()
-    if args.resume or args.tokenizer:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.resume or args.tokenizer)
+    state = torch.load(args.out / STATE, weights_only=False) if args.resume else None
+    if state is not None:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out)
     else:
-        tokenizer = train_tokenizer(args.corpus, args.vocab)
+        tokenizer = train_tokenizer(args.corpus, args.vocab, args.common_words, args.common_chars)
+        tokenizer.model_max_length = args.positions
+        tokenizer.save_pretrained(args.out)
     train = encode_docs(tokenizer, args.corpus / "train.txt")
     held = encode_docs(tokenizer, args.corpus / "heldout.txt")
-    log.info("tokenizer: %d tokens, train %d tokens, held-out %d tokens (%.0fs)",
-             len(tokenizer), len(train), len(held), time.time() - t0)
+    words = word_ids(tokenizer)
+    log.info("tokenizer: %d tokens (%d common words), train %d tokens, held-out %d tokens (%.0fs)",
+             len(tokenizer), len(words), len(train), len(held), time.time() - t0)
 
-    config = GPT2Config(
-        vocab_size=len(tokenizer), n_positions=args.positions, n_embd=args.d_model,
-        n_layer=args.layers, n_head=args.heads, bos_token_id=tokenizer.eos_token_id,
-        eos_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        scale_attn_weights=not args.no_attn_scale,
-    )
-    model = GPT2LMHeadModel(config) if args.resume is None else grow_positions(
-        GPT2LMHeadModel.from_pretrained(args.resume), args.positions)
-    tokenizer.model_max_length = model.config.n_positions  # a resumed model may have more than --positions
-    tokenizer.save_pretrained(args.out)
-    if args.resume is None and args.sinusoid_init > 0:
-        with torch.no_grad():
-            model.transformer.wpe.weight.copy_(
-                args.sinusoid_init * sinusoids(args.positions, args.d_model, args.position_spread))
-    if args.resume is None and args.qk_init > 0:
-        with torch.no_grad():
-            for block in model.transformer.h:  # c_attn is (d, 3d): columns [q | k | v]
-                block.attn.c_attn.weight[:, : 2 * args.d_model].normal_(0.0, args.qk_init)
+    if state is not None:
+        model = GPT2LMHeadModel.from_pretrained(args.out)
+    else:
+        config = GPT2Config(
+            vocab_size=len(tokenizer), n_positions=args.positions, n_embd=args.d_model,
+            n_layer=args.layers, n_head=args.heads, bos_token_id=tokenizer.eos_token_id,
+            eos_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )
+        model = GPT2LMHeadModel(config)
+        if args.sinusoid_init > 0:
+            with torch.no_grad():
+                model.transformer.wpe.weight.copy_(
+                    args.sinusoid_init * sinusoids(args.positions, args.d_model, args.position_spread))
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %d parameters", n_params)
     # no weight decay on embeddings (token and position tables) or on gains and biases
     embeddings = {id(model.transformer.wte.weight), id(model.transformer.wpe.weight)}
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and id(p) not in embeddings]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2 or id(p) in embeddings]
+    decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
+    no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.95),
     )
     gen = torch.Generator().manual_seed(args.seed)
-    previous = json.loads((args.resume / "training.json").read_text()) if args.resume else None
-    curve: list[dict[str, float]] = []
+    curve: list[dict[str, object]] = []
+    first, elapsed_before = 0, 0.0
+    if state is not None:
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        curve, first, elapsed_before = state["curve"], state["step"], state["seconds"]
+        log.info("resuming at step %d", first)
     model.train()
-    start = time.time()
-    bar = tqdm(range(args.steps), mininterval=30, desc="train")
-    implementation = model.config._attn_implementation
-    guided = [tuple(int(v) for v in pair.split(":")) for pair in args.guide_heads.split(",") if pair]
-    if args.guide_steps:
-        log.info("guiding heads %s towards the previous token for %d steps (weight %.2f, falling to 0)",
-                 guided, args.guide_steps, args.guide_weight)
-        model.set_attn_implementation("eager")  # the guide needs the weights, until it ends
-    wpe = model.transformer.wpe.weight
-    wpe.requires_grad_(args.freeze_positions == 0)
-    if args.positions_only_from is not None:
-        for param in model.parameters():
-            param.requires_grad_(param is wpe)
-        keep = torch.zeros_like(wpe)  # (P, d): 1 on the rows that learn
-        keep[args.positions_only_from :] = 1.0
-        wpe.register_hook(lambda grad: grad * keep)
-        log.info("training only position rows %d.. (all other weights held)", args.positions_only_from)
+    start = time.time() - elapsed_before
+    bar = tqdm(range(first, args.steps), initial=first, total=args.steps, mininterval=30, desc="train")
+    tokens = sum(window_at(s, args)[0] * window_at(s, args)[1] for s in range(first))
     for step in bar:
-        if step == args.guide_steps and args.guide_steps:
-            model.set_attn_implementation(implementation)
-        if step == args.freeze_positions and args.freeze_positions:
-            wpe.requires_grad_(True)
-            log.info("step %d: the position table is learned from now on", step)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.warmup, args.lr, args.lr / 10)
-        x = get_batch(train, args.batch, args.seq, gen, args.repeat_share, args.random_share, len(tokenizer))
-        weight = guide_weight(step, args.guide_steps, args.guide_weight)
-        if weight > 0:
-            out = model(x[:, :-1], labels=x[:, :-1], output_attentions=True)
-            loss = out.loss
-            objective = loss + weight * guide_loss(out.attentions, guided)
-        else:
-            loss = objective = model(x[:, :-1], labels=x[:, :-1]).loss
+        batch, seq = window_at(step, args)
+        x = get_batch(train, batch, seq, gen, args.repeat_share, args.words_share, args.random_share,
+                      words, len(tokenizer))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = model(x[:, :-1], labels=x[:, :-1]).loss
         opt.zero_grad(set_to_none=True)
-        objective.backward()
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        tokens += batch * seq
         bar.set_postfix(loss=f"{loss.item():.3f}")
         if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            held_loss = evaluate(model, held, args.seq)
-            prev = previous_token_scores(model, held, args.probe_seq)
-            best = sorted((v for row in prev for v in row), reverse=True)[:2]
+            held_loss, bpb = evaluate(model, tokenizer, held, args.seq)
+            prev, induction = attention_probes(model, held, args.probe_seq, words)
+            prev_top = sorted((v for row in prev for v in row), reverse=True)[:2]
+            ind_top = max(v for row in induction for v in row)
             elapsed = time.time() - start
-            tokens = (step + 1) * args.batch * args.seq
-            curve.append({"step": step + 1, "tokens": tokens, "train_loss": loss.item(),
-                          "heldout_loss": held_loss, "seconds": elapsed, "prev_token_top2": best})
-            log.info("step %d tokens %d train %.3f held-out %.3f prev-token top-2 %.2f %.2f (%.0f tok/s)",
-                     step + 1, tokens, loss.item(), held_loss, best[0], best[1], tokens / elapsed)
+            curve.append({"step": step + 1, "tokens": tokens, "train_loss": loss.item(), "heldout_loss": held_loss,
+                          "heldout_bpb": bpb, "seconds": elapsed, "prev_token_top2": prev_top,
+                          "induction_top": ind_top, "seq": seq})
+            log.info("step %d tokens %d train %.3f held-out %.3f (%.3f bits/byte) prev-token top-2 %.2f %.2f "
+                     "induction %.2f (%.0f tok/s)", step + 1, tokens, loss.item(), held_loss, bpb, prev_top[0],
+                     prev_top[1], ind_top, tokens / elapsed)
             model.save_pretrained(args.out)
             (args.out / "training.json").write_text(json.dumps({
-                "n_params": n_params, "train_tokens_in_corpus": len(train),
-                "heldout_tokens": len(held), "args": {k: str(v) for k, v in vars(args).items()},
-                "curve": curve, "previous": previous}, indent=1))
+                "n_params": n_params, "train_tokens_in_corpus": len(train), "heldout_tokens": len(held),
+                "args": {k: str(v) for k, v in vars(args).items()}, "curve": curve,
+                "hardware": f"CPU, {torch.get_num_threads()} thread(s)"}, indent=1))
+            torch.save({"optimizer": opt.state_dict(), "generator": gen.get_state(), "curve": curve,
+                        "step": step + 1, "seconds": elapsed}, args.out / STATE)
     log.info("done in %.0f s", time.time() - start)
 
 
