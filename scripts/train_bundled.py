@@ -303,6 +303,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sinusoid-init", type=float, default=0.05,
                    help="start the learned position table from sinusoids of this amplitude (0 = GPT-2's random init)")
     p.add_argument("--position-spread", choices=("geometric", "mixed"), default="mixed")
+    p.add_argument("--tokenizer", type=Path, default=None, help="reuse the tokenizer of this folder instead of training one")
     p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
     return p.parse_args(argv)
 
@@ -318,8 +319,9 @@ def main(argv: list[str] | None = None) -> None:
 
     t0 = time.time()
     state = torch.load(args.out / STATE, weights_only=False) if args.resume else None
-    if state is not None:
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out)
+    if state is not None or args.tokenizer:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.out if state is not None else args.tokenizer)
+        tokenizer.save_pretrained(args.out)
     else:
         tokenizer = train_tokenizer(args.corpus, args.vocab, args.common_words, args.common_chars)
         tokenizer.model_max_length = args.positions

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -13,14 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 HELDOUT = Path(__file__).parent / "data" / "heldout_sample.txt"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_bundled", ROOT / "scripts" / "train_bundled.py")
+def load_script(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-train = load_script()
+train = load_script("train_bundled")
 
 
 def neighbour_cosine(table: torch.Tensor, i: int) -> float:
@@ -37,59 +38,97 @@ def test_mixed_sinusoids_tell_neighbours_apart() -> None:
     assert torch.allclose(mixed[301] @ mixed[300], mixed[801] @ mixed[800], atol=1e-3)
 
 
-def test_random_rows_repeat_with_a_period() -> None:
+def test_pre_tokenizer_isolates_each_cjk_character() -> None:
+    tok = train.build_tokenizer()
+    pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("我爱AI，dog bites")]
+    # every CJK character is a piece of its own (bytes shown as GPT-2's printable stand-ins)
+    assert len(pieces) == 6 and pieces[2] == "AI" and pieces[-2:] == ["dog", "\u0120bites"]
+
+
+def test_supplement_lists_word_forms_and_characters() -> None:
+    text = "the cat and the dog. The dog bites. 我爱猫，猫爱我。"
+    forms = train.supplement(text, ["weather", "mat"], words=3, chars=2)
+    assert " the" in forms and "The" in forms and " The" in forms  # corpus words, capitalised too
+    assert " weather" in forms and "weather" in forms and "Weather" not in forms  # everyday words
+    assert forms[-2:] == ["我", "爱"]  # the most frequent characters, ties in order of appearance
+    assert train.common_chars(text, 10, least=2) == ["我", "爱", "猫"]
+    assert train.common_words("A dog, a Dog and a cat", 2) == ["a", "dog"]
+
+
+def test_tokenizer_keeps_supplied_words_whole(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "train.txt").write_text(HELDOUT.read_text(encoding="utf-8") * 2, encoding="utf-8")
+    (corpus / "everyday_words.txt").write_text("intelligence\nweather\n", encoding="utf-8")
+    tok = train.train_tokenizer(corpus, 700, words=20, chars=30, weight=50)
+    assert len(tok) == 700
+    for word in (" intelligence", " weather", "weather"):
+        assert len(tok(word)["input_ids"]) == 1, word
+    assert tok.decode(tok("I love artificial intelligence 我")["input_ids"]) == "I love artificial intelligence 我"
+
+
+def test_batch_rows_repeat_what_they_should() -> None:
     data = torch.arange(10_000) % 5000
+    words = torch.arange(6000, 6100)
     gen = torch.Generator().manual_seed(0)
     x = train.get_batch(data, 6, 64, gen, repeat_share=0.0, random_share=1.0, vocab=8192)  # (6, 65)
     for row in x:
         periods = [p for p in range(8, 33) if torch.equal(row[p:], row[:-p])]
-        assert periods, row
-        assert int(row.min()) >= 256  # no byte-level tokens
+        assert periods and int(row.min()) >= 256, row  # a period, and no byte-level tokens
+    x = train.get_batch(data, 6, 256, gen, repeat_share=0.0, words_share=1.0, words=words, vocab=8192)
+    for row in x:
+        inserted = ((row >= 6000) & (row < 6100)).nonzero().flatten()  # the run of words and its copies
+        run = row[inserted]
+        assert len(run) >= 16 and any(torch.equal(run[p:], run[:-p]) for p in range(8, len(run) // 2 + 1)), row
+    x = train.get_batch(data, 4, 128, gen, repeat_share=1.0)
+    for row in x:  # a segment of natural text appears twice
+        assert len(set(row.tolist())) < len(row)
 
 
-def test_guide_loss_rewards_looking_one_token_back() -> None:
-    t = 16
-    previous = torch.zeros(1, 2, t, t)
-    previous[0, :, torch.arange(1, t), torch.arange(t - 1)] = 1.0
-    previous[0, :, 0, 0] = 1.0
-    uniform = torch.tril(torch.ones(t, t)) / torch.arange(1, t + 1)[:, None]
-    uniform = uniform.expand(1, 2, t, t)
-    assert train.guide_loss((previous,), [(0, 1)]) < 1e-4
-    assert train.guide_loss((uniform,), [(0, 1)]) > 1.0
-    assert train.guide_weight(0, 100, 0.5) == 0.5 and train.guide_weight(50, 100, 0.5) == 0.25
-    assert train.guide_weight(100, 100, 0.5) == 0.0 and train.guide_weight(5, 0, 0.5) == 0.0
+def test_window_schedule_keeps_tokens_per_step() -> None:
+    args = train.parse_args(["--steps", "100", "--seq", "256", "--long-seq", "1024", "--batch", "8", "--long-from", "0.5"])
+    assert train.window_at(0, args) == (8, 256) and train.window_at(49, args) == (8, 256)
+    assert train.window_at(50, args) == (2, 1024) and train.window_at(99, args) == (2, 1024)
 
 
-def test_a_few_steps_end_to_end(tmp_path: Path, monkeypatch: object) -> None:
+def test_lr_warms_up_then_decays() -> None:
+    assert train.lr_at(0, 100, 10, 1e-3, 1e-4) == 1e-4
+    assert train.lr_at(9, 100, 10, 1e-3, 1e-4) == 1e-3
+    assert abs(train.lr_at(100, 100, 10, 1e-3, 1e-4) - 1e-4) < 1e-12
+
+
+def test_no_loss_on_attention_in_the_recipe() -> None:
+    source = (ROOT / "scripts" / "train_bundled.py").read_text(encoding="utf-8")
+    assert "guide" not in source.lower()
+    args = train.parse_args([])
+    assert not any("guide" in name for name in vars(args))
+
+
+def test_a_few_steps_end_to_end_and_resume(tmp_path: Path) -> None:
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     text = HELDOUT.read_text(encoding="utf-8")
     (corpus / "train.txt").write_text(text * 3, encoding="utf-8")
     (corpus / "heldout.txt").write_text(text, encoding="utf-8")
     out = tmp_path / "model"
-    monkeypatch.setattr(sys, "argv", [
-        "train_bundled.py", "--corpus", str(corpus), "--out", str(out), "--vocab", "400", "--layers", "1",
-        "--heads", "2", "--d-model", "32", "--positions", "1024", "--seq", "64", "--batch", "2", "--steps", "4",
-        "--eval-every", "2", "--warmup", "1", "--position-spread", "mixed", "--sinusoid-init", "0.1",
-        "--random-share", "0.5", "--guide-steps", "2", "--guide-heads", "0:1", "--threads", "1"])
-    train.main()
+    common = ["--corpus", str(corpus), "--out", str(out), "--vocab", "600", "--common-words", "20",
+              "--common-chars", "20", "--layers", "1", "--heads", "2", "--d-model", "32", "--positions", "256",
+              "--seq", "64", "--long-seq", "128", "--long-from", "0.5", "--batch", "2", "--eval-every", "2",
+              "--warmup", "1", "--probe-seq", "128", "--threads", "1", "--bf16"]
+    train.main(common + ["--steps", "4"])
     record = json.loads((out / "training.json").read_text())
     assert [c["step"] for c in record["curve"]] == [2, 4]
-    assert all(len(c["prev_token_top2"]) == 2 and 0 <= c["prev_token_top2"][0] <= 1 for c in record["curve"])
+    assert [c["seq"] for c in record["curve"]] == [64, 128]
+    assert all(len(c["prev_token_top2"]) == 2 and 0 <= c["induction_top"] <= 1 and c["heldout_bpb"] > 0
+               for c in record["curve"])
     from transformers import AutoTokenizer, GPT2LMHeadModel
 
-    model = GPT2LMHeadModel.from_pretrained(out)
-    tok = AutoTokenizer.from_pretrained(out)
-    assert model.config.n_layer == 1 and len(tok) == 400
+    assert GPT2LMHeadModel.from_pretrained(out).config.n_layer == 1
+    assert len(AutoTokenizer.from_pretrained(out)) == 600
+    assert (out / train.STATE).exists()
 
-    # a resumed phase keeps the model's 1,024 positions (and says so to the tokenizer) even though
-    # --positions is left at its default of 512, and keeps the earlier phase's record
-    resumed = tmp_path / "resumed"
-    monkeypatch.setattr(sys, "argv", [
-        "train_bundled.py", "--corpus", str(corpus), "--out", str(resumed), "--resume", str(out), "--seq", "128",
-        "--batch", "1", "--steps", "2", "--eval-every", "2", "--warmup", "1", "--probe-seq", "128", "--threads", "1"])
-    train.main()
-    record = json.loads((resumed / "training.json").read_text())
-    assert record["args"]["probe_seq"] == "128" and record["previous"]["curve"][-1]["step"] == 4
-    assert GPT2LMHeadModel.from_pretrained(resumed).config.n_positions == 1024
-    assert AutoTokenizer.from_pretrained(resumed).model_max_length == 1024
+    # resuming continues the step count, the curve and the token count from the checkpoint
+    train.main(common + ["--steps", "6", "--resume"])
+    record = json.loads((out / "training.json").read_text())
+    assert [c["step"] for c in record["curve"]] == [2, 4, 6]
+    assert record["curve"][-1]["tokens"] == 6 * 2 * 64  # long windows halve the batch: same tokens a step
