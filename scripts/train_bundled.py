@@ -153,16 +153,25 @@ def repeated_words(words: torch.Tensor, length: int, copies: int, gen: torch.Gen
     return run.repeat(copies)
 
 
+def triples(words: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    """``count`` triples of random words A B A: (3 * count,). The third word of each is the one
+    before the second: a model predicts it by reading the previous token, and by nothing else."""
+    pairs = words[torch.randint(0, len(words), (count, 2), generator=gen)]  # (count, 2)
+    return torch.cat([pairs, pairs[:, :1]], dim=1).flatten()
+
+
 def get_batch(
     data: torch.Tensor, batch: int, seq: int, gen: torch.Generator, repeat_share: float,
     words_share: float = 0.0, random_share: float = 0.0, words: torch.Tensor | None = None, vocab: int = 0,
+    triples_share: float = 0.0,
 ) -> torch.Tensor:
     """(batch, seq+1) windows of the corpus; a share of rows carry something repeated.
 
     * ``repeat_share``: a segment of the row is copied to a later place in it;
     * ``words_share``: a run of 8 to 64 random common words, repeated 2 to 4 times, overwrites
       part of the row (the induction probe's task, in the middle of ordinary text);
-    * ``random_share``: the row is a run of random token ids repeated until it is full.
+    * ``random_share``: the row is a run of random token ids repeated until it is full;
+    * ``triples_share``: 8 to 64 triples of random common words ``A B A`` overwrite part of the row.
     """
     starts = torch.randint(0, len(data) - seq - 1, (batch,), generator=gen)
     x = torch.stack([data[s : s + seq + 1] for s in starts])  # (B, T+1)
@@ -178,7 +187,11 @@ def get_batch(
             run = repeated_words(words, length, copies, gen)[: seq + 1]
             dst = int(torch.randint(0, seq + 2 - len(run), (), generator=gen))
             x[row, dst : dst + len(run)] = run
-        elif draw < random_share + words_share + repeat_share:
+        elif draw < random_share + words_share + triples_share and words is not None:
+            run = triples(words, int(torch.randint(8, min(65, max(9, seq // 6)), (), generator=gen)), gen)[: seq + 1]
+            dst = int(torch.randint(0, seq + 2 - len(run), (), generator=gen))
+            x[row, dst : dst + len(run)] = run
+        elif draw < random_share + words_share + triples_share + repeat_share:
             length = int(torch.randint(min(16, seq // 8), seq // 4, (), generator=gen))
             src = int(torch.randint(0, seq // 2 - length, (), generator=gen))
             dst = int(torch.randint(src + length, seq + 1 - length, (), generator=gen))
@@ -295,6 +308,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat-share", type=float, default=0.15, help="rows that copy a segment of themselves")
     p.add_argument("--words-share", type=float, default=0.2, help="rows carrying a repeated run of random words")
     p.add_argument("--random-share", type=float, default=0.05, help="rows that repeat a run of random token ids")
+    p.add_argument("--triples-share", type=float, default=0.0, help="rows carrying triples of random words A B A")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--probe-seq", type=int, default=1024, help="length of the held-out windows the probes read")
     p.add_argument("--seed", type=int, default=0)
@@ -305,6 +319,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--position-spread", choices=("geometric", "mixed"), default="mixed")
     p.add_argument("--tokenizer", type=Path, default=None, help="reuse the tokenizer of this folder instead of training one")
     p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
+    p.add_argument("--stop-at", type=int, default=None,
+                   help="end this invocation after this step (checkpointed), the schedule still reading --steps")
     return p.parse_args(argv)
 
 
@@ -357,22 +373,26 @@ def main(argv: list[str] | None = None) -> None:
     )
     gen = torch.Generator().manual_seed(args.seed)
     curve: list[dict[str, object]] = []
+    phases: list[dict[str, object]] = []  # each invocation (the first, then every --resume) and where it began
     first, elapsed_before = 0, 0.0
     if state is not None:
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         curve, first, elapsed_before = state["curve"], state["step"], state["seconds"]
+        phases = state.get("phases", [])
         log.info("resuming at step %d", first)
+    phases.append({"from_step": first, "args": {k: str(v) for k, v in vars(args).items()}})
     model.train()
     start = time.time() - elapsed_before
-    bar = tqdm(range(first, args.steps), initial=first, total=args.steps, mininterval=30, desc="train")
+    last = min(args.steps, args.stop_at or args.steps)
+    bar = tqdm(range(first, last), initial=first, total=args.steps, mininterval=30, desc="train")
     tokens = sum(window_at(s, args)[0] * window_at(s, args)[1] for s in range(first))
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.warmup, args.lr, args.lr / 10)
         batch, seq = window_at(step, args)
         x = get_batch(train, batch, seq, gen, args.repeat_share, args.words_share, args.random_share,
-                      words, len(tokenizer))
+                      words, len(tokenizer), args.triples_share)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             loss = model(x[:, :-1], labels=x[:, :-1]).loss
         opt.zero_grad(set_to_none=True)
@@ -381,7 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         opt.step()
         tokens += batch * seq
         bar.set_postfix(loss=f"{loss.item():.3f}")
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
+        if (step + 1) % args.eval_every == 0 or step + 1 == last:
             held_loss, bpb = evaluate(model, tokenizer, held, args.seq)
             prev, induction = attention_probes(model, held, args.probe_seq, words)
             prev_top = sorted((v for row in prev for v in row), reverse=True)[:2]
@@ -396,10 +416,10 @@ def main(argv: list[str] | None = None) -> None:
             model.save_pretrained(args.out)
             (args.out / "training.json").write_text(json.dumps({
                 "n_params": n_params, "train_tokens_in_corpus": len(train), "heldout_tokens": len(held),
-                "args": {k: str(v) for k, v in vars(args).items()}, "curve": curve,
+                "args": {k: str(v) for k, v in vars(args).items()}, "phases": phases, "curve": curve,
                 "hardware": f"CPU, {torch.get_num_threads()} thread(s)"}, indent=1))
             torch.save({"optimizer": opt.state_dict(), "generator": gen.get_state(), "curve": curve,
-                        "step": step + 1, "seconds": elapsed}, args.out / STATE)
+                        "step": step + 1, "seconds": elapsed, "phases": phases}, args.out / STATE)
     log.info("done in %.0f s", time.time() - start)
 
 
