@@ -180,8 +180,8 @@ def jargon(root: Path) -> list[str]:
 class _Prose(HTMLParser):
     """Text of block elements (p, li, dd, dt, headings), skipping pre, code listings, scripts and tables."""
 
-    BLOCKS = {"p", "li", "dd", "dt", "h1", "h2", "h3", "h4", "title", "desc"}
-    SKIP = {"pre", "script", "style", "table", "code", "screen", "programlisting", "synopsis", "media"}
+    BLOCKS = frozenset({"p", "li", "dd", "dt", "h1", "h2", "h3", "h4", "title", "desc"})
+    SKIP = frozenset({"pre", "script", "style", "table", "code", "screen", "programlisting", "synopsis", "media"})
 
     def __init__(self) -> None:
         super().__init__(convert_charrefs=True)
@@ -259,7 +259,7 @@ def rst_prose(paths: Iterable[Path], chinese: bool = False) -> list[str]:
             lines = para.splitlines()
             if not lines or lines[0].startswith((" ", "\t", "..", "+", "|", "=", "-", "*", ">>>", ":", "#", "~")):
                 continue
-            prose = squash(" ".join(lines) if not chinese else "".join(l.strip() for l in lines))
+            prose = squash(" ".join(lines) if not chinese else "".join(line.strip() for line in lines))
             prose = _RST_ROLE.sub(r"\1", prose)
             prose = _RST_LINK.sub(r"\1", prose).replace("``", "").replace("**", "").replace("::", ":")
             if chinese:

@@ -47,10 +47,10 @@ STRETCH = 128  # positions per stretch in the "at every position" previous-token
 WHOLE_WORDS = ["dog bites man", "man bites dog", "I love artificial intelligence", "The cat sat on the mat",
                "The weather today is nice and warm", "In the morning I drink a cup of coffee and read the news",
                "She opened the window and looked at the garden", "My brother lost his hat at the beach"]
-CHINESE = ["我爱人工智能", "今天天气很好，我们去公园散步吧。"]
+CHINESE = ["我爱人工智能", "今天天气很好，我们去公园散步吧。"]  # noqa: RUF001 - Chinese punctuation on purpose
 PROMPTS = ["Once upon a time", "The weather today is", "In the morning, I", "The meaning of life is",
            "My favourite food is", "dog bites man", "I love artificial intelligence because",
-           "The cat sat on the mat.", "我爱人工智能", "今天天气很好，", "床前明月光，", "在计算机科学中，"]
+           "The cat sat on the mat.", "我爱人工智能", "今天天气很好，", "床前明月光，", "在计算机科学中，"]  # noqa: RUF001 - Chinese punctuation
 NATURAL_REPEATS = ["The cat sat on the mat. The cat sat on the mat.",
                    "Mary went to the market to buy some bread and milk. Mary went to the market to buy some bread and milk.",
                    "When the rain stopped, the children ran outside to play in the garden. "
@@ -230,7 +230,7 @@ def grid_table(title: str, grid: list[list[float]], line: float) -> list[str]:
              "|---|" + "---|" * len(grid[0])]
     for layer, row in enumerate(grid):
         lines.append(f"| {layer} | " + " | ".join(f"**{v:.2f}**" if v >= line else f"{v:.2f}" for v in row) + " |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def card_tables(stats: dict[str, Any]) -> str:
@@ -258,9 +258,9 @@ def card_tables(stats: dict[str, Any]) -> str:
         lines.append(f"| {cont['prompt']} | {text} | {cont['english_word_tokens']} | {cont['chinese_characters']} | "
                      f"{'yes' if cont['ended'] else 'no'} |")
     lines.append("")
-    lines += grid_table(f"Previous-token score: mean attention from i to i−1 over {stats['prev_token_windows']} "
+    lines += grid_table(f"Previous-token score: mean attention from i to i-1 over {stats['prev_token_windows']} "
                         "held-out windows of the full context", stats["prev_token"], 0.5)
-    lines += grid_table("Previous-token score, lowest over any stretch of 128 positions (0–127, 128–255, …)",
+    lines += grid_table("Previous-token score, lowest over any stretch of 128 positions (0-127, 128-255, ...)",
                         stats["prev_token_lowest_stretch"], 0.5)
     lines += grid_table("Induction score: 40 random common words repeated (8 draws; the engine's score)",
                         stats["induction_random_words"], 0.4)

@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
     start = time.time() - elapsed_before
     last = min(args.steps, args.stop_at or args.steps)
     bar = tqdm(range(first, last), initial=first, total=args.steps, mininterval=30, desc="train")
-    tokens = sum(window_at(s, args)[0] * window_at(s, args)[1] for s in range(first))
+    # tokens seen so far: the checkpoint's count (earlier phases may have read other window sizes)
+    tokens = int(curve[-1]["tokens"]) + (first - int(curve[-1]["step"])) * args.batch * args.seq if curve else 0
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.warmup, args.lr, args.lr / 10)

@@ -115,7 +115,7 @@ def test_a_few_steps_end_to_end_and_resume(tmp_path: Path) -> None:
               "--common-chars", "20", "--layers", "1", "--heads", "2", "--d-model", "32", "--positions", "256",
               "--seq", "64", "--long-seq", "128", "--long-from", "0.5", "--batch", "2", "--eval-every", "2",
               "--warmup", "1", "--probe-seq", "128", "--threads", "1", "--bf16"]
-    train.main(common + ["--steps", "4"])
+    train.main([*common, "--steps", "4"])
     record = json.loads((out / "training.json").read_text())
     assert [c["step"] for c in record["curve"]] == [2, 4]
     assert [c["seq"] for c in record["curve"]] == [64, 128]
@@ -128,7 +128,7 @@ def test_a_few_steps_end_to_end_and_resume(tmp_path: Path) -> None:
     assert (out / train.STATE).exists()
 
     # resuming continues the step count, the curve and the token count from the checkpoint
-    train.main(common + ["--steps", "6", "--resume"])
+    train.main([*common, "--steps", "6", "--resume"])
     record = json.loads((out / "training.json").read_text())
     assert [c["step"] for c in record["curve"]] == [2, 4, 6]
     assert record["curve"][-1]["tokens"] == 6 * 2 * 64  # long windows halve the batch: same tokens a step
