@@ -48,8 +48,9 @@ WHOLE_WORDS = ["dog bites man", "man bites dog", "I love artificial intelligence
                "The weather today is nice and warm", "In the morning I drink a cup of coffee and read the news",
                "She opened the window and looked at the garden", "My brother lost his hat at the beach"]
 CHINESE = ["我爱人工智能", "今天天气很好，我们去公园散步吧。"]  # noqa: RUF001 - Chinese punctuation on purpose
-PROMPTS = ["Once upon a time", "The weather today is", "In the morning, I", "The meaning of life is",
-           "My favourite food is", "dog bites man", "I love artificial intelligence because",
+EVERYDAY_PROMPTS = ["Once upon a time", "The weather today is", "In the morning, I", "The meaning of life is",
+                    "My favourite food is"]  # the first three are issue 16's; each must run on in English
+PROMPTS = [*EVERYDAY_PROMPTS, "dog bites man", "I love artificial intelligence because",
            "The cat sat on the mat.", "我爱人工智能", "今天天气很好，", "床前明月光，", "在计算机科学中，"]  # noqa: RUF001 - Chinese punctuation
 NATURAL_REPEATS = ["The cat sat on the mat. The cat sat on the mat.",
                    "Mary went to the market to buy some bread and milk. Mary went to the market to buy some bread and milk.",
@@ -197,7 +198,7 @@ def targets(stats: dict[str, Any]) -> list[tuple[str, str, bool]]:
     """(target, measured, met) for each of issue 16's targets."""
     ind = best(stats["induction_random_words"])[0]
     lowest = sorted((v for row in stats["prev_token_lowest_stretch"] for v in row), reverse=True)
-    english_prompts = [c for c in stats["continuations"] if not is_chinese(c["prompt"])]
+    english_prompts = [c for c in stats["continuations"] if c["prompt"] in EVERYDAY_PROMPTS]
     chinese_prompts = [c for c in stats["continuations"] if is_chinese(c["prompt"])]
     words = [s for s in WHOLE_WORDS if len(stats["tokenization"][s]) == len(s.split())]
     return [
@@ -214,7 +215,7 @@ def targets(stats: dict[str, Any]) -> list[tuple[str, str, bool]]:
          len(words) == len(WHOLE_WORDS)),
         ("`我爱人工智能` in <= 6 tokens", str(len(stats["tokenization"]["我爱人工智能"])),
          len(stats["tokenization"]["我爱人工智能"]) <= 6),
-        (">= 8 English tokens before end-of-text on everyday prompts",
+        (">= 8 English tokens before end-of-text on everyday prompts (" + ", ".join(EVERYDAY_PROMPTS) + ")",
          ", ".join(str(c["english_word_tokens"]) for c in english_prompts),
          all(c["english_word_tokens"] >= 8 for c in english_prompts)),
         ("Chinese prompts continue in Chinese", ", ".join(f"{c['chinese_characters']} characters" for c in chinese_prompts),
