@@ -12,6 +12,31 @@ from typing import Any
 log = logging.getLogger("attnscope")
 
 
+def model_overrides(items: list[str]) -> dict[str, Any]:
+    """``--model NAME=SOURCE`` (repeatable): exactly these models, the first the default;
+    ``--model NAME`` alone: the default among the configured (or given) ones."""
+    models: dict[str, str] = {}
+    default: str | None = None
+    for item in items:
+        name, eq, source = (part.strip() for part in item.partition("="))
+        if not eq:
+            default = name
+            continue
+        if not name or not source:
+            raise ValueError(f"--model {item!r}: write NAME=SOURCE (a folder, bundled:NAME, package:MODULE "
+                             "or a hub id)")
+        if name in models:
+            raise ValueError(f"--model: the name {name!r} is given twice")
+        models[name] = source
+    out: dict[str, Any] = {}
+    if models:
+        out["models"] = models
+        out["default_model"] = default or next(iter(models))
+    elif default is not None:
+        out["default_model"] = default
+    return out
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -21,9 +46,14 @@ def _serve(args: argparse.Namespace) -> int:
     from model.errors import EngineError
 
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
-    if args.model:
-        overrides["default_model"] = args.model
+    try:
+        overrides.update(model_overrides(args.model or []))
+    except ValueError as exc:
+        sys.stderr.write(f"attnscope: {exc}\n")
+        return 2
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    if "models" in overrides:  # exactly these: pydantic-settings would merge them into ATTNSCOPE_MODELS
+        settings = settings.model_copy(update={"models": overrides["models"]})
     if settings.tune_malloc:
         tune_malloc()  # before any thread or tensor: see app/memory.py
     try:
@@ -104,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="start the web app")
     serve.add_argument("--host", default=None, help="default 127.0.0.1")
     serve.add_argument("--port", type=int, default=None, help="default 8000")
-    serve.add_argument("--model", default=None, help="default model name (one of ATTNSCOPE_MODELS)")
+    serve.add_argument("--model", action="append", default=None, metavar="NAME[=SOURCE]",
+                       help="NAME=SOURCE serves exactly the models given (repeatable; the first is the default; "
+                            "SOURCE is a local folder, bundled:NAME, package:MODULE or a hub id such as "
+                            "Qwen/Qwen2.5-0.5B-Instruct); NAME alone picks the default among ATTNSCOPE_MODELS")
     analyze = sub.add_parser("analyze", help="analyse one prompt and print the run")
     analyze.add_argument("text")
     analyze.add_argument("--model", default=None)

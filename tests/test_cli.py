@@ -104,3 +104,48 @@ def test_export_run_to_svg(client_for_export: tuple, tmp_path: Path) -> None:
 def client_for_export(client):
     run = client.post("/api/runs", json={"text": "bold <b>text</b> here"}).json()
     return client, run["run_id"]
+
+
+def test_serve_model_name_equals_source_serves_exactly_those(tiny_dirs: dict[str, Path]) -> None:
+    port = free_port()
+    args = ["--model", f"first={tiny_dirs['llama']}", "--model", f"second={tiny_dirs['gpt2']}"]
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args],
+                            env=_env({"other": "bundled:attnscope-tiny"}, "other"), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert "serving first" in proc.stdout.readline()
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                models = httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=5).json()["models"]
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server never answered"
+                time.sleep(0.2)
+        assert [(m["name"], m["default"], m["family"]) for m in models] == [("first", True, "llama"),
+                                                                           ("second", False, "gpt2")]
+        assert models[0]["device"] == "cpu" and models[0]["dtype"] == "float32"
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert "loading model 1/2: first" in err and "loaded second" in err  # progress in the terminal
+
+
+def test_serve_hub_id_without_network_fails_in_one_line() -> None:
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(free_port()),
+                           "--model", "qwen=Qwen/Qwen2.5-0.5B-Instruct"], env=_env({}, "x"), capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("attnscope: model 'qwen':") and "hub could not be reached" in last
+
+
+def test_model_overrides() -> None:
+    from app.cli import model_overrides
+
+    assert model_overrides(["a=bundled:x", "b=/m"]) == {"models": {"a": "bundled:x", "b": "/m"}, "default_model": "a"}
+    assert model_overrides(["a=bundled:x", "b=/m", "b"])["default_model"] == "b"
+    assert model_overrides(["tiny"]) == {"default_model": "tiny"}
+    with pytest.raises(ValueError, match="NAME=SOURCE"):
+        model_overrides(["=x"])
