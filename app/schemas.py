@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PositionEncoding = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
 
@@ -64,12 +64,30 @@ def _text_not_blank(value: str) -> str:
     return value
 
 
+class ChatMessage(Strict):
+    role: str = Field(min_length=1, max_length=32, description="system, user, assistant, ...", examples=["user"])
+    content: str = Field(max_length=1_000_000)
+
+
 class RunRequest(Strict):
-    text: str = Field(description="the prompt; any Unicode", examples=["I love artificial intelligence"])
+    text: str | None = Field(None, description="the prompt; any Unicode", examples=["I love artificial intelligence"])
+    messages: list[ChatMessage] | None = Field(
+        None, min_length=1, max_length=1000,
+        description="instead of text: a chat, rendered with the model's chat template (with the generation "
+                    "prompt); its special tokens are marked in the run's tokens. 422 when the model has no template")
     model: str | None = Field(None, description="a configured model name (GET /api/models); default if omitted")
     top_k: int = Field(10, ge=1, le=100, description="next-token candidates kept per position")
 
-    _check_text = field_validator("text")(_text_not_blank)
+    @field_validator("text")
+    @classmethod
+    def _check_text(cls, value: str | None) -> str | None:
+        return None if value is None else _text_not_blank(value)
+
+    @model_validator(mode="after")
+    def _text_or_messages(self) -> RunRequest:
+        if (self.text is None) == (self.messages is None):
+            raise ValueError('send either "text" or "messages" (a chat), not both and not neither')
+        return self
 
 
 class TokenOut(BaseModel):
@@ -79,7 +97,8 @@ class TokenOut(BaseModel):
     start: int = Field(description="character offset of the first character this token completes")
     end: int = Field(description="character offset just past the last; start == end when it completes none. "
                                  "Spans never overlap: consecutive tokens are contiguous and rebuild the text once")
-    special: bool = Field(False, description="a special token (<|endoftext|>, [CLS]); it covers no text")
+    special: bool = Field(False, description="a special token (<|endoftext|>, [CLS]); it covers no text of a "
+                                             "prompt (in a chat run: its spelling in the rendered template)")
     partial: bool = Field(False, description="holds bytes of a character that a later token completes "
                                              "(text then shows those bytes, e.g. ‹e6 88›)")
 

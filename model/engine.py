@@ -66,7 +66,38 @@ class Engine:
             raise BadInput(f"the prompt has {len(tokens)} tokens, more than this model's limit of {limit}")
         return tokens
 
+    def chat_tokens(self, lm: LoadedModel, messages: list[dict[str, str]]) -> tuple[str, list[Token]]:
+        """A chat rendered with the model's chat template (and its generation prompt); the
+        template's special tokens stay visible and are marked special."""
+        if not getattr(lm.tokenizer, "chat_template", None):
+            raise BadInput(f'model {lm.info.name!r} has no chat template: send "text" instead of "messages"')
+        try:
+            text = lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 - a template raises whatever its Jinja code raises; all are bad input
+            raise BadInput(f"the model's chat template rejected these messages: {exc}") from None
+        if not isinstance(text, str) or not text:
+            raise BadInput("the model's chat template rendered nothing for these messages")
+        special = {int(i) for i in getattr(lm.tokenizer, "all_special_ids", [])}
+        tokens = [replace(t, special=True) if t.id in special else t
+                  for t in tokenize(lm.tokenizer, text, add_special_tokens=False)]
+        limit = self.token_limit(lm)
+        if len(tokens) > limit:
+            raise BadInput(f"the chat has {len(tokens)} tokens, more than this model's limit of {limit}")
+        return text, tokens
+
     # ---- analyse ------------------------------------------------------------------
+    def analyse_chat(self, messages: list[dict[str, str]], model: str | None = None, top_k: int = 10) -> RunResult:
+        """Like ``analyse``, over a chat rendered with the model's chat template."""
+        lm = self.model(model)
+        t0 = time.perf_counter()
+        text, tokens = self.chat_tokens(lm, messages)
+        t1 = time.perf_counter()
+        with lm.lock:
+            acts = run_with_cache(lm, ids_tensor(tokens))
+        t2 = time.perf_counter()
+        return self.store_run(lm, text, tokens, acts, top_k,
+                              {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}, t0)
+
     def analyse(self, text: str, model: str | None = None, top_k: int = 10) -> RunResult:
         lm = self.model(model)
         t0 = time.perf_counter()

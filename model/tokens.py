@@ -190,10 +190,11 @@ def _tokens_by_offsets(tokenizer: PreTrainedTokenizerBase, text: str, ids: list[
     return tokens
 
 
-def tokenize(tokenizer: PreTrainedTokenizerBase, text: str) -> list[Token]:
+def tokenize(tokenizer: PreTrainedTokenizerBase, text: str, add_special_tokens: bool = True) -> list[Token]:
     """Tokens of ``text`` as the model sees them (special tokens included), with spans
-    that never overlap and rebuild ``text`` exactly once."""
-    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=True)
+    that never overlap and rebuild ``text`` exactly once. ``add_special_tokens=False`` for
+    text that already spells them (a rendered chat template)."""
+    enc = tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_special_tokens)
     ids: list[int] = [int(i) for i in enc["input_ids"]]
     raws = [str(r) for r in tokenizer.convert_ids_to_tokens(ids)]
     offsets = [(int(s), int(e)) for s, e in enc["offset_mapping"]]

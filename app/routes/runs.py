@@ -59,7 +59,11 @@ def run_out(run_id: str, cache: ActivationCache) -> RunOut:
 def create_run(body: RunRequest, engine: EngineDep, gate: GateDep) -> Response:
     lm = engine.model(body.model)
     with gate.enter(lm.info.name):
-        result = engine.analyse(body.text, lm.info.name, body.top_k)
+        if body.messages is not None:
+            chat = [{"role": m.role, "content": m.content} for m in body.messages]
+            result = engine.analyse_chat(chat, lm.info.name, body.top_k)
+        else:
+            result = engine.analyse(body.text or "", lm.info.name, body.top_k)
     # serialised directly: at 1,024 positions x top-k, building and re-validating pydantic
     # objects would cost more than the analysis itself (the schema is still RunOut)
     return _json(run_payload(result.run_id, result.cache), status=201)
