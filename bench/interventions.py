@@ -136,16 +136,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     lengths = [int(x) for x in args.lengths.split(",")]
     sources = {"attnscope-tiny": "bundled:attnscope-tiny", "gpt2-small-random": None}
-    rows = []
     for name in args.models.split(","):
         source = sources[name] or str(gpt2_small_folder(args.tmp))
-        rows += measure(name, source, lengths, args.sample, args.diff_from_end)
-    text = table(rows)
-    sys.stdout.write(text + "\n")
-    if args.write:
-        command = (f"python bench/interventions.py --sample {args.sample} --diff-from-end {args.diff_from_end} "
-                   f"--threads {args.threads} --write BENCHMARKS.md")
-        write_section(args.write, "interventions", text, command)
+        text = table(measure(name, source, lengths, args.sample, args.diff_from_end))
+        sys.stdout.write(text + "\n")
+        if args.write:  # one section a model, written as soon as it is measured
+            command = (f"python bench/interventions.py --models {name} --lengths {args.lengths} --sample {args.sample} "
+                       f"--diff-from-end {args.diff_from_end} --threads {args.threads} --write BENCHMARKS.md")
+            write_section(args.write, f"interventions-{name}", text, command)
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def z_editor(n_heads: int, edits: list[tuple[int, int, torch.Tensor | None]]) ->
     def hook(_module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
         z = split_heads(args[0].clone(), n_heads)  # (B, n, H, d_head)
         for row, head, value in edits:
-            z[row, :, head] = z[0, :, head].mean(0) if value is None else value
+            z[row, :, head] = z[0, :, head].mean(0) if value is None else value.to(z.device)
         return (z.flatten(-2), *args[1:])
 
     return hook
@@ -97,7 +97,7 @@ def output_editor(edits: list[tuple[int, torch.Tensor]]) -> Hook:
     def hook(_module: nn.Module, _args: tuple[Any, ...], output: Any) -> Any:
         out = first(output).clone()  # (B, n, d)
         for row, value in edits:
-            out[row] = value
+            out[row] = value.to(out.device)
         return replace_first(output, out)
 
     return hook

@@ -85,9 +85,9 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
         y = torch.func.functional_call(norm, params, (x[None].float(),))[0].double()  # (d,)
     eps = _eps(norm)
     weight = getattr(norm, "weight", None)
-    w = weight.detach().double() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)
+    w = weight.detach().double().cpu() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)
     bias = getattr(norm, "bias", None)
-    b = bias.detach().double() if isinstance(bias, torch.Tensor) else torch.zeros(d, dtype=torch.float64)
+    b = bias.detach().double().cpu() if isinstance(bias, torch.Tensor) else torch.zeros(d, dtype=torch.float64)
     centred = xd - xd.mean()
     ln_sigma = math.sqrt(float(centred.pow(2).mean()) + eps)
     rms = math.sqrt(float(xd.pow(2).mean()) + eps)
@@ -95,43 +95,86 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
                   FrozenNorm(False, (1 + w) / rms, b)]
     if not isinstance(norm, nn.LayerNorm):
         candidates = candidates[1:] + candidates[:1]
-    tol = 1e-4 * max(1.0, float(y.abs().max()))
+    rel = 1e-4  # the norm ran in float32 above
+    tol = rel * max(1.0, float(y.abs().max()))
     for frozen in candidates:
-        if torch.allclose(frozen.linear(xd) + frozen.shift, y, rtol=1e-4, atol=tol):
+        if torch.allclose(frozen.linear(xd) + frozen.shift, y, rtol=rel, atol=tol):
             return frozen
-    raise BadInput(f"the final norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm that "
+    raise BadInput(f"the norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm that "
                    "attnscope can freeze; direct logit attribution is not available for this model")
 
 
 def final_transform(lm: LoadedModel) -> str | None:
-    """What the family does to its logits after the LM head (model/arch.py): the attributed logit is the one before."""
+    """What the family does to its logits after the LM head, in words; None when nothing."""
     spec, cfg = lm.spec, lm.model.config
-    cap = getattr(cfg, spec.logit_softcap, None) if spec.logit_softcap else None
+    steps = []
+    if spec.logit_scale is not None:
+        steps.append(f"multiplies them by {getattr(cfg, spec.logit_scale)} ({spec.logit_scale})")
+    if spec.logit_divide is not None:
+        steps.append(f"divides them by {getattr(cfg, spec.logit_divide)} ({spec.logit_divide})")
+    cap = getattr(cfg, spec.logit_softcap, None) if spec.logit_softcap is not None else None
     if cap:
-        return (f"the model soft-caps its logits (tanh(x / {cap}) * {cap}); the attributed logit "
-                "is the one before the cap")
-    if spec.logit_scale:
-        return (f"the model multiplies its logits by {spec.logit_scale} = {getattr(cfg, spec.logit_scale)}; "
-                "the attributed logit is the one before")
-    if spec.logit_divide:
-        return (f"the model divides its logits by {spec.logit_divide} = {getattr(cfg, spec.logit_divide)}; "
-                "the attributed logit is the one before")
-    return None
+        steps.append(f"soft-caps them (tanh(x / {cap}) * {cap})")
+    if not steps:
+        return None
+    return f"after the LM head the model {' and '.join(steps)}; the attributed logit is the one before that"
 
 
-def _unembed_row(lm: LoadedModel, token: int) -> tuple[torch.Tensor, float]:
-    """(d,) float64 row of the LM head for ``token``, and its bias."""
-    head = lm.unembed
-    weight = getattr(head, "weight", None)
-    if not isinstance(weight, torch.Tensor):
-        raise BadInput(f"model {lm.info.name!r}: its LM head has no weight matrix to attribute through")
-    bias = getattr(head, "bias", None)
-    return weight[token].double(), float(bias[token]) if isinstance(bias, torch.Tensor) else 0.0
+def _linear_map(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(out, in) float64 weight and bias of a Linear (OPT's project_out, an LM head)."""
+    weight = module.get_parameter("weight").detach().double().cpu()
+    try:
+        bias: torch.Tensor | None = module.get_parameter("bias").detach().double().cpu()
+    except AttributeError:
+        bias = None
+    return weight, bias
+
+
+def _direction(lm: LoadedModel, token: int) -> tuple[torch.Tensor, float]:
+    """(d,) float64 direction in the final norm's output space whose dot product gives the logit
+    of ``token`` before any final transform, and the constant the LM head (and a projection
+    between it and the norm) adds."""
+    unembed = lm.unembed
+    if unembed is None:
+        raise BadInput(f"model {lm.info.name!r} has no LM head")
+    weight, bias = _linear_map(unembed)
+    u = weight[token]
+    constant = float(bias[token]) if bias is not None else 0.0
+    after = lm.after_final_norm
+    if after is not None:  # logit = u . (P h + b_P) + b_U
+        p_weight, p_bias = _linear_map(after)
+        if p_bias is not None:
+            constant += float(p_bias @ u)
+        u = p_weight.T @ u
+    return u, constant
 
 
 def check_token(lm: LoadedModel, token: int, name: str) -> None:
     if not 0 <= token < lm.info.vocab_size:
         raise BadInput(f"{name} {token} is out of range: this model's vocabulary has ids 0..{lm.info.vocab_size - 1}")
+
+
+def _attention_terms(lm: LoadedModel, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What each head, and the projection's bias, add to the residual stream at one position.
+
+    z (H, d_head) -> ((H, d) float64, (d,) float64 or None). Sandwich families normalise the
+    attention's output before adding it: that norm's scale at this position is frozen too
+    (its shift joins the bias). Granite scales the contribution by residual_multiplier.
+    """
+    weights = head_weights(lm, layer)
+    heads = torch.einsum("hk,hkd->hd", z.double(), weights.w_o.detach().double().cpu())  # (H, d)
+    bias = weights.b_o.detach().double().cpu() if weights.b_o is not None else None
+    if lm.spec.residual == "sandwich":
+        post = lm.blocks[layer].get_submodule(lm.spec.attn_out)
+        total = heads.sum(0) + (bias if bias is not None else 0.0)  # the projection's output, (d,)
+        frozen = freeze_norm(post, total.float())
+        heads = frozen.linear(heads)
+        bias = (frozen.linear(bias) if bias is not None else 0.0) + frozen.shift
+    if lm.spec.residual_scale is not None:
+        scale = float(getattr(lm.model.config, lm.spec.residual_scale))
+        heads = heads * scale
+        bias = bias * scale if bias is not None else None
+    return heads, bias
 
 
 def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int,
@@ -154,20 +197,18 @@ def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int
             raise BadInput(f"model {lm.info.name!r} has no LM head")
         with torch.inference_mode():
             full = head.logits(x[None], transform=False)[0]  # (V,) before the family's final transform
-        u, bias = _unembed_row(lm, token)
+        u, bias = _direction(lm, token)
         logit = float(full[token])
         if token_b is not None:
-            u_b, bias_b = _unembed_row(lm, token_b)
+            u_b, bias_b = _direction(lm, token_b)
             u, bias, logit = u - u_b, bias - bias_b, logit - float(full[token_b])
         terms = [Term("embed", None, None, float(frozen.linear(cache.resid[0][position]) @ u))]
         for layer in range(n_layers):
-            weights = head_weights(lm, layer)
-            z = zs[layer][position].double()  # (H, d_head)
-            outputs = torch.einsum("hk,hkd->hd", z, weights.w_o.double())  # (H, d)
-            values = frozen.linear(outputs) @ u  # (H,)
+            heads, layer_bias = _attention_terms(lm, layer, zs[layer][position].cpu())
+            values = frozen.linear(heads) @ u  # (H,)
             terms.extend(Term("head", layer, h, float(values[h])) for h in range(n_heads))
-            if weights.b_o is not None:
-                terms.append(Term("bias", layer, None, float(frozen.linear(weights.b_o) @ u)))
+            if layer_bias is not None:
+                terms.append(Term("bias", layer, None, float(frozen.linear(layer_bias) @ u)))
             terms.append(Term("mlp", layer, None, float(frozen.linear(cache.mlp_out[layer][position]) @ u)))
         terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
     error = logit - math.fsum(t.value for t in terms)

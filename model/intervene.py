@@ -137,13 +137,14 @@ def with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any],
 
 def logits(lm: LoadedModel, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
     """(B, n) ids -> (B, n or keep, V) float32 logits; ``keep`` > 0 keeps the last positions only."""
+    ids = ids.to(lm.input_device)
     with torch.inference_mode():
         if keep:
             out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=keep)
         else:
             out = lm.model(input_ids=ids, use_cache=False)
     result: torch.Tensor = out.logits
-    return result.float()
+    return result.float().cpu()
 
 
 def capture_z(lm: LoadedModel, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
