@@ -48,7 +48,7 @@ def main() -> None:
         best = max(scored, key=lambda h: h["induction"])
         control = min(scored, key=lambda h: h["induction"])
         rows = []
-        for label, head in (("most induction-like", best), ("least induction-like (control)", control)):
+        for label, head in (("most induction-like", best), ("control: least induction-like", control)):
             for mode in ("zero", "mean"):
                 out = client.post(f"/api/runs/{rid}/ablate",
                                   json={"heads": [[head["layer"], head["head"]]], "mode": mode}).json()["positions"]
