@@ -7,7 +7,8 @@ projects with a module (GPT-2's ``Conv1D`` ``c_proj``, Llama's ``o_proj``, NeoX'
 OPT's ``out_proj``), so reading, zeroing, averaging or patching one head is one hook.
 
 Every edit here is a hook that lives only inside a ``with`` and is removed in ``finally``:
-hooks are global state on a shared model. Callers hold ``lm.lock`` around the forwards.
+hooks are global state on a shared model. The causal tools take ``lm.lock`` around their forwards:
+one forward at a time per model.
 """
 
 from __future__ import annotations
