@@ -5,16 +5,29 @@ clicks Analyse and waits until the heatmap reports it was drawn (performance.now
 both ends, inside the page). Also times clicking another head (a new binary slice and a
 redraw). Median of R tries per n.
 
+With --generate N it also compares generation in the browser with the API: the same recorded
+request (N tokens, sampled with seed 0, the watched head's rows streamed) read by a plain
+HTTP client, and by the page through *Generate & record*, which draws the growing heatmap at
+most once per animation frame. Tokens per second count the streamed tokens from the request
+to the last token event; "drawn" adds the recorded run fetched and drawn. Meanwhile the page's
+responsiveness is probed: the longest event-loop stall (a 20 ms timer's lateness) and the
+slowest round trip of a script call from Playwright.
+
     python bench/browser.py --write BENCHMARKS.md
+    python bench/browser.py --lengths 0 --generate 128 --write BENCHMARKS.md
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import statistics
 import sys
+import time
 from pathlib import Path
+
+import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 # run as `python bench/x.py`: the repository root goes on sys.path first, so the project's
@@ -51,12 +64,85 @@ HEAD_SWITCH = """async (sel) => {
 }"""
 
 
+GEN_PROMPT = "The history of the city begins"
+
+PROBE = """() => { window.__lag = 0; window.__done = false; let last = performance.now();
+  const tick = () => { const now = performance.now(); window.__lag = Math.max(window.__lag, now - last - 20); last = now;
+                       if (!window.__done) setTimeout(tick, 20); };
+  setTimeout(tick, 20); }"""
+
+
+def api_generation(url: str, n: int) -> tuple[float, int]:
+    """Seconds from the request to the last token event, and the tokens streamed."""
+    body = {"text": GEN_PROMPT, "max_new_tokens": n, "temperature": 1.0, "seed": 0, "stop_at_eos": False,
+            "record": True, "watch_layer": 0, "watch_head": 0}
+    t0 = time.perf_counter()
+    last, count = t0, 0
+    with httpx.stream("POST", url + "/api/generate", json=body, timeout=300) as r:
+        event = ""
+        for line in r.iter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: ") and event == "token":
+                json.loads(line[6:])
+                count += 1
+                last = time.perf_counter()
+    return last - t0, count
+
+
+def browser_generation(page: object, n: int) -> dict[str, float]:
+    page.fill("[data-testid=prompt-input]", GEN_PROMPT)
+    page.click("[data-testid=analyze-button]")
+    page.wait_for_function("() => !document.body.dataset.busy && document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    page.fill("[data-testid=generate-count]", str(n))
+    page.fill("[data-testid=generate-temperature]", "1")
+    # the page's own request, with end-of-text not stopping it, so that both sides stream n tokens
+    page.evaluate("""() => { const orig = window.fetch; window.fetch = (u, o = {}) => {
+        if (String(u).endsWith('/api/generate')) { const b = JSON.parse(o.body); b.stop_at_eos = false; o = {...o, body: JSON.stringify(b)}; }
+        return orig(u, o); }; }""")
+    page.evaluate(PROBE)
+    t0 = page.evaluate("() => { window.__t0 = performance.now(); document.querySelector('[data-testid=generate-button]').click(); return window.__t0; }")
+    page.evaluate("""() => { const d = document.querySelector('[data-testid=attention-heatmap]');
+        new MutationObserver(() => { window.__lastToken = performance.now(); }).observe(d, {attributes: true, attributeFilter: ['data-live-tokens']}); }""")
+    trips = []
+    while not page.evaluate("() => !document.querySelector('#timeline-box').hidden"):
+        s = time.perf_counter()
+        page.evaluate("() => performance.now()")
+        trips.append(1e3 * (time.perf_counter() - s))
+        time.sleep(0.1)
+    got = page.evaluate("""() => { window.__done = true; const d = document.querySelector('[data-testid=attention-heatmap]').dataset;
+        return {tokens: Number(d.liveTokens), draws: Number(d.liveDraws), last: window.__lastToken, end: performance.now(), lag: window.__lag}; }""")
+    return {"tokens": got["tokens"], "draws": got["draws"], "stream_s": (got["last"] - t0) / 1e3, "total_s": (got["end"] - t0) / 1e3,
+            "lag_ms": got["lag"], "trip_max_ms": max(trips) if trips else 0.0,
+            "trip_p95_ms": statistics.quantiles(trips, n=20)[-1] if len(trips) >= 20 else max(trips, default=0.0)}
+
+
+def generation_table(url: str, page: object, n: int, repeats: int) -> str:
+    api_generation(url, 8)  # warm-up
+    api = [api_generation(url, n) for _ in range(repeats)]
+    ui = [browser_generation(page, n) for _ in range(repeats)]
+    api_rate = statistics.median(c / s for s, c in api)
+    ui_rate = statistics.median(r["tokens"] / r["stream_s"] for r in ui)
+    ui_total = statistics.median(r["tokens"] / r["total_s"] for r in ui)
+    log.info("generation n=%d: API %.1f tok/s, browser %.1f tok/s streamed (%.2fx), %.1f tok/s drawn", n, api_rate, ui_rate,
+             ui_rate / api_rate, ui_total)
+    rows = ["| tokens | API (HTTP client) | browser, streamed and drawn live | browser ÷ API | incl. the recorded run drawn | "
+            "redraws | longest event-loop stall | slowest script call (p95) |",
+            "|---|---|---|---|---|---|---|---|"]
+    rows.append(f"| {n} | {api_rate:.1f} tok/s | {ui_rate:.1f} tok/s | **{ui_rate / api_rate:.2f}x** | {ui_total:.1f} tok/s | "
+                f"{statistics.median(r['draws'] for r in ui):.0f} for {statistics.median(r['tokens'] for r in ui):.0f} tokens | "
+                f"{max(r['lag_ms'] for r in ui):.0f} ms | {max(r['trip_max_ms'] for r in ui):.0f} ms "
+                f"({max(r['trip_p95_ms'] for r in ui):.0f} ms) |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lengths", default="64,1024")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--write", type=Path, default=None)
+    p.add_argument("--generate", type=int, default=0, help="also compare generating N tokens in the browser with the API")
     args = p.parse_args()
     from playwright.sync_api import sync_playwright
 
@@ -69,7 +155,7 @@ def main() -> None:
         page = browser.new_page(viewport={"width": 1500, "height": 1100})
         page.goto(url + "/")
         page.wait_for_selector("#model-picker option", state="attached")
-        for n in (int(x) for x in args.lengths.split(",")):
+        for n in (int(x) for x in args.lengths.split(",") if int(x) > 0):
             if n > lm.info.max_positions:
                 log.info("skipping n=%d: the model has %d positions", n, lm.info.max_positions)
                 continue
@@ -84,14 +170,21 @@ def main() -> None:
             row = {"n": n, "draw": statistics.median(draws), "draw_max": max(draws), "switch": statistics.median(switches)}
             log.info("n=%d click->heatmap median %.0f ms (max %.0f), head switch %.0f ms", n, row["draw"], row["draw_max"], row["switch"])
             rows.append(row)
+        gen_table = generation_table(url, page, args.generate, max(1, args.repeats // 2)) if args.generate else ""
         browser.close()
     table = ["| n tokens | click Analyse → heatmap drawn, median (max) | click another head → redrawn, median |",
              "|---|---|---|"]
     table += [f"| {r['n']} | **{r['draw']:.0f} ms** ({r['draw_max']:.0f} ms) | {r['switch']:.0f} ms |" for r in rows]
     text = "\n".join(table)
-    sys.stdout.write(text + "\n")
-    if args.write:
+    if rows:
+        sys.stdout.write(text + "\n")
+    if gen_table:
+        sys.stdout.write(gen_table + "\n")
+    if args.write and rows:
         write_section(args.write, "browser", text, "python bench/browser.py --write BENCHMARKS.md")
+    if args.write and gen_table:
+        write_section(args.write, "browser-generate", gen_table,
+                      f"python bench/browser.py --lengths 0 --generate {args.generate} --write BENCHMARKS.md")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
 import { cellText, drawHeatmap, rangesFrom, ticks, wireHover } from "./views/heatmap.js";
 import { HeadGrid } from "./views/headgrid.js";
+import { drawLive } from "./views/live.js";
 import { drawFocusBars, drawFocusLines } from "./views/focus.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
 import { Tools } from "./tools/tools.js"; // causal tools (issue 17): attribution, ablation, patching, lens, residual, compare
@@ -103,7 +104,8 @@ async function drawHead() {
     `first-token ${fmt(score.first_token, 2)}${score.induction === null ? "" : ` · induction ${fmt(score.induction, 2)}`}`;
   $("#heat-title").textContent = `${run.tokens.length} tokens`;
   const div = $("#heatmap");
-  await drawHeatmap(div, slice, run.tokens, { colour: state.colour, title, zoom: state.zoom, cell: { q: state.pos, k: state.key } });
+  $("#heat-caption").textContent = title; // HTML, so that it wraps instead of running off a narrow chart
+  await drawHeatmap(div, slice, run.tokens, { colour: state.colour, zoom: state.zoom, cell: { q: state.pos, k: state.key } });
   div.dataset.n = String(slice.n);
   div.dataset.layer = String(layer);
   div.dataset.head = String(head);
@@ -360,17 +362,13 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
   const tokens = state.run.tokens.slice();
   const div = $("#heatmap");
   let frame = 0, draws = 0, steps = 0, done = null, runId = null;
-  const live = () => {
-    const n = rows.length;
-    const data = new Float32Array(n * (n + 1) / 2);
-    let k = 0;
-    for (const r of rows) for (const v of r) data[k++] = v;
-    return { n, heads: 1, causal: true, size: null, data };
-  };
+  const liveBox = $("#live");
   const draw = () => {
     frame = 0;
     if (!latest(req) || !rows.length) return;
-    drawHeatmap(div, live(), tokens.slice(0, rows.length), { colour: state.colour, title: `recording · layer ${layer} head ${head} · ${rows.length} rows` });
+    liveBox.hidden = false;
+    drawLive($("#live-canvas"), rows, state.colour);
+    $("#live-caption").textContent = `recording · layer ${layer} head ${head} · ${rows.length} rows (${steps} new tokens)`;
     draws += 1;
     div.dataset.liveRows = String(rows.length);
     div.dataset.liveDraws = String(draws);
@@ -393,6 +391,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     }
     cancelAnimationFrame(frame);
     if (!latest(req)) return;
+    draw(); // the last rows, before the full heatmap replaces the live view
     const run = await getJSON(`/api/runs/${encodeURIComponent(runId)}`, { signal: req.controller.signal });
     if (!latest(req)) return;
     $("#prompt").value = run.text; // prompt + generated text; an end-of-text token adds none (the strip marks it)
@@ -414,6 +413,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     }
   } finally {
     cancelAnimationFrame(frame);
+    if (latest(req) || !current || current.kind !== "generate") liveBox.hidden = true;
     end(req);
   }
 }

@@ -9,8 +9,11 @@ export function legendAbove(entries) {
   return { legend: { orientation: "h", x: 0, xanchor: "left", y: 1.02, yanchor: "bottom" }, margin: { l: 50, r: 10, t: 24 + 20 * entries, b: 60 } };
 }
 
+// Axes grow their margins to fit their labels (automargin), so nothing is cut at the panel edge.
 export function plot(div, data, layout = {}) {
-  return window.Plotly.react(div, data, { margin: { l: 50, r: 10, t: 24, b: 60 }, ...layout }, plotConfig(`attnscope-${div.dataset.testid || "chart"}`));
+  const full = { margin: { l: 50, r: 10, t: 24, b: 60 }, ...layout };
+  for (const axis of ["xaxis", "yaxis", "yaxis2"]) if (axis !== "yaxis2" || full.yaxis2) full[axis] = { automargin: true, ...(full[axis] || {}) };
+  return window.Plotly.react(div, data, full, plotConfig(`attnscope-${div.dataset.testid || "chart"}`));
 }
 
 export function tokenAxis(tokens, max = 40) {

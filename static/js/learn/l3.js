@@ -2,6 +2,7 @@
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
 import { plot, label } from "./charts.js";
+import { short } from "../views/focus.js";
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
@@ -18,7 +19,7 @@ export async function render(body, ctx) {
     const e = await getJSON(`/api/models/${encodeURIComponent(run.model)}/embedding?id=${Number(idBox.value)}&top=8`);
     const items = [...e.adjacent.map((a) => ({ ...a, kind: "id ± 1" })), ...e.neighbours.map((a) => ({ ...a, kind: "nearest" }))];
     await plot(chart, [{
-      type: "bar", x: items.map((a) => `${a.id} ${label(a.token)}`), y: items.map((a) => a.cos),
+      type: "bar", x: items.map((a) => `${a.id} ${label(short(a.token, 10))}`), y: items.map((a) => a.cos),
       marker: { color: items.map((a) => (a.kind === "nearest" ? "#08306b" : "#e6550d")) },
     }], { yaxis: { title: { text: `cosine with id ${e.id} ${label(e.token)}` }, range: [-0.3, 1] },
           shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: e.random_mean, y1: e.random_mean, line: { dash: "dot", color: "#777" } }] });

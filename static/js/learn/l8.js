@@ -25,8 +25,8 @@ export async function render(body, ctx) {
   const text = lens.layers.map((l) => l.positions.slice(0, shown).map((p) => label(p.top[0].token)));
   await plot(lensDiv, [{ type: "heatmap", z, text, texttemplate: "%{text}", textfont: { size: 9 }, colorscale: SCALE, zmin: 0, zmax: 1,
     hovertemplate: "%{y} · position %{x}: %{text} (p=%{z:.3f})<extra></extra>", y: lens.layers.map((l) => l.label) }],
-    { title: { text: `logit lens: top token and its probability after each block (first ${shown} positions)`, font: { size: 12 } },
-      xaxis: tokenAxis(run.tokens.slice(0, shown).map((x) => x.text)), margin: { l: 70, r: 10, t: 30, b: 70 } });
+    { title: { text: `logit lens: top token and its probability<br>after each block (first ${shown} positions)`, font: { size: 12 } },
+      xaxis: tokenAxis(run.tokens.slice(0, shown).map((x) => x.text)), margin: { l: 70, r: 10, t: 48, b: 70 } });
   lensDiv.dataset.layers = String(lens.layers.length);
   ctx.link(8, {});
 }

@@ -61,8 +61,8 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   };
   const traces = slice.causal && n > 1 ? [maskTrace(n), heat] : [heat];
   const layout = {
-    margin: { l: 90, r: 10, t: 80, b: 28 },
-    title: { text: plotlyText(title), font: { size: 12 }, y: 0.005, yanchor: "bottom" },
+    margin: { l: 90, r: 10, t: 80, b: title.includes("\n") ? 46 : 28 },
+    title: { text: plotlyText(title).replace(/\n/g, "<br>"), font: { size: 12 }, y: 0.012, yanchor: "bottom" },
     xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1]), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: "key (read from)", standoff: 4 } },
     yaxis: { ...ticks(tokens, zq[0], zq[1]), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: "query (reading)" } },
     plot_bgcolor: "#ffffff",
