@@ -23,11 +23,17 @@ def heatmap_state(page: object) -> dict:
     }""")
 
 
-def analyse(page: object, base_url: str, text: str) -> None:
+def analyse(page: object, base_url: str, text: str, model: str | None = None) -> None:
+    """Open the explorer (which analyses its example on load), then analyse ``text``."""
     page.goto(base_url + "/")
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+    before = page.evaluate("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt")
+    if model:
+        page.get_by_test_id("model-picker").select_option(model)
     page.get_by_test_id("prompt-input").fill(text)
     page.get_by_test_id("analyze-button").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    page.wait_for_function("(before) => { const d = document.querySelector('[data-testid=attention-heatmap]').dataset;"
+                           " return d.drawnAt !== before && !document.body.dataset.busy; }", arg=before, timeout=60_000)
 
 
 def test_analyse_draws_n_by_n_heatmap_with_token_labels(page: object, base_url: str) -> None:
@@ -122,11 +128,7 @@ def test_error_is_shown_readably(page: object, base_url: str) -> None:
 
 
 def test_encoder_shows_full_attention(page: object, base_url: str) -> None:
-    page.goto(base_url + "/")
-    page.get_by_test_id("model-picker").select_option("minilm-l6")
-    page.get_by_test_id("prompt-input").fill("dog bites man")
-    page.get_by_test_id("analyze-button").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    analyse(page, base_url, "dog bites man", model="minilm-l6")
     state = heatmap_state(page)
     assert state["n"] == 5 and len(state["z"][0]) == 5  # [CLS] dog bites man [SEP]
     assert not state["masked"] and all(v is not None for v in state["z"][0])  # the first token sees the last
@@ -152,11 +154,7 @@ def test_generate_and_record_fills_rows_then_timeline(page: object, base_url: st
 
 
 def test_grouped_query_heads_are_grouped(page: object, base_url: str) -> None:
-    page.goto(base_url + "/")
-    page.get_by_test_id("model-picker").select_option("tiny-qwen2-gqa")
-    page.get_by_test_id("prompt-input").fill("dog bites man")
-    page.get_by_test_id("analyze-button").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    analyse(page, base_url, "dog bites man", model="tiny-qwen2-gqa")
     labels = page.get_by_test_id("kv-group").all_text_contents()
     assert labels == ["K/V head 0: q 0–1", "K/V head 1: q 2–3"]
     assert "2 K/V heads" in page.get_by_test_id("model-summary").text_content()

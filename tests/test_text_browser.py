@@ -21,11 +21,11 @@ def strip_markers(s: str) -> str:
 
 def analyse(page: object, base_url: str, text: str) -> None:
     page.goto(base_url + "/")
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
     page.get_by_test_id("prompt-input").fill(text)
     page.get_by_test_id("analyze-button").click()
-    page.wait_for_function(f"() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && "
-                           f"document.querySelectorAll('[data-testid=token]').length > 0 && "
-                           f"document.querySelector('#prompt').value === {text!r}")
+    page.wait_for_function("(text) => !document.body.dataset.busy && document.querySelector('#prompt').value === text && "
+                           "new URLSearchParams(location.search).get('text') === text", arg=text, timeout=60_000)
 
 
 @pytest.mark.parametrize("text", [CJK, EMOJI])

@@ -3,7 +3,7 @@ import { $, el, fmt, showToken } from "./dom.js";
 import { getAttentionBin, getAttentionF32, getJSON, isAbort, postJSON, postStream, readSSE } from "./api.js";
 import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
-import { cellText, drawHeatmap, rangesFrom, ticks, wireHover } from "./views/heatmap.js";
+import { cellText, drawHeatmap, rangesFrom, tickBudget, ticks, wireHover } from "./views/heatmap.js";
 import { HeadGrid } from "./views/headgrid.js";
 import { drawLive } from "./views/live.js";
 import { drawFocusBars, drawFocusLines } from "./views/focus.js";
@@ -225,7 +225,8 @@ function showZoomInputs() {
 function relabel(zoom) {
   const n = state.run.tokens.length;
   const z = zoom || { q0: 0, q1: n - 1, k0: 0, k1: n - 1 };
-  const x = ticks(state.run.tokens, z.k0, z.k1), y = ticks(state.run.tokens, z.q0, z.q1);
+  const budget = tickBudget($("#heatmap"));
+  const x = ticks(state.run.tokens, z.k0, z.k1, budget), y = ticks(state.run.tokens, z.q0, z.q1, budget);
   return { "xaxis.tickvals": x.tickvals, "xaxis.ticktext": x.ticktext, "yaxis.tickvals": y.tickvals, "yaxis.ticktext": y.ticktext };
 }
 
@@ -361,7 +362,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
   const rows = [];
   const tokens = state.run.tokens.slice();
   const div = $("#heatmap");
-  let frame = 0, draws = 0, steps = 0, done = null, runId = null;
+  let frame = 0, draws = 0, steps = 0, serverMs = 0, done = null, runId = null;
   const liveBox = $("#live");
   const draw = () => {
     frame = 0;
@@ -384,6 +385,8 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
         req.steps = steps;
         tokens.push({ index: tokens.length, id: ev.data.id, text: ev.data.token, start: 0, end: 0, special: ev.data.special, partial: ev.data.partial });
         div.dataset.liveTokens = String(steps);
+        serverMs += ev.data.ms;
+        div.dataset.liveServerMs = serverMs.toFixed(1); // the server's own time for the steps (bench/browser.py)
       }
       if (ev.event === "run") runId = ev.data.run_id;
       if (ev.event === "done") done = ev.data;

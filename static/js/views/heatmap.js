@@ -6,10 +6,16 @@ import { plotConfig } from "../plotconfig.js";
 
 export const MAX_TICKS = 48; // at most this many labels an axis; a zoom that shows fewer labels every one
 
+// How many labels an axis of this chart can hold without overlapping (one per 13 px).
+export function tickBudget(div) {
+  const side = Math.min(div.clientWidth || 600, div.clientHeight || 600) - 120;
+  return Math.max(6, Math.min(MAX_TICKS, Math.floor(side / 13)));
+}
+
 // Labels for the visible positions lo..hi: every one when they fit, else every step-th.
-export function ticks(tokens, lo = 0, hi = tokens.length - 1) {
+export function ticks(tokens, lo = 0, hi = tokens.length - 1, max = MAX_TICKS) {
   const a = Math.max(0, Math.ceil(lo)), b = Math.min(tokens.length - 1, Math.floor(hi));
-  const step = Math.max(1, Math.ceil((b - a + 1) / MAX_TICKS));
+  const step = Math.max(1, Math.ceil((b - a + 1) / max));
   const vals = [];
   const text = [];
   for (let i = a; i <= b; i += step) {
@@ -53,6 +59,7 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   const clampZ = (v) => Math.max(0, Math.min(n - 1, v));
   const zq = zoom ? [clampZ(zoom.q0), clampZ(zoom.q1)] : [0, n - 1];
   const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
+  const budget = tickBudget(div);
   const colorbar = colour === "sqrt"
     ? { title: { text: "weight" }, tickvals: [0, 0.1, 0.3, 0.5, 0.7, 1].map(Math.sqrt), ticktext: ["0", "0.1", "0.3", "0.5", "0.7", "1"], thickness: 12 }
     : { title: { text: "weight" }, thickness: 12 };
@@ -63,8 +70,8 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   const layout = {
     margin: { l: 90, r: 10, t: 80, b: title.includes("\n") ? 46 : 28 },
     title: { text: plotlyText(title).replace(/\n/g, "<br>"), font: { size: 12 }, y: 0.012, yanchor: "bottom" },
-    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1]), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: "key (read from)", standoff: 4 } },
-    yaxis: { ...ticks(tokens, zq[0], zq[1]), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: "query (reading)" } },
+    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1], budget), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: "key (read from)", standoff: 4 } },
+    yaxis: { ...ticks(tokens, zq[0], zq[1], budget), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: "query (reading)" } },
     plot_bgcolor: "#ffffff",
     dragmode: "zoom",
     shapes: cell ? [cellShape(cell.q, cell.k)] : [],
