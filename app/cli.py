@@ -54,6 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     if "models" in overrides:  # exactly these: pydantic-settings would merge them into ATTNSCOPE_MODELS
         settings = settings.model_copy(update={"models": overrides["models"]})
+    logging.getLogger().setLevel(settings.log_level)
     if settings.tune_malloc:
         tune_malloc()  # before any thread or tensor: see app/memory.py
     try:
@@ -83,6 +84,9 @@ def _analyze(args: argparse.Namespace) -> int:
     try:
         if name not in settings.models:
             raise EngineError(f"unknown model {name!r}; configured models: {', '.join(settings.models)}")
+        if args.top_k > settings.max_top_k:
+            raise EngineError(f"--top-k {args.top_k} is more than the limit of {settings.max_top_k} "
+                              "(ATTNSCOPE_MAX_TOP_K)")
         lm = load_model(name, settings.models[name], settings.placement())
         engine = Engine({name: lm}, name, RunStore(settings.cache_bytes), settings.max_tokens)
         result = engine.analyse(args.text, name, args.top_k)

@@ -76,7 +76,9 @@ class RunRequest(Strict):
         description="instead of text: a chat, rendered with the model's chat template (with the generation "
                     "prompt); its special tokens are marked in the run's tokens. 422 when the model has no template")
     model: str | None = Field(None, description="a configured model name (GET /api/models); default if omitted")
-    top_k: int = Field(10, ge=1, le=100, description="next-token candidates kept per position")
+    top_k: int | None = Field(None, ge=1, description="next-token candidates kept per position: at most the "
+                              "server's ATTNSCOPE_MAX_TOP_K (100 unless configured); default 10, or that "
+                              "limit if lower")
 
     @field_validator("text")
     @classmethod
@@ -217,7 +219,8 @@ class LogitLensOut(BaseModel):
 class GenerateRequest(Strict):
     text: str
     model: str | None = None
-    max_new_tokens: int = Field(32, ge=1, le=512)
+    max_new_tokens: int = Field(32, ge=1, description="at most the server's ATTNSCOPE_MAX_NEW_TOKENS (512 unless "
+                                                      "configured), and prompt + new tokens within the model's limit")
     temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
     top_k: int = Field(0, ge=0, le=100_000, description="0 = no top-k filter")
     top_p: float = Field(1.0, gt=0.0, le=1.0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from model.loading import Placement
@@ -36,7 +36,10 @@ class Settings(BaseSettings):
     cache_bytes: int = Field(1 << 30, ge=1 << 20)
     # request bodies larger than this answer 413
     max_body_bytes: int = Field(1 << 20, ge=1024)
-    max_top_k: int = Field(100, ge=1)
+    # next-token candidates a request may ask for (POST /api/runs keeps them at every position,
+    # GET /api/runs/{id}/next at one); past this, 422
+    max_top_k: int = Field(100, ge=1, le=10_000)
+    # tokens one POST /api/generate may ask for; past this, 422
     max_new_tokens: int = Field(512, ge=1)
     # requests waiting for one model beyond this answer 503 with Retry-After
     queue_length: int = Field(32, ge=1)
@@ -50,7 +53,13 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     # origins allowed by CORS; empty = no CORS headers at all
     cors_origins: list[str] = Field(default_factory=list)
-    log_level: str = "INFO"
+    # `attnscope serve`'s log level (the app's loggers and uvicorn's); any case
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     def placement(self) -> Placement:
         return Placement(device=self.device, dtype=self.dtype, device_map=self.device_map,

@@ -38,6 +38,7 @@ from model.cache import RunStore  # noqa: E402
 from model.engine import Engine  # noqa: E402
 from model.hooks import run_with_cache  # noqa: E402
 from model.loading import BUNDLED_DIR, load_model  # noqa: E402
+from model.names import act_name  # noqa: E402
 
 log = logging.getLogger("bench.capture")
 BUNDLED = BUNDLED_DIR / "attnscope-tiny"
@@ -89,7 +90,7 @@ def measure(name: str, source: str, lengths: list[int], repeats: int) -> list[di
                 with lm.lock:
                     acts = run_with_cache(lm, ids[0])
                 t2 = time.perf_counter()
-                assert acts["blocks.0.attn.hook_pattern"].shape[-1] == n
+                assert acts[act_name("pattern", 0)].shape[-1] == n
                 del acts
                 r = client.post("/api/runs", json={"text": text, "top_k": 10})
                 t3 = time.perf_counter()

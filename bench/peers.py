@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 from bench.capture import gpt2_small_folder, prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from model.loading import LoadedModel  # noqa: E402
+from model.names import act_name  # noqa: E402
 
 log = logging.getLogger("bench.peers")
 # what BertViz's page asks the CDN for, and the npm package file that answers it
@@ -107,7 +108,7 @@ def measure_capture(lm: LoadedModel, folder: Path, texts: dict[int, str], repeat
         with torch.inference_mode():
             ref = lm.model(input_ids=ids[None], output_attentions=True).attentions[-1][0]  # (H, n, n)
         _, tl_cache = bridge.run_with_cache(ids[None])
-        assert torch.allclose(tl_cache[f"blocks.{lm.info.n_layers - 1}.attn.hook_pattern"][0], ref, atol=1e-5)
+        assert torch.allclose(tl_cache[act_name("pattern", lm.info.n_layers - 1)][0], ref, atol=1e-5)
         del tl_cache
         steps = {
             # default arguments bind this iteration's prompt (the lambdas run inside it anyway)

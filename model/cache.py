@@ -5,12 +5,15 @@ from __future__ import annotations
 import secrets
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
+from model.analysis import HeadSparsity
 from model.errors import RunNotFound
+from model.names import parse
+from model.results import RunSummary
 
 
 def tril_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -34,7 +37,9 @@ class ActivationCache:
     All are the captured tensors themselves, not copies.
     * ``input_ids`` (n,) int64.
 
-    ``summary`` holds the JSON-ready run response (tokens, predictions, head scores).
+    ``summary`` holds what the run reports besides tensors (tokens, predictions, head
+    scores); ``sparsity`` the head sparsity, once asked for. Only the store changes a
+    stored run (``RunStore.grow``), so its byte count stays exact.
     """
 
     model: str
@@ -44,10 +49,13 @@ class ActivationCache:
     resid: list[torch.Tensor]
     attn_out: list[torch.Tensor]
     mlp_out: list[torch.Tensor]
-    summary: dict[str, Any] = field(default_factory=dict)
-    text: str = ""
+    summary: RunSummary
+    text: str
     # the summary's Python objects (tokens, predictions, head scores), estimated once when stored
-    summary_bytes: int = 0
+    summary_bytes: int
+    sparsity: list[HeadSparsity] | None = None
+    # what was attached after the run was stored (sparsity), counted by RunStore.grow
+    extra_bytes: int = 0
 
     @property
     def n(self) -> int:
@@ -64,7 +72,7 @@ class ActivationCache:
     @property
     def nbytes(self) -> int:
         tensors = [self.input_ids, *self.resid, *self.attn_out, *self.mlp_out, *self.patterns]
-        return sum(t.numel() * t.element_size() for t in tensors) + self.summary_bytes
+        return sum(t.numel() * t.element_size() for t in tensors) + self.summary_bytes + self.extra_bytes
 
     def packed(self, layer: int, head: int | None = None) -> torch.Tensor:
         """(H or 1, cells): the visible cells of one layer (or one head), row-major."""
@@ -76,18 +84,21 @@ class ActivationCache:
         return self.patterns[layer]
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        """TransformerLens-style access: ``cache["blocks.0.attn.hook_pattern"]``."""
-        parts = name.split(".")
-        if parts[0] != "blocks" or len(parts) < 3:
+        """TransformerLens-style access: ``cache[act_name("pattern", 0)]``."""
+        kind, i = parse(name)
+        if not 0 <= i < self.n_layers:
             raise KeyError(name)
-        i, kind = int(parts[1]), ".".join(parts[2:])
-        if kind == "attn.hook_pattern":
+        if kind == "pattern":
             return self.pattern(i)
-        table = {"hook_resid_pre": lambda: self.resid[i], "hook_resid_post": lambda: self.resid[i + 1],
-                 "hook_attn_out": lambda: self.attn_out[i], "hook_mlp_out": lambda: self.mlp_out[i]}
-        if kind not in table:
-            raise KeyError(name)
-        return table[kind]()
+        if kind == "resid_pre":
+            return self.resid[i]
+        if kind == "resid_post":
+            return self.resid[i + 1]
+        if kind == "attn_out":
+            return self.attn_out[i]
+        if kind == "mlp_out":
+            return self.mlp_out[i]
+        raise KeyError(name)  # captured on request only, never kept with a run
 
 
 def pack_pattern(pattern: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -127,11 +138,34 @@ class RunStore:
         with self._lock:
             self._runs[run_id] = cache
             self._bytes += size
-            while self._bytes > self.max_bytes and len(self._runs) > 1:
-                old_id, old = self._runs.popitem(last=False)
-                self._bytes -= old.nbytes
-                self._forget(old_id)
+            self._evict()
         return run_id
+
+    def grow(self, run_id: str, cache: ActivationCache, nbytes: int, attach: Callable[[], bool]) -> None:
+        """Attach something derived to a stored run, its ``nbytes`` counted against the cap.
+
+        ``attach`` runs under the store's lock and says whether it attached anything (a
+        concurrent request may have been first). A run evicted meanwhile is left alone.
+        """
+        with self._lock:
+            if self._runs.get(run_id) is not cache or not attach():
+                return
+            cache.extra_bytes += nbytes
+            self._bytes += nbytes
+            self._runs.move_to_end(run_id)
+            self._evict()
+
+    def _evict(self) -> None:
+        """Oldest first until under the cap; the newest run always stays. Caller holds the lock."""
+        while self._bytes > self.max_bytes and len(self._runs) > 1:
+            old_id, old = self._runs.popitem(last=False)
+            self._bytes -= old.nbytes
+            self._forget(old_id)
+
+    def __iter__(self) -> Iterator[ActivationCache]:
+        """The stored runs, oldest first (a snapshot)."""
+        with self._lock:
+            return iter(list(self._runs.values()))
 
     def _forget(self, run_id: str) -> None:
         self._evicted[run_id] = None

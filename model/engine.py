@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Any
 
 import torch
 
@@ -19,7 +18,17 @@ from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
 from model.hooks import run_with_cache
 from model.loading import LMHead, LoadedModel
-from model.probes import probe_heads
+from model.names import LOGITS, act_name
+from model.results import (
+    ActualNext,
+    LensPosition,
+    LensStage,
+    LogitLens,
+    NextDistribution,
+    PositionPrediction,
+    RunSummary,
+    TokenProb,
+)
 from model.tokens import TextAssembler, Token, ids_tensor, token_map, tokenize
 
 log = logging.getLogger(__name__)
@@ -42,9 +51,6 @@ class Engine:
         self.default = default
         self.store = store
         self.max_tokens = max_tokens
-        for lm in self.models.values():
-            with lm.lock:
-                lm.probe = probe_heads(lm)
 
     # ---- lookup -----------------------------------------------------------------
     def model(self, name: str | None) -> LoadedModel:
@@ -115,26 +121,18 @@ class Engine:
         """Score and keep one run's activations (from one forward, or a recorded generation)."""
         t2 = time.perf_counter()
         ids = ids_tensor(tokens)
-        cache = build_cache(lm, ids, acts)
-        heads: list[dict[str, Any]] = []
-        for layer in range(lm.info.n_layers):
-            pattern = acts[f"blocks.{layer}.attn.hook_pattern"]  # (H, n, n)
-            heads.extend(s.__dict__ for s in analysis.head_scores(layer, pattern, ids))
+        heads = [score for layer in range(lm.info.n_layers)
+                 for score in analysis.head_scores(layer, acts[act_name("pattern", layer)], ids)]
         preds = []
-        if "logits" in acts:
-            preds = prediction_dicts(lm, analysis.predictions(acts["logits"], ids, top_k))
+        if LOGITS in acts:
+            preds = named_predictions(lm, analysis.predictions(acts[LOGITS], ids, top_k))
         t3 = time.perf_counter()
-        cache.text = text
-        cache.summary = {
-            "model": lm.info.name,
-            "tokens": [dict(vars(t)) for t in tokens],
-            "predictions": preds,
-            "heads": heads,
-            "timing_ms": {**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
-        }
+        summary = RunSummary(model=lm.info.name, tokens=list(tokens), predictions=preds, heads=heads,
+                             timing_ms={**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)})
         # the summary's Python objects count against the byte cap too (estimated: ~0.5 kB a
         # token, ~0.3 kB a predicted candidate, ~0.6 kB a head)
-        cache.summary_bytes = 500 * len(tokens) + 300 * sum(len(p["top"]) + 1 for p in preds) + 600 * len(heads)
+        summary_bytes = 500 * len(tokens) + 300 * sum(len(p.top) + 1 for p in preds) + 600 * len(heads)
+        cache = build_cache(lm, ids, acts, summary, text, summary_bytes)
         run_id = self.store.add(cache)
         log.info("run %s: %s, %d tokens, %.0f ms", run_id, lm.info.name, len(tokens), 1e3 * (t3 - t0))
         return RunResult(run_id=run_id, cache=cache)
@@ -172,71 +170,91 @@ class Engine:
         return lm, head
 
     def next_distribution(self, cache: ActivationCache, position: int, temperature: float,
-                          top_k: int) -> dict[str, Any]:
+                          top_k: int) -> NextDistribution:
         """The exact next-token distribution at one position, from the stored final residual."""
         lm, head = self._decoder(cache, "next-token distribution")
         if not 0 <= position < cache.n:
             raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
         with lm.lock, torch.inference_mode():
             logits = head.logits(cache.resid[-1][position])  # (V,) float32
-        logp = (logits / temperature).log_softmax(-1)
+        logp = (logits / temperature).log_softmax(-1)  # (V,)
         probs = logp.exp()
         top = probs.topk(min(top_k, probs.shape[-1]))
-        ids = top.indices.tolist()
+        ids: list[int] = top.indices.tolist()
         nxt = int(cache.input_ids[position + 1]) if position + 1 < cache.n else None
         strings = token_map(lm.tokenizer, ids if nxt is None else [*ids, nxt])
         actual = None
         if nxt is not None:
-            actual = {"id": nxt, "token": strings[nxt], "prob": float(probs[nxt]),
-                      "rank": int((probs > probs[nxt]).sum()) + 1}
-        return {"position": position, "temperature": temperature,
-                "top": [{"id": i, "token": strings[i], "prob": p}
-                        for i, p in zip(ids, top.values.tolist(), strict=True)],
-                "actual_next": actual, "entropy": float(-(probs * logp).sum())}
+            actual = ActualNext(id=nxt, token=strings[nxt], prob=float(probs[nxt]),
+                                rank=int((probs > probs[nxt]).sum()) + 1)
+        return NextDistribution(
+            position=position, temperature=temperature,
+            top=[TokenProb(id=i, token=strings[i], prob=p) for i, p in zip(ids, top.values.tolist(), strict=True)],
+            actual_next=actual, entropy=float(-(probs * logp).sum()))
 
-    def logit_lens(self, cache: ActivationCache, top_k: int) -> dict[str, Any]:
+    def logit_lens(self, cache: ActivationCache, top_k: int) -> LogitLens:
         lm, head = self._decoder(cache, "logit lens")
         with lm.lock:
             probs, ids = analysis.logit_lens(torch.stack(cache.resid), head, top_k)  # (L+1, n, k)
         strings = token_map(lm.tokenizer, ids.flatten().tolist())
-        layers = [{
-            "layer": stage - 1,
-            "label": "embed" if stage == 0 else f"block {stage - 1}",
-            "positions": [
-                {"position": pos, "top": [{"id": i, "token": strings[i], "prob": p}
-                                          for i, p in zip(ids[stage, pos].tolist(), probs[stage, pos].tolist(),
-                                                          strict=True)]}
-                for pos in range(probs.shape[1])
-            ],
-        } for stage in range(probs.shape[0])]
-        return {"n_layers": lm.info.n_layers, "n": cache.n, "top_k": top_k, "layers": layers}
+        id_rows, prob_rows = ids.tolist(), probs.tolist()  # [stage][position][k]
+        layers = [
+            LensStage(layer=stage - 1, label="embed" if stage == 0 else f"block {stage - 1}", positions=[
+                LensPosition(position=pos, top=[TokenProb(id=i, token=strings[i], prob=p)
+                                                for i, p in zip(id_rows[stage][pos], prob_rows[stage][pos],
+                                                                strict=True)])
+                for pos in range(cache.n)])
+            for stage in range(len(id_rows))
+        ]
+        return LogitLens(n_layers=lm.info.n_layers, n=cache.n, top_k=top_k, layers=layers)
+
+    def sparsity(self, run_id: str) -> list[analysis.HeadSparsity]:
+        """How concentrated each head of a run is; computed once, then kept with the run (counted)."""
+        cache = self.store.get(run_id)
+        if cache.sparsity is not None:
+            return cache.sparsity
+        heads = [s for layer in range(cache.n_layers) for s in analysis.head_sparsity(layer, cache.pattern(layer))]
+
+        def attach() -> bool:
+            if cache.sparsity is not None:  # another request attached it meanwhile
+                return False
+            cache.sparsity = heads
+            return True
+
+        # ~0.3 kB a head's scores, estimated as the summary's are
+        self.store.grow(run_id, cache, 300 * len(heads), attach)
+        return heads
 
 
-def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: dict[str, torch.Tensor]) -> ActivationCache:
+def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: dict[str, torch.Tensor], summary: RunSummary,
+                text: str, summary_bytes: int) -> ActivationCache:
     """Keep references to the captured tensors: no copy, no dtype conversion."""
     n_layers = lm.info.n_layers
     return ActivationCache(
         model=lm.info.name,
         causal=lm.info.causal,
         input_ids=ids,
-        patterns=[acts[f"blocks.{i}.attn.hook_pattern"] for i in range(n_layers)],
-        resid=[acts["blocks.0.hook_resid_pre"]] + [acts[f"blocks.{i}.hook_resid_post"] for i in range(n_layers)],
-        attn_out=[acts[f"blocks.{i}.hook_attn_out"] for i in range(n_layers)],
-        mlp_out=[acts[f"blocks.{i}.hook_mlp_out"] for i in range(n_layers)],
+        patterns=[acts[act_name("pattern", i)] for i in range(n_layers)],
+        resid=[acts[act_name("resid_pre", 0)]] + [acts[act_name("resid_post", i)] for i in range(n_layers)],
+        attn_out=[acts[act_name("attn_out", i)] for i in range(n_layers)],
+        mlp_out=[acts[act_name("mlp_out", i)] for i in range(n_layers)],
+        summary=summary,
+        text=text,
+        summary_bytes=summary_bytes,
     )
 
 
-def prediction_dicts(lm: LoadedModel, preds: list[analysis.Prediction]) -> list[dict[str, Any]]:
+def named_predictions(lm: LoadedModel, preds: list[analysis.Prediction]) -> list[PositionPrediction]:
+    """Predictions with each candidate's display string (every id decoded once)."""
     strings = token_map(lm.tokenizer, [i for p in preds for i in p.top_ids]
                         + [p.next_id for p in preds if p.next_id is not None])
     out = []
     for p in preds:
         actual = None
-        if p.next_id is not None:
-            actual = {"id": p.next_id, "token": strings[p.next_id], "prob": p.next_prob, "rank": p.next_rank}
-        out.append({
-            "position": p.position,
-            "top": [{"id": i, "token": strings[i], "prob": q} for i, q in zip(p.top_ids, p.top_probs, strict=True)],
-            "actual_next": actual,
-        })
+        if p.next_id is not None and p.next_prob is not None and p.next_rank is not None:
+            actual = ActualNext(id=p.next_id, token=strings[p.next_id], prob=p.next_prob, rank=p.next_rank)
+        out.append(PositionPrediction(
+            position=p.position,
+            top=[TokenProb(id=i, token=strings[i], prob=q) for i, q in zip(p.top_ids, p.top_probs, strict=True)],
+            actual_next=actual))
     return out

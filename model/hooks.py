@@ -3,20 +3,8 @@ the residual stream with temporary forward hooks.
 
 Hooks are global state on the model (TransformerLens' lesson): they are registered
 for one forward and always removed in ``finally``, so nothing piles up between
-requests. Names follow TransformerLens:
-
-============================  ==================  =====================================
-name                          shape               what
-============================  ==================  =====================================
-blocks.{i}.hook_resid_pre     (n, d_model)        residual stream entering block i
-blocks.{i}.attn.hook_pattern  (heads, n, n)       post-softmax attention, query x key
-blocks.{i}.attn.hook_rot_q    (heads, n, d_head)  post-rotary queries (interface families, on request)
-blocks.{i}.attn.hook_rot_k    (kv_heads, n, d_head) post-rotary keys, K/V heads not repeated (on request)
-blocks.{i}.hook_attn_out      (n, d_model)        what attention adds to the residual stream
-blocks.{i}.hook_mlp_out       (n, d_model)        what the MLP adds to the residual stream
-blocks.{i}.hook_resid_post    (n, d_model)        residual stream leaving block i
-logits                        (n, vocab)          the model's final logits (decoders)
-============================  ==================  =====================================
+requests. Names follow TransformerLens and are built by ``model.names.act_name``; the
+table of names and shapes is there.
 
 Every captured tensor is float32 (a copy when the model runs in another dtype, or
 when the model later writes into the tensor in place), detached, on the device of
@@ -39,20 +27,9 @@ from model import capture
 from model.capture import AttentionCall, LazyMask
 from model.errors import AttentionUnavailable
 from model.loading import LoadedModel
+from model.names import KINDS, LOGITS, act_name, kind_of
 
-HOOK_KINDS = ("hook_resid_pre", "attn.hook_pattern", "hook_attn_out", "hook_mlp_out", "hook_resid_post")
-ON_REQUEST_KINDS = ("attn.hook_rot_q", "attn.hook_rot_k")
 Filter = Callable[[str], bool]
-
-
-def hook_name(layer: int, kind: str) -> str:
-    """``hook_name(3, "attn.hook_pattern")`` -> ``"blocks.3.attn.hook_pattern"``."""
-    return f"blocks.{layer}.{kind}"
-
-
-def hook_names(n_layers: int) -> list[str]:
-    """The names a default capture fills (the on-request Q/K are not among them)."""
-    return [hook_name(i, kind) for i in range(n_layers) for kind in HOOK_KINDS]
 
 
 class Captures(dict[str, torch.Tensor]):
@@ -68,13 +45,13 @@ class Captures(dict[str, torch.Tensor]):
         """The capture point's callback (model.capture): q (H, r, dh), k (Hkv, kv, dh), pattern (H, r, kv)."""
         self.calls[layer] = call
         offset = int(call.mask.kwargs.get("kv_offset", 0)) if isinstance(call.mask, LazyMask) else 0
-        if self.wanted(name := hook_name(layer, "attn.hook_pattern")):
+        if self.wanted(name := act_name("pattern", layer)):
             if offset:  # a sliding-window cache kept only the last keys: put them at their positions
                 pattern = torch.nn.functional.pad(pattern, (offset, 0))
             self[name] = pattern
-        if self.wanted(name := hook_name(layer, "attn.hook_rot_q")):
+        if self.wanted(name := act_name("rot_q", layer)):
             self[name] = q.float()
-        if self.wanted(name := hook_name(layer, "attn.hook_rot_k")):
+        if self.wanted(name := act_name("rot_k", layer)):
             self[name] = k.float()
 
 
@@ -125,25 +102,24 @@ def _add_hooks(lm: LoadedModel, store: Captures) -> list[RemovableHandle]:
         return hook
 
     for i, block in enumerate(lm.blocks):
-        if wanted(name := hook_name(i, "hook_resid_pre")):
+        if wanted(name := act_name("resid_pre", i)):
             handles.append(block.register_forward_pre_hook(save_input(name), with_kwargs=True))
-        if spec.capture == "module" and wanted(name := hook_name(i, "attn.hook_pattern")):
+        if spec.capture == "module" and wanted(name := act_name("pattern", i)):
             handles.append(block.get_submodule(spec.attn).register_forward_hook(save_pattern(name)))
-        if wanted(name := hook_name(i, "hook_attn_out")):
+        if wanted(name := act_name("attn_out", i)):
             handles.append(block.get_submodule(spec.attn_out).register_forward_hook(
                 save_output(name, factor=scale)))
-        if wanted(name := hook_name(i, "hook_mlp_out")):
+        if wanted(name := act_name("mlp_out", i)):
             handles.append(block.get_submodule(spec.mlp_out).register_forward_hook(
                 save_output(name, copy=spec.mutates_mlp_out, factor=scale)))
-        if wanted(name := hook_name(i, "hook_resid_post")):
+        if wanted(name := act_name("resid_post", i)):
             handles.append(block.register_forward_hook(save_output(name, copy=True)))
     return handles
 
 
 def _filter(names: Iterable[str] | Filter | None) -> Filter:
     if names is None:
-        defaults = set(HOOK_KINDS)
-        return lambda name: name == "logits" or name.split(".", 2)[-1] in defaults
+        return lambda name: name == LOGITS or kind_of(name) in KINDS
     if callable(names):
         return names
     chosen = set(names)
@@ -184,7 +160,7 @@ def run_with_cache(
     wanted = _filter(names)
     with hooked(lm, wanted) as store, torch.inference_mode():
         out = lm.model(input_ids=input_ids[None, :].to(lm.input_device), use_cache=False)
-    missing = [name for i in range(lm.info.n_layers) if wanted(name := hook_name(i, "attn.hook_pattern"))
+    missing = [name for i in range(lm.info.n_layers) if wanted(name := act_name("pattern", i))
                and name not in store]
     if missing:
         raise AttentionUnavailable(
@@ -193,6 +169,6 @@ def run_with_cache(
             f"{lm.spec.attn_implementation!r}"
         )
     logits = getattr(out, "logits", None)
-    if logits is not None and wanted("logits"):
-        store["logits"] = logits[0].float()  # (n, vocab)
+    if logits is not None and wanted(LOGITS):
+        store[LOGITS] = logits[0].float()  # (n, vocab)
     return store

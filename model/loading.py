@@ -123,6 +123,18 @@ class ModelInfo:
 
 
 @dataclass
+class ProbeResults:
+    """Head scores measured on synthetic input: once per model, on first use (``model.probes``).
+
+    A renamed copy of a LoadedModel (``dataclasses.replace``) shares this object, so the
+    probe runs once however many engines or names serve the model.
+    """
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    induction: list[list[float]] | None = None  # [layer][head]
+
+
+@dataclass
 class LoadedModel:
     """A model ready for inspection, with the lock that serialises its forwards."""
 
@@ -132,8 +144,7 @@ class LoadedModel:
     spec: ArchSpec
     source: str
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # filled by the engine after loading: head scores measured on synthetic input
-    probe: dict[str, list[list[float]]] = field(default_factory=dict)
+    probes: ProbeResults = field(default_factory=ProbeResults)
 
     @property
     def blocks(self) -> nn.ModuleList:

@@ -2,8 +2,8 @@
 
 The induction score follows Olsson et al. (2022): a random token sequence repeated
 twice; an induction head attends from a token in the second copy to the token that
-followed its earlier occurrence. The previous-token score on the same input is a
-control. Both are per layer x head.
+followed its earlier occurrence. Per layer x head. Measured once per model, when first
+asked for (``induction``), not when a model loads or an engine is built.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import torch
 
 from model.hooks import run_with_cache
 from model.loading import LoadedModel
+from model.names import act_name, kind_of
 
 
 def repeated_random_tokens(vocab_size: int, length: int, seed: int = 0) -> torch.Tensor:
@@ -27,13 +28,19 @@ def induction_scores(lm: LoadedModel, length: int = 50, seeds: int = 4) -> list[
     totals = torch.zeros(lm.info.n_layers, lm.info.n_heads)
     for seed in range(seeds):
         ids = repeated_random_tokens(lm.info.vocab_size, length, seed)
-        acts = run_with_cache(lm, ids, lambda name: name.endswith("hook_pattern"))
+        acts = run_with_cache(lm, ids, lambda name: kind_of(name) == "pattern")
         for layer in range(lm.info.n_layers):
-            pattern = acts[f"blocks.{layer}.attn.hook_pattern"]  # (H, 2L, 2L)
+            pattern = acts[act_name("pattern", layer)]  # (H, 2L, 2L)
             q = torch.arange(length, 2 * length, device=pattern.device)
             totals[layer] += pattern[:, q, q - length + 1].mean(-1).cpu()
     return (totals / seeds).tolist()
 
 
-def probe_heads(lm: LoadedModel) -> dict[str, list[list[float]]]:
-    return {"induction": induction_scores(lm)}
+def induction(lm: LoadedModel) -> list[list[float]]:
+    """The model's induction scores, measured on the first call and kept with the model."""
+    memo = lm.probes
+    with memo.lock:
+        if memo.induction is None:
+            with lm.lock:
+                memo.induction = induction_scores(lm)
+        return memo.induction

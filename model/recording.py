@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from model.names import LOGITS, act_name, kind_of
+
 
 @dataclass
 class Recorder:
@@ -25,11 +27,11 @@ class Recorder:
 
     @property
     def n(self) -> int:
-        return sum(c["blocks.0.hook_resid_pre"].shape[0] for c in self.chunks)
+        return sum(c[act_name("resid_pre", 0)].shape[0] for c in self.chunks)
 
     def new_rows(self, layer: int, head: int) -> list[list[float]]:
         """The rows of one head computed by the latest forward (visible keys only)."""
-        pattern = self.chunks[-1][f"blocks.{layer}.attn.hook_pattern"][head]  # (rows, keys)
+        pattern = self.chunks[-1][act_name("pattern", layer)][head]  # (rows, keys)
         keys = pattern.shape[-1]
         first = keys - pattern.shape[0]
         return [pattern[r, : first + r + 1].tolist() for r in range(pattern.shape[0])]
@@ -40,7 +42,7 @@ class Recorder:
         out: dict[str, torch.Tensor] = {}
         for name in self.chunks[0]:
             parts = [c[name] for c in self.chunks]
-            if name.endswith("attn.hook_pattern"):
+            if kind_of(name) == "pattern":
                 heads = parts[0].shape[0]
                 full = torch.zeros(heads, n, n, device=parts[0].device)
                 row = 0
@@ -51,5 +53,5 @@ class Recorder:
             else:
                 out[name] = torch.cat(parts, dim=0)  # (N, d)
         if self.logits:
-            out["logits"] = torch.cat(self.logits, dim=0)  # (N, V)
+            out[LOGITS] = torch.cat(self.logits, dim=0)  # (N, V)
         return out

@@ -39,6 +39,7 @@ from bench.report import write_section  # noqa: E402
 from model.analysis import head_scores, previous_token_weights  # noqa: E402
 from model.hooks import run_with_cache  # noqa: E402
 from model.loading import LoadedModel, load_model  # noqa: E402
+from model.names import act_name, kind_of  # noqa: E402
 from model.probes import induction_scores  # noqa: E402
 
 log = logging.getLogger("model_card")
@@ -90,8 +91,8 @@ def bits_per_byte(lm: LoadedModel, docs: list[str]) -> dict[str, float]:
 
 
 def patterns(lm: LoadedModel, ids: torch.Tensor) -> list[torch.Tensor]:
-    acts = run_with_cache(lm, ids, lambda name: name.endswith("hook_pattern"))
-    return [acts[f"blocks.{i}.attn.hook_pattern"] for i in range(lm.info.n_layers)]  # L x (H, n, n)
+    acts = run_with_cache(lm, ids, lambda name: kind_of(name) == "pattern")
+    return [acts[act_name("pattern", i)] for i in range(lm.info.n_layers)]  # L x (H, n, n)
 
 
 def heldout_stream(lm: LoadedModel, docs: list[str]) -> torch.Tensor:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,7 +11,12 @@ import torch
 from fastapi.testclient import TestClient
 
 from app.encoding import decode_sqrt_u8
+from app.main import create_app
+from app.settings import Settings
+from model import probes
 from model.engine import Engine
+from model.loading import LoadedModel, load_model
+from tests.conftest import make_engine, save_tiny
 from tests.sse import events as sse_events
 
 PROMPT = "I love artificial intelligence"
@@ -34,6 +40,28 @@ def test_models_lists_configured_models(client: TestClient) -> None:
     enc = by_name["minilm-l6"]
     assert not enc["causal"] and not enc["default"] and enc["n_layers"] == 6 and enc["n_heads"] == 12
     assert len(gpt2["induction_scores"]) == 2 and len(gpt2["induction_scores"][0]) == 4
+
+
+def test_induction_probe_runs_once_per_model_when_first_asked(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    lm = load_model("probed", str(save_tiny("gpt2", tmp_path / "gpt2")))
+    calls: list[str] = []
+    measure = probes.induction_scores
+
+    def counted(m: LoadedModel) -> list[list[float]]:
+        calls.append(m.info.name)
+        return measure(m)
+
+    monkeypatch.setattr(probes, "induction_scores", counted)
+    engines = [make_engine({"probed": lm, "renamed": lm}, "probed") for _ in range(2)]
+    assert calls == []  # building engines runs no forward
+    listed = []
+    for engine in engines:
+        with TestClient(create_app(Settings(models={}, default_model="probed"), engine)) as c:
+            listed += c.get("/api/models").json()["models"]
+    assert len(calls) == 1  # two engines, two names, one probe
+    assert len({json.dumps(m["induction_scores"]) for m in listed}) == 1
+    assert listed[0]["induction_scores"] == probes.induction_scores(lm)
 
 
 def test_run_tokens_predictions_heads(client: TestClient) -> None:

@@ -19,6 +19,7 @@ from model.analysis import head_scores, previous_token_weights
 from model.engine import Engine
 from model.hooks import run_with_cache
 from model.loading import BUNDLED_DIR
+from model.names import act_name, kind_of
 from model.tokens import ids_tensor, tokenize
 
 FOLDER = BUNDLED_DIR / "attnscope-tiny"
@@ -73,8 +74,8 @@ def test_previous_token_heads_over_the_whole_context(default_engine: Engine) -> 
     n = lm.info.max_positions
     ids = ids_tensor(tokenize(lm.tokenizer, HELDOUT.read_text(encoding="utf-8")))[:n]
     assert len(ids) == n == 1024
-    acts = run_with_cache(lm, ids, lambda name: name.endswith("hook_pattern"))
-    patterns = [acts[f"blocks.{i}.attn.hook_pattern"] for i in range(lm.info.n_layers)]  # L x (H, n, n)
+    acts = run_with_cache(lm, ids, lambda name: kind_of(name) == "pattern")
+    patterns = [acts[act_name("pattern", i)] for i in range(lm.info.n_layers)]  # L x (H, n, n)
     prev = [s.prev_token for i, pattern in enumerate(patterns) for s in head_scores(i, pattern, ids)]
     assert sum(p >= 0.5 for p in prev) >= 2, prev
     late = torch.cat([previous_token_weights(p)[:, n // 2 - 1 :].mean(-1) for p in patterns])  # (L*H,) queries 512..1023

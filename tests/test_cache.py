@@ -9,6 +9,7 @@ from app.main import create_app
 from app.settings import Settings
 from model.errors import RunNotFound
 from model.loading import LoadedModel
+from model.names import KINDS, LOGITS, act_name, block_names, kind_of, parse
 from tests.conftest import make_engine
 
 
@@ -50,9 +51,20 @@ def test_cache_shapes_and_tl_names(tiny_models: dict[str, LoadedModel]) -> None:
     engine = make_engine({"m": tiny_models["gpt2"]}, "m")
     cache = engine.run(engine.analyse("a b c d e").run_id)
     n = cache.n
-    assert cache["blocks.0.attn.hook_pattern"].shape == (4, n, n)
-    assert cache["blocks.1.hook_resid_pre"].shape == (n, 32)
-    assert (cache["blocks.0.hook_resid_post"] == cache["blocks.1.hook_resid_pre"]).all()
+    assert cache[act_name("pattern", 0)].shape == (4, n, n)
+    assert cache[act_name("resid_pre", 1)].shape == (n, 32)
+    assert (cache[act_name("resid_post", 0)] == cache[act_name("resid_pre", 1)]).all()
     assert not any(t.requires_grad for t in cache.resid)
-    with pytest.raises(KeyError):
-        cache["blocks.0.nonsense"]
+    for bad in ("blocks.0.nonsense", "blocks.2.hook_resid_pre", "logits", "blocks.x.attn.hook_pattern"):
+        with pytest.raises(KeyError):
+            cache[bad]
+
+
+def test_act_names_round_trip() -> None:
+    assert act_name("pattern", 3) == "blocks.3.attn.hook_pattern"
+    assert act_name("resid_post", 0) == "blocks.0.hook_resid_post"
+    assert block_names(2)[:5] == [act_name(kind, 0) for kind in KINDS] and len(block_names(2)) == 10
+    for name in block_names(3):
+        kind, layer = parse(name)
+        assert act_name(kind, layer) == name and kind_of(name) == kind
+    assert kind_of(LOGITS) is None and kind_of("blocks.1.attn.hook_z") is None

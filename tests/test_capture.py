@@ -9,8 +9,9 @@ import torch
 
 from model import analysis
 from model.cache import pack_pattern
-from model.hooks import hook_names, run_with_cache
+from model.hooks import run_with_cache
 from model.loading import LoadedModel
+from model.names import LOGITS, act_name, block_names
 from model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
 
@@ -35,7 +36,7 @@ def test_patterns_equal_output_attentions(tiny_models: dict[str, LoadedModel], a
         ref = lm.model(input_ids=ids[None], output_attentions=True).attentions
     assert len(ref) == lm.info.n_layers
     for i, expected in enumerate(ref):
-        got = acts[f"blocks.{i}.attn.hook_pattern"]
+        got = acts[act_name("pattern", i)]
         assert got.shape == (lm.info.n_heads, len(ids), len(ids))
         torch.testing.assert_close(got, expected[0], atol=1e-6, rtol=0)
 
@@ -45,14 +46,14 @@ def test_every_hook_fires_and_hooks_are_removed(tiny_models: dict[str, LoadedMod
     lm = tiny_models[arch]
     before = _hook_counts(lm)
     acts = run_with_cache(lm, _ids(lm))
-    assert set(hook_names(lm.info.n_layers)) | {"logits"} == set(acts)
+    assert set(block_names(lm.info.n_layers)) | {LOGITS} == set(acts)
     assert _hook_counts(lm) == before
 
 
 def test_names_filter_keeps_only_what_was_asked(tiny_models: dict[str, LoadedModel]) -> None:
     lm = tiny_models["gpt2"]
-    acts = run_with_cache(lm, _ids(lm), ["blocks.1.hook_resid_post"])
-    assert list(acts) == ["blocks.1.hook_resid_post"]
+    acts = run_with_cache(lm, _ids(lm), [act_name("resid_post", 1)])
+    assert list(acts) == [act_name("resid_post", 1)]
 
 
 def test_hooks_removed_when_forward_fails(tiny_models: dict[str, LoadedModel]) -> None:
@@ -70,14 +71,14 @@ def test_gpt2_pattern_recomputed_by_hand(tiny_models: dict[str, LoadedModel]) ->
     n, h, dh = len(ids), lm.info.n_heads, lm.info.d_head
     acts = run_with_cache(lm, ids)
     for i, block in enumerate(lm.blocks):
-        x = block.ln_1(acts[f"blocks.{i}.hook_resid_pre"])  # (n, d)
+        x = block.ln_1(acts[act_name("resid_pre", i)])  # (n, d)
         q, k, _v = block.attn.c_attn(x).split(lm.info.d_model, dim=-1)
         q = q.view(n, h, dh).transpose(0, 1)  # (h, n, dh)
         k = k.view(n, h, dh).transpose(0, 1)
         scores = q @ k.transpose(-1, -2) / math.sqrt(dh)  # (h, n, n)
         mask = torch.ones(n, n, dtype=torch.bool).tril()
         scores = scores.masked_fill(~mask, float("-inf"))
-        torch.testing.assert_close(acts[f"blocks.{i}.attn.hook_pattern"], scores.softmax(-1), atol=1e-5, rtol=0)
+        torch.testing.assert_close(acts[act_name("pattern", i)], scores.softmax(-1), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -87,7 +88,7 @@ def test_rows_sum_to_one_and_future_is_exactly_zero(tiny_models: dict[str, Loade
     acts = run_with_cache(lm, ids)
     future = ~torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
     for i in range(lm.info.n_layers):
-        p = acts[f"blocks.{i}.attn.hook_pattern"]
+        p = acts[act_name("pattern", i)]
         torch.testing.assert_close(p.sum(-1), torch.ones(p.shape[:2]), atol=1e-5, rtol=0)
         assert torch.all(p[:, future] == 0)
         packed = pack_pattern(p, causal=True)
@@ -100,7 +101,7 @@ def test_gpt2_embedding_is_wte_plus_wpe(tiny_models: dict[str, LoadedModel]) -> 
     acts = run_with_cache(lm, ids)
     tr = lm.model.transformer
     expected = tr.wte.weight[ids] + tr.wpe.weight[torch.arange(len(ids))]
-    torch.testing.assert_close(acts["blocks.0.hook_resid_pre"], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(acts[act_name("resid_pre", 0)], expected, atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -110,10 +111,10 @@ def test_resid_post_is_pre_plus_attn_plus_mlp(tiny_models: dict[str, LoadedModel
     lm = tiny_models[arch]
     acts = run_with_cache(lm, _ids(lm))
     for i in range(lm.info.n_layers):
-        total = acts[f"blocks.{i}.hook_resid_pre"] + acts[f"blocks.{i}.hook_attn_out"] + acts[f"blocks.{i}.hook_mlp_out"]
-        torch.testing.assert_close(total, acts[f"blocks.{i}.hook_resid_post"], atol=1e-5, rtol=1e-5)
+        total = acts[act_name("resid_pre", i)] + acts[act_name("attn_out", i)] + acts[act_name("mlp_out", i)]
+        torch.testing.assert_close(total, acts[act_name("resid_post", i)], atol=1e-5, rtol=1e-5)
         if i + 1 < lm.info.n_layers:
-            torch.testing.assert_close(acts[f"blocks.{i}.hook_resid_post"], acts[f"blocks.{i + 1}.hook_resid_pre"])
+            torch.testing.assert_close(acts[act_name("resid_post", i)], acts[act_name("resid_pre", i + 1)])
 
 
 def test_neox_parallel_residual_reads_the_same_input(tiny_models: dict[str, LoadedModel]) -> None:
@@ -123,8 +124,8 @@ def test_neox_parallel_residual_reads_the_same_input(tiny_models: dict[str, Load
     acts = run_with_cache(lm, _ids(lm))
     block = lm.blocks[0]
     with torch.inference_mode():
-        mlp = block.mlp(block.post_attention_layernorm(acts["blocks.0.hook_resid_pre"]))
-    torch.testing.assert_close(mlp, acts["blocks.0.hook_mlp_out"], atol=1e-6, rtol=0)
+        mlp = block.mlp(block.post_attention_layernorm(acts[act_name("resid_pre", 0)]))
+    torch.testing.assert_close(mlp, acts[act_name("mlp_out", 0)], atol=1e-6, rtol=0)
 
 
 def test_encoder_post_norm_identity(encoder: LoadedModel) -> None:
@@ -134,10 +135,10 @@ def test_encoder_post_norm_identity(encoder: LoadedModel) -> None:
     assert encoder.spec.residual == "post_norm" and not encoder.info.causal
     for i, layer in enumerate(encoder.blocks):
         with torch.inference_mode():
-            h = layer.attention.output.LayerNorm(acts[f"blocks.{i}.hook_resid_pre"] + acts[f"blocks.{i}.hook_attn_out"])
-            post = layer.output.LayerNorm(h + acts[f"blocks.{i}.hook_mlp_out"])
-        torch.testing.assert_close(post, acts[f"blocks.{i}.hook_resid_post"], atol=1e-5, rtol=1e-5)
-    p = acts["blocks.0.attn.hook_pattern"]
+            h = layer.attention.output.LayerNorm(acts[act_name("resid_pre", i)] + acts[act_name("attn_out", i)])
+            post = layer.output.LayerNorm(h + acts[act_name("mlp_out", i)])
+        torch.testing.assert_close(post, acts[act_name("resid_post", i)], atol=1e-5, rtol=1e-5)
+    p = acts[act_name("pattern", 0)]
     assert (p[:, 0, -1] > 0).all()  # an encoder's first token sees the last one
 
 
@@ -146,7 +147,7 @@ def test_logit_lens_last_layer_equals_logits(tiny_models: dict[str, LoadedModel]
     lm = tiny_models[arch]
     ids = _ids(lm)
     acts = run_with_cache(lm, ids)
-    last = acts[f"blocks.{lm.info.n_layers - 1}.hook_resid_post"][None]  # (1, n, d)
+    last = acts[act_name("resid_post", lm.info.n_layers - 1)][None]  # (1, n, d)
     head = lm.lm_head()
     assert head is not None
     probs, top = analysis.logit_lens(last, head, k=5)

@@ -16,8 +16,9 @@ from model.arch import SUPPORTED, spec_for
 from model.capture import active_count
 from model.engine import Engine
 from model.generation import GenerationSession, SamplingParams
-from model.hooks import Captures, hook_name, run_with_cache
+from model.hooks import Captures, run_with_cache
 from model.loading import LoadedModel, wrap_model
+from model.names import act_name
 from model.tokens import ids_tensor, tokenize
 from tests.conftest import make_engine
 from tests.families import DECODERS, ENCODERS, FAMILIES, Family
@@ -63,7 +64,7 @@ def test_patterns_equal_output_attentions(family: Family) -> None:
     b = built(family)
     assert len(b.ref.attentions) == b.lm.info.n_layers
     for i, expected in enumerate(b.ref.attentions):
-        got = b.acts[hook_name(i, "attn.hook_pattern")]
+        got = b.acts[act_name("pattern", i)]
         assert got.dtype == torch.float32 and got.shape == (b.lm.info.n_heads, N, N)
         torch.testing.assert_close(got, expected[0].float(), atol=ATOL, rtol=0)
     assert active_count() == 0  # the capture point was released
@@ -80,14 +81,14 @@ def test_sliding_windows_are_in_the_patterns(family: Family) -> None:
     full = torch.ones(N, N, dtype=torch.bool)
     if family.causal:
         full = full.tril()
-    hidden = [bool((b.acts[hook_name(i, "attn.hook_pattern")][:, full] == 0).any()) for i in range(b.lm.info.n_layers)]
+    hidden = [bool((b.acts[act_name("pattern", i)][:, full] == 0).any()) for i in range(b.lm.info.n_layers)]
     assert any(hidden)
 
 
 def test_soft_capped_attention_differs_from_uncapped() -> None:
     """Gemma-2's attention soft-cap is in force (so the parity above covers it)."""
     gemma2 = next(f for f in FAMILIES if f.id == "gemma2")
-    capped = built(gemma2).acts[hook_name(0, "attn.hook_pattern")]
+    capped = built(gemma2).acts[act_name("pattern", 0)]
     model = gemma2.build("eager", attn_logit_softcapping=None)
     with torch.inference_mode():
         uncapped = model(input_ids=built(gemma2).ids[None], output_attentions=True).attentions[0][0]
@@ -102,10 +103,10 @@ def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
 def test_residual_identity(family: Family) -> None:
     b = built(family)
     spec, acts = b.lm.spec, b.acts
-    _close(acts[hook_name(0, "hook_resid_pre")], b.ref.hidden_states[0][0], "embedding output")
+    _close(acts[act_name("resid_pre", 0)], b.ref.hidden_states[0][0], "embedding output")
     for i, block in enumerate(b.lm.blocks):
-        pre, post = acts[hook_name(i, "hook_resid_pre")], acts[hook_name(i, "hook_resid_post")]
-        attn, mlp = acts[hook_name(i, "hook_attn_out")], acts[hook_name(i, "hook_mlp_out")]
+        pre, post = acts[act_name("resid_pre", i)], acts[act_name("resid_post", i)]
+        attn, mlp = acts[act_name("attn_out", i)], acts[act_name("mlp_out", i)]
         if spec.residual == "post_norm":
             assert spec.post_norms is not None
             ln1, ln2 = (block.get_submodule(p) for p in spec.post_norms)
@@ -114,7 +115,7 @@ def test_residual_identity(family: Family) -> None:
         else:
             _close(pre + attn + mlp, post, f"layer {i}: pre + attn + mlp ({spec.residual})")
         if i + 1 < b.lm.info.n_layers:
-            assert torch.equal(post, acts[hook_name(i + 1, "hook_resid_pre")])
+            assert torch.equal(post, acts[act_name("resid_pre", i + 1)])
 
 
 PARALLEL_MLP_INPUT = {"gptj": "ln_1", "phi": "input_layernorm", "cohere": "input_layernorm",
@@ -128,8 +129,8 @@ def test_parallel_blocks_feed_the_mlp_from_resid_pre(family: Family) -> None:
     block = b.lm.blocks[0]
     with torch.inference_mode():
         mlp = block.get_submodule(b.lm.spec.mlp_out)(block.get_submodule(PARALLEL_MLP_INPUT[family.id])(
-            b.acts[hook_name(0, "hook_resid_pre")][None]))[0]
-    _close(mlp, b.acts[hook_name(0, "hook_mlp_out")], "mlp(norm(resid_pre))")
+            b.acts[act_name("resid_pre", 0)][None]))[0]
+    _close(mlp, b.acts[act_name("mlp_out", 0)], "mlp(norm(resid_pre))")
 
 
 @pytest.mark.parametrize("family", [f for f in DECODERS if f.id in ("gemma2", "gemma3_text", "olmo2")],
@@ -148,14 +149,14 @@ def test_sandwich_contributions_are_the_normed_outputs(family: Family) -> None:
         handle.remove()
     with torch.inference_mode():
         normed = block.post_attention_layernorm(raw["attn"])
-    _close(normed, b.acts[hook_name(0, "hook_attn_out")], "post_attention_layernorm(attn)")
+    _close(normed, b.acts[act_name("attn_out", 0)], "post_attention_layernorm(attn)")
     assert (raw["attn"] - normed).abs().max() > 1e-3  # the norm matters: the raw output would be wrong
 
 
 @pytest.mark.parametrize("family", DECODERS, ids=lambda f: f.id)
 def test_logit_lens_at_the_last_layer_is_the_models_logits(family: Family) -> None:
     b = built(family)
-    last = b.acts[hook_name(b.lm.info.n_layers - 1, "hook_resid_post")]
+    last = b.acts[act_name("resid_post", b.lm.info.n_layers - 1)]
     head = b.lm.lm_head()
     assert head is not None
     _close(head.logits(last), b.ref.logits[0].float(), "lm_head().logits(resid_post[-1]) vs the model's logits")
@@ -167,7 +168,7 @@ def test_logit_lens_at_the_last_layer_is_the_models_logits(family: Family) -> No
 def test_final_logit_transforms_are_applied(family: Family) -> None:
     """Without the family's transform (soft-cap, logit_scale, logits_scaling) the lens would be wrong."""
     b = built(family)
-    last = b.acts[hook_name(b.lm.info.n_layers - 1, "hook_resid_post")]
+    last = b.acts[act_name("resid_post", b.lm.info.n_layers - 1)]
     unembed, norm = b.lm.unembed, b.lm.final_norm
     assert unembed is not None and norm is not None
     with torch.inference_mode():
@@ -188,15 +189,15 @@ def test_predictions_next_and_generation_agree_with_the_logits(family: Family) -
     with torch.inference_mode():
         logits = b.lm.model(input_ids=ids[None]).logits[0].float()  # (n, V): the model's own
     probs = logits.softmax(-1)
-    for pred in result.cache.summary["predictions"]:
-        top = probs[pred["position"]].topk(3)
-        assert [c["id"] for c in pred["top"]] == top.indices.tolist()
-        assert [c["prob"] for c in pred["top"]] == pytest.approx(top.values.tolist(), abs=1e-5)
+    for pred in result.cache.summary.predictions:
+        top = probs[pred.position].topk(3)
+        assert [c.id for c in pred.top] == top.indices.tolist()
+        assert [c.prob for c in pred.top] == pytest.approx(top.values.tolist(), abs=1e-5)
     last = len(ids) - 1
     nxt = engine.next_distribution(result.cache, last, temperature=1.0, top_k=3)
-    assert [c["prob"] for c in nxt["top"]] == pytest.approx(probs[last].topk(3).values.tolist(), abs=1e-5)
-    lens = engine.logit_lens(result.cache, top_k=1)["layers"][-1]["positions"]
-    assert [p["top"][0]["id"] for p in lens] == probs.argmax(-1).tolist()
+    assert [c.prob for c in nxt.top] == pytest.approx(probs[last].topk(3).values.tolist(), abs=1e-5)
+    lens = engine.logit_lens(result.cache, top_k=1).layers[-1].positions
+    assert [p.top[0].id for p in lens] == probs.argmax(-1).tolist()
     session = GenerationSession(b.lm, ids, SamplingParams(max_new_tokens=3, temperature=0, top_k=0, top_p=1, seed=0))
     step = session.step()
     assert step.id == int(logits[-1].argmax())
@@ -227,7 +228,7 @@ def test_recorded_generation_equals_a_fresh_forward(family: Family) -> None:
 def test_encoders_see_the_whole_sequence(family: Family) -> None:
     b = built(family)
     assert not b.lm.info.causal and not b.lm.info.has_lm_head
-    assert (b.acts[hook_name(0, "attn.hook_pattern")][:, 0, -1] > 0).all()
+    assert (b.acts[act_name("pattern", 0)][:, 0, -1] > 0).all()
 
 
 def test_an_unsupported_family_is_refused_naming_the_supported_ones() -> None:

@@ -11,6 +11,7 @@ from model import lessons
 from model.engine import Engine
 from model.hooks import run_with_cache
 from model.loading import LoadedModel
+from model.names import act_name
 from model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
 
@@ -29,14 +30,14 @@ def test_heads_rebuild_the_attention_output(tiny_models: dict[str, LoadedModel],
     acts = run_with_cache(lm, ids)
     for layer in range(lm.info.n_layers):
         v, w_o = lessons._value_vectors(lm, layer, ids)  # (H, n, dh), (H, dh, d)
-        pattern = acts[f"blocks.{layer}.attn.hook_pattern"]  # (H, n, n)
+        pattern = acts[act_name("pattern", layer)]  # (H, n, n)
         mixed = torch.einsum("hqk,hkd->hqd", pattern, v)  # (H, n, dh)
         out = torch.einsum("hqd,hde->qe", mixed, w_o)  # (n, d)
         block = lm.blocks[layer]
         proj = block.get_submodule(lm.spec.out_proj)
         if getattr(proj, "bias", None) is not None:
             out = out + proj.bias
-        torch.testing.assert_close(out, acts[f"blocks.{layer}.hook_attn_out"], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(out, acts[act_name("attn_out", layer)], atol=1e-5, rtol=1e-4)
 
 
 def test_contributions(client: TestClient) -> None:

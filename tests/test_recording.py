@@ -10,6 +10,7 @@ from model.engine import Engine
 from model.generation import GenerationSession, SamplingParams
 from model.hooks import run_with_cache
 from model.loading import LoadedModel
+from model.names import act_name
 from model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
 from tests.sse import events as sse_events
@@ -26,7 +27,7 @@ def test_recorded_rows_equal_a_fresh_forward(tiny_models: dict[str, LoadedModel]
     recorded = session.finish_recording()
     full = session.ids
     fresh = run_with_cache(lm, full)
-    assert recorded["blocks.0.attn.hook_pattern"].shape == (lm.info.n_heads, len(full), len(full))
+    assert recorded[act_name("pattern", 0)].shape == (lm.info.n_heads, len(full), len(full))
     for name, expected in fresh.items():
         torch.testing.assert_close(recorded[name], expected, atol=1e-4, rtol=1e-4, msg=name)
 

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import EngineDep, GateDep
+from app.deps import EngineDep, GateDep, SettingsDep
 from app.schemas import ErrorOut, GenerateRequest
 from model.errors import BadInput
 from model.generation import GenerationSession, SamplingParams
@@ -47,7 +47,11 @@ def sse(event: str, data: dict[str, object]) -> str:
 @router.post("/generate", responses={200: {"content": {"text/event-stream": {}}, "description": SSE_DOC},
                                      404: {"model": ErrorOut}, 422: {"model": ErrorOut}},
              summary="Generate token by token with the KV cache (SSE)", description=SSE_DOC)
-def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: GateDep) -> StreamingResponse:
+def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: GateDep,
+             settings: SettingsDep) -> StreamingResponse:
+    if body.max_new_tokens > settings.max_new_tokens:
+        raise BadInput(f"max_new_tokens {body.max_new_tokens} is more than this server's limit of "
+                       f"{settings.max_new_tokens} (ATTNSCOPE_MAX_NEW_TOKENS)")
     lm = engine.model(body.model)
     tokens = engine.tokenize(lm, body.text)
     limit = engine.token_limit(lm)

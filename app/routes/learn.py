@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from app.convert import fields_of
 from app.deps import EngineDep, GateDep
 from app.routes.runs import ERRORS
 from app.schemas import (
@@ -50,27 +51,27 @@ def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, hea
 def embedding(name: str, engine: EngineDep, id: Int, top: Annotated[int, Query(ge=1, le=50)] = 10) -> EmbeddingOut:
     lm = engine.model(name)
     data = lessons.embedding_neighbours(lm, id, top)
-    ids = [id] + [i for i, _ in data["neighbours"]] + [i for i, _ in data["adjacent"]]
-    strings = token_map(lm.tokenizer, ids)
+    strings = token_map(lm.tokenizer, [id] + [s.id for s in data.neighbours] + [s.id for s in data.adjacent])
     return EmbeddingOut(
-        model=name, id=id, token=strings[id], norm=data["norm"], vector=data["vector"],
-        neighbours=[Neighbour(id=i, token=strings[i], cos=c) for i, c in data["neighbours"]],
-        adjacent=[Neighbour(id=i, token=strings[i], cos=c) for i, c in data["adjacent"]],
-        random_mean=data["random_mean"], random_std=data["random_std"])
+        model=name, id=id, token=strings[id], norm=data.norm, vector=data.vector,
+        neighbours=[Neighbour(id=s.id, token=strings[s.id], cos=s.cos) for s in data.neighbours],
+        adjacent=[Neighbour(id=s.id, token=strings[s.id], cos=s.cos) for s in data.adjacent],
+        random_mean=data.random_mean, random_std=data.random_std)
 
 
 @router.get("/models/{name}/anatomy", response_model=AnatomyOut, responses=ERRORS,
             summary="Parameter counts by part of the network")
 def anatomy(name: str, engine: EngineDep) -> AnatomyOut:
     lm = engine.model(name)
-    return AnatomyOut(model=name, **lessons.anatomy(lm))
+    return AnatomyOut.model_validate({**fields_of(lessons.anatomy(lm)), "model": name}, from_attributes=True)
 
 
 @router.get("/models/{name}/positions", response_model=PositionsOut, responses=ERRORS,
             summary="How the model encodes position: its learned table, or its rotary frequencies")
 def positions(name: str, engine: EngineDep, count: Annotated[int, Query(ge=1, le=1024)] = 64) -> PositionsOut:
     lm = engine.model(name)
-    return PositionsOut(model=name, **lessons.position_table(lm, min(count, lm.info.max_positions or count)))
+    table = lessons.position_table(lm, min(count, lm.info.max_positions or count))
+    return PositionsOut.model_validate({**fields_of(table), "model": name})
 
 
 @router.post("/timing", response_model=TimingOut, responses=ERRORS,
@@ -86,7 +87,7 @@ def timing(body: TimingRequest, engine: EngineDep, gate: GateDep) -> TimingOut:
                        "(the uncached serial run grows with the square of the length)")
     with gate.enter(lm.info.name), lm.lock:
         result = lessons.parallel_vs_serial(lm, ids_tensor(tokens))
-    return TimingOut(model=lm.info.name, tokens=[t.text for t in tokens], **result)
+    return TimingOut.model_validate({**fields_of(result), "model": lm.info.name, "tokens": [t.text for t in tokens]})
 
 
 @router.get("/compare", response_model=CompareOut, responses=ERRORS,
@@ -95,9 +96,8 @@ def compare(a: str, b: str, engine: EngineDep) -> CompareOut:
     run_a, run_b = engine.run(a), engine.run(b)
     if run_a.model != run_b.model:
         raise BadInput("both runs must come from the same model")
-    texts = [t["text"] for t in run_a.summary["tokens"]]
-    texts_b = [t["text"] for t in run_b.summary["tokens"]]
+    texts = [t.text for t in run_a.summary.tokens]
+    texts_b = [t.text for t in run_b.summary.tokens]
     pairs = lessons.hidden_similarity(texts, run_a.resid[-1], texts_b, run_b.resid[-1])
-    return CompareOut(a=a, b=b, tokens=[CompareToken(a=p["a"], b=p["b"], cos=p["cos"], token=texts[p["a"]])
-                                        for p in pairs])
+    return CompareOut(a=a, b=b, tokens=[CompareToken(a=p.a, b=p.b, cos=p.cos, token=texts[p.a]) for p in pairs])
 

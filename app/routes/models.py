@@ -7,6 +7,7 @@ from fastapi import APIRouter
 from app.deps import EngineDep
 from app.memory import rss_bytes
 from app.schemas import HealthOut, ModelOut, ModelsOut
+from model import probes
 
 router = APIRouter(prefix="/api", tags=["models"])
 
@@ -17,7 +18,7 @@ def list_models(engine: EngineDep) -> ModelsOut:
     for name, lm in engine.models.items():
         out.append(ModelOut(**asdict(lm.info), default=name == engine.default, family=lm.info.architecture,
                             max_tokens=engine.token_limit(lm),
-                            induction_scores=lm.probe.get("induction", [])))
+                            induction_scores=probes.induction(lm)))
     return ModelsOut(models=out)
 
 

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
 
 import torch
 from fastapi import APIRouter, Query, Response
+from pydantic import TypeAdapter
 
-from app.deps import EngineDep, GateDep
+from app.deps import EngineDep, GateDep, SettingsDep
 from app.encoding import f32_base64, f32_le, rows, sqrt_u8
 from app.schemas import (
     AttentionOut,
@@ -21,11 +23,16 @@ from app.schemas import (
     ResidualOut,
     RunOut,
     RunRequest,
+    SparsityHead,
     SparsityOut,
 )
+from app.settings import Settings
 from model import analysis
+from model.analysis import HeadScore
 from model.cache import ActivationCache
 from model.errors import BadInput
+from model.results import LogitLens, PositionPrediction
+from model.tokens import Token
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -41,37 +48,78 @@ BINARY_DOC = (
 )
 
 
-RUN_FIELDS = ("model", "tokens", "predictions", "heads", "timing_ms")
+@dataclass(frozen=True, slots=True)
+class RunBody:
+    """RunOut's fields over the engine's typed results.
+
+    A run's JSON is serialised from this by pydantic-core without building and validating
+    a RunOut: at 1,024 positions x top-k that would cost more than the analysis itself.
+    The schema is still RunOut: tests validate the JSON against it and check that the
+    fields agree.
+    """
+
+    run_id: str
+    model: str
+    causal: bool
+    n_layers: int
+    n_heads: int
+    text: str
+    tokens: list[Token]
+    predictions: list[PositionPrediction]
+    heads: list[HeadScore]
+    timing_ms: dict[str, float]
 
 
-def run_payload(run_id: str, cache: ActivationCache) -> dict[str, object]:
-    """The RunOut shape as plain data (the engine builds it field by field)."""
-    return {"run_id": run_id, "text": cache.text, "causal": cache.causal, "n_layers": cache.n_layers,
-            "n_heads": cache.n_heads, **{k: cache.summary[k] for k in RUN_FIELDS}}
+RUN_JSON = TypeAdapter(RunBody)
+LENS_JSON = TypeAdapter(LogitLens)  # the fields of LogitLensOut, as RunBody's are RunOut's
+
+
+def run_body(run_id: str, cache: ActivationCache) -> RunBody:
+    s = cache.summary
+    return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
+                   n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
+                   timing_ms=s.timing_ms)
 
 
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
-    return RunOut.model_validate(run_payload(run_id, cache))
+    """The run as a validated RunOut (for callers that want the object, not the bytes)."""
+    return RunOut.model_validate_json(RUN_JSON.dump_json(run_body(run_id, cache)))
+
+
+def _typed_json(content: bytes, status: int = 200) -> Response:
+    return Response(content, status_code=status, media_type="application/json")
 
 
 @router.post("/runs", status_code=201, response_model=RunOut, responses=ERRORS,
              summary="Analyse a prompt: one forward, everything captured")
-def create_run(body: RunRequest, engine: EngineDep, gate: GateDep) -> Response:
+def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: SettingsDep) -> Response:
+    top_k = checked_top_k(body.top_k, settings)
     lm = engine.model(body.model)
     with gate.enter(lm.info.name):
         if body.messages is not None:
             chat = [{"role": m.role, "content": m.content} for m in body.messages]
-            result = engine.analyse_chat(chat, lm.info.name, body.top_k)
+            result = engine.analyse_chat(chat, lm.info.name, top_k)
         else:
-            result = engine.analyse(body.text or "", lm.info.name, body.top_k)
-    # serialised directly: at 1,024 positions x top-k, building and re-validating pydantic
-    # objects would cost more than the analysis itself (the schema is still RunOut)
-    return _json(run_payload(result.run_id, result.cache), status=201)
+            result = engine.analyse(body.text or "", lm.info.name, top_k)
+    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
 
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")
 def get_run(run_id: str, engine: EngineDep) -> Response:
-    return _json(run_payload(run_id, engine.run(run_id)))
+    return _typed_json(RUN_JSON.dump_json(run_body(run_id, engine.run(run_id))))
+
+
+DEFAULT_TOP_K = 10
+
+
+def checked_top_k(top_k: int | None, settings: Settings) -> int:
+    """The top-k a request asked for, within ATTNSCOPE_MAX_TOP_K; when it asked for none, 10 or that limit."""
+    if top_k is None:
+        return min(DEFAULT_TOP_K, settings.max_top_k)
+    if top_k > settings.max_top_k:
+        raise BadInput(f"top_k {top_k} is more than this server's limit of {settings.max_top_k} "
+                       "(ATTNSCOPE_MAX_TOP_K)")
+    return top_k
 
 
 def pool(pattern: torch.Tensor, size: int) -> torch.Tensor:
@@ -141,33 +189,33 @@ def residual(run_id: str, engine: EngineDep) -> ResidualOut:
 @router.get("/runs/{run_id}/logit-lens", response_model=LogitLensOut, responses=ERRORS,
             summary="Each layer's residual stream read through the final norm and LM head")
 def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
-               top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> LogitLensOut:
+               top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> Response:
     cache = engine.run(run_id)
     with gate.enter(cache.model):
-        return LogitLensOut(**engine.logit_lens(cache, top_k))
+        lens = engine.logit_lens(cache, top_k)
+    # (L + 1) x n x top-k candidates: serialised from the typed result, like a run
+    return _typed_json(LENS_JSON.dump_json(lens))
 
 
 @router.get("/runs/{run_id}/sparsity", response_model=SparsityOut, responses=ERRORS,
             summary="How concentrated each head is: top-1 / top-5 mass and keys holding 90%, exact over all rows")
 def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
-    cache = engine.run(run_id)
-    if "sparsity" not in cache.summary:
-        heads = [s.__dict__ for layer in range(cache.n_layers)
-                 for s in analysis.head_sparsity(layer, cache.pattern(layer))]
-        cache.summary["sparsity"] = heads
-    return SparsityOut(heads=cache.summary["sparsity"])
+    return SparsityOut(heads=[SparsityHead.model_validate(h, from_attributes=True) for h in engine.sparsity(run_id)])
 
 
 @router.get("/runs/{run_id}/next", response_model=NextOut, responses=ERRORS,
             summary="Next-token distribution at one position, re-scaled by a temperature")
-def next_token(run_id: str, engine: EngineDep,
+def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                position: Annotated[int, Query(ge=-(2**31), le=2**31)],
                temperature: Annotated[float, Query(gt=0, le=100)] = 1.0,
-               top_k: Annotated[int, Query(ge=1, le=100)] = 10) -> NextOut:
+               top_k: Annotated[int | None, Query(ge=1, description="default 10, or the server's limit if "
+                                                     "lower")] = None) -> NextOut:
     if not math.isfinite(temperature):
         raise BadInput("temperature must be a finite number")
+    k = checked_top_k(top_k, settings)
     cache = engine.run(run_id)
-    return NextOut(**engine.next_distribution(cache, position, temperature, top_k))
+    return NextOut.model_validate(engine.next_distribution(cache, position, temperature, k),
+                                  from_attributes=True)
 
 
 @router.get("/runs/{run_id}/export", responses=ERRORS,
@@ -179,9 +227,10 @@ def next_token(run_id: str, engine: EngineDep,
 def export_run(run_id: str, engine: EngineDep) -> Response:
     cache = engine.run(run_id)
     lm = engine.model(cache.model)
+    run = RUN_JSON.dump_python(run_body(run_id, cache), mode="json")
     payload = {"format": "attnscope-run/2", "run_id": run_id, "text": cache.text,
-               "model_info": dict(lm.info.__dict__), "causal": cache.causal,
-               **{k: cache.summary[k] for k in RUN_FIELDS},
+               "model_info": asdict(lm.info), "causal": cache.causal,
+               **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms")},
                "attention_encoding": "f32-le-base64",
                "attention": [[f32_base64(cells) for cells in cache.packed(layer)]
                              for layer in range(cache.n_layers)]}
