@@ -43,6 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
     from app.main import build_engine, create_app
     from app.memory import tune_malloc
     from app.settings import Settings
+    from model import probes
     from model.errors import EngineError
 
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
@@ -62,6 +63,8 @@ def _serve(args: argparse.Namespace) -> int:
     except EngineError as exc:
         sys.stderr.write(f"attnscope: {exc}\n".splitlines()[0] + "\n")
         return 1
+    for lm in engine.models.values():
+        probes.induction(lm)  # measured before binding: GET /api/models answers at once
     app = create_app(settings, engine)
     url = f"http://{settings.host}:{settings.port}/"
     sys.stdout.write(f"attnscope: serving {engine.default} at {url}\n")

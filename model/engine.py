@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from model import analysis
+from model import analysis, probes
 from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
 from model.hooks import run_with_cache
@@ -51,6 +51,8 @@ class Engine:
         self.default = default
         self.store = store
         self.max_tokens = max_tokens
+        for lm in self.models.values():
+            probes.check_attention(lm)  # a model whose attention returns no weights never serves
 
     # ---- lookup -----------------------------------------------------------------
     def model(self, name: str | None) -> LoadedModel:

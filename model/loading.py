@@ -124,14 +124,16 @@ class ModelInfo:
 
 @dataclass
 class ProbeResults:
-    """Head scores measured on synthetic input: once per model, on first use (``model.probes``).
+    """What ``model.probes`` measured on a model: once per model, on first use.
 
-    A renamed copy of a LoadedModel (``dataclasses.replace``) shares this object, so the
-    probe runs once however many engines or names serve the model.
+    A copy of a LoadedModel (``dataclasses.replace``: a renamed one) shares this object, so
+    a probe runs once however many engines or names serve the model. Each result names the
+    module it was measured on: a copy given another ``model`` measures again.
     """
 
     lock: threading.Lock = field(default_factory=threading.Lock)
-    induction: list[list[float]] | None = None  # [layer][head]
+    attention_checked: nn.Module | None = None  # the model whose attention returned weights
+    induction: tuple[nn.Module, list[list[float]]] | None = None  # (model, [layer][head] scores)
 
 
 @dataclass

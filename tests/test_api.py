@@ -179,7 +179,7 @@ def test_logit_lens_last_layer_matches_predictions(client: TestClient) -> None:
         np.testing.assert_allclose([c["prob"] for c in pos["top"]], [c["prob"] for c in pred["top"]], atol=1e-5)
 
 
-def test_generate_streams_tokens_greedy_is_deterministic(client: TestClient) -> None:
+def test_generate_streams_tokens_greedy_is_deterministic(client: TestClient, engine: Engine) -> None:
     req = {"text": "The meaning of life is", "max_new_tokens": 5, "temperature": 0, "top_k": 0, "top_p": 1, "seed": 1}
     first = client.post("/api/generate", json=req)
     assert first.status_code == 200 and first.headers["content-type"].startswith("text/event-stream")
@@ -189,8 +189,17 @@ def test_generate_streams_tokens_greedy_is_deterministic(client: TestClient) -> 
     assert all(len(t["top"]) == 5 and t["ms"] > 0 for t in tokens)
     second = sse_events(client.post("/api/generate", json=req).text)
     assert [d["id"] for e, d in second if e == "token"] == [t["id"] for t in tokens]
-    # greedy with the KV cache = argmax of a fresh full forward at each step
-    assert tokens[0]["id"] == tokens[0]["top"][0]["id"]
+    # greedy with the KV cache = argmax of a fresh forward (no cache) over prompt + tokens so far
+    lm = engine.model("tiny-gpt2")
+    ids = [t.id for t in engine.tokenize(lm, req["text"])]
+    for step in tokens:
+        with torch.inference_mode():
+            logits = lm.model(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1].float()  # (V,)
+        fresh = logits.softmax(-1).topk(5)
+        assert step["id"] == int(logits.argmax())
+        assert [c["id"] for c in step["top"]] == fresh.indices.tolist()
+        np.testing.assert_allclose([c["prob"] for c in step["top"]], fresh.values.tolist(), atol=1e-5)
+        ids.append(step["id"])
 
 
 def test_generate_sampling_seeded(client: TestClient) -> None:

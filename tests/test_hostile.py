@@ -4,6 +4,7 @@ and the server keeps answering."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -42,7 +43,7 @@ def _raw_bodies() -> list[tuple[bytes, dict[str, str]]]:
 RUN_BODIES: list[Any] = [
     {"text": v} for v in (5, 5.5, True, None, [], {}, ["a"], {"a": 1}, "", " ", "\n", "\t\r\n", "\u3000\u2003", "word " * 2000)
 ] + [
-    {"text": "hi", "top_k": v} for v in (0, -1, 101, 10**20, "5x", 1.5, None, [], "")
+    {"text": "hi", "top_k": v} for v in (0, -1, 101, 10**20, "5x", 1.5, [], "")  # null = the default
 ] + [
     {"text": "hi", "model": v} for v in ("", "../../etc", "/etc/passwd", "gpt2", "openai-community/gpt2", 5, "tiny-gpt2\x00", "x" * 5000)
 ] + [
@@ -62,6 +63,23 @@ GENERATE_BODIES: list[Any] = [
 ]
 
 
+# bad bodies for the other POST endpoints; {run} is the run id
+POST_BODIES: dict[str, list[Any]] = {
+    "/api/timing": [{}, {"text": ""}, {"text": 5}, {"text": "hi", "model": "nope"}, {"text": "word " * 200},
+                    {"text": "hi", "model": "minilm-l6"}, {"text": "hi", "extra": 1}],
+    "/api/runs/{run}/ablate": [{}, {"heads": [[99, 0]]}, {"heads": [[0, -1]]}, {"heads": [[0]]}, {"heads": "all"},
+                               {"heads": [[0, 0]], "mode": "half"}, {"heads": [[0, 0]], "top_k": 0}],
+    "/api/runs/nope/ablate": [{"heads": [[0, 0]]}],
+    "/api/runs/{run}/ablate/scan": [{}, {"position": -1}, {"position": 9999}, {"position": 0, "token": -5},
+                                    {"position": 0, "token": 10**6}, {"position": 0, "mode": "x"}],
+    "/api/patch": [{}, {"clean": "a b", "corrupted": "a", "answer": " x", "wrong": " y"},
+                   {"clean": "a", "corrupted": "b", "answer": " x", "wrong": " x"},
+                   {"clean": "a", "corrupted": "b", "answer": " two words here", "wrong": " y"},
+                   {"clean": "", "corrupted": "", "answer": "", "wrong": ""},
+                   {"clean": "a", "corrupted": "b", "answer": " x", "wrong": " y", "model": "minilm-l6"}],
+}
+
+
 def _query_cases(run: str) -> list[str]:
     att = f"/api/runs/{run}/attention"
     cases = [f"{att}?layer={v}" for v in ("-1", "99", str(2**40), "abc", "1.5", "", "NaN", "inf", "-0x1")]
@@ -74,6 +92,9 @@ def _query_cases(run: str) -> list[str]:
     cases += [f"/api/runs/{run}/next?position=0&temperature={v}" for v in ("0", "-1", "nan", "inf", "1e309", "101")]
     cases += [f"/api/runs/{run}/logit-lens?top_k={v}" for v in ("0", "51", "-5", "many")]
     cases += [f"/api/runs/{run}/contributions?layer=0&head=0&position={v}" for v in ("-1", "99", "p")]
+    cases += [f"/api/runs/{run}/attribution?position={v}" for v in ("-1", "99", "x", "")]
+    cases += [f"/api/runs/{run}/attribution?position=0&{k}={v}" for k in ("token", "token_b") for v in ("-1", "8192")]
+    cases += ["/api/runs/nope/export", "/api/runs/nope/attribution?position=0"]
     cases += [f"/api/models/tiny-gpt2/embedding?id={v}" for v in ("-1", "8192", str(2**40), "x", "")]
     cases += ["/api/models/%2Fetc%2Fpasswd/embedding?id=1", "/api/models/nope/anatomy", "/api/models/nope/positions",
               "/api/models/tiny-gpt2/positions?count=0", "/api/models/tiny-gpt2/positions?count=5000",
@@ -95,9 +116,35 @@ def _check(r: Any, what: str) -> None:
         assert body.get("message") or body.get("detail"), what
 
 
-def test_corpus_has_over_a_hundred_cases(run_id: str) -> None:
-    total = len(_raw_bodies()) + len(RUN_BODIES) + len(GENERATE_BODIES) + len(_query_cases(run_id)) + len(TRAVERSAL) + 3
-    assert total >= 100, total
+def _sent(run: str) -> set[tuple[str, str]]:
+    """(method, path) of every request the corpus sends."""
+    sent = {("POST", "/api/runs"), ("POST", "/api/generate"), ("POST", "/api/timing"), ("PUT", "/api/runs"),
+            ("DELETE", "/api/runs/x")}
+    sent |= {("GET", url.split("?")[0]) for url in _query_cases(run)}
+    sent |= {("POST", path.format(run=run)) for path in POST_BODIES}
+    return sent
+
+
+def test_corpus_reaches_every_route_that_takes_input(raw: TestClient, run_id: str) -> None:
+    """A new endpoint with parameters or a body fails this until hostile cases reach it."""
+    sent = _sent(run_id)
+    operations = [(method.upper(), path, op) for path, ops in raw.app.openapi()["paths"].items()
+                  for method, op in ops.items()]
+    missed = []
+    for method, path, op in operations:
+        if not (op.get("parameters") or op.get("requestBody")):
+            continue  # nothing to send it
+        pattern = re.compile(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path)))
+        if not any(m == method and pattern.fullmatch(p) for m, p in sent):
+            missed.append(f"{method} {path}")
+    assert missed == [], f"no hostile case reaches {missed}"
+    assert len(operations) >= 20
+
+
+@pytest.mark.parametrize(("path", "i"), [(p, i) for p, bodies in POST_BODIES.items() for i in range(len(bodies))])
+def test_bad_bodies_of_other_endpoints(raw: TestClient, run_id: str, path: str, i: int) -> None:
+    body = POST_BODIES[path][i]
+    _check(raw.post(path.format(run=run_id), json=body), f"{path} {json.dumps(body)[:80]}")
 
 
 @pytest.mark.parametrize("i", range(len(_raw_bodies())))

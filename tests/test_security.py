@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
+import pytest
 from fastapi.testclient import TestClient
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from app.main import create_app
 from app.settings import Settings
 from model.engine import Engine
-
-ROOT = Path(__file__).resolve().parents[1]
+from model.errors import ModelLoadError
+from model.loading import load_model
+from tests.conftest import save_tiny
 
 
 def test_defaults_bind_loopback_without_cors() -> None:
@@ -47,12 +51,50 @@ def test_pages_have_no_inline_script_and_no_cdn(client: TestClient) -> None:
         assert not re.search(r"(src|href)=\"https?://", html), f"external asset on {url}"
 
 
-def test_no_trust_remote_code_anywhere() -> None:
-    for path in list((ROOT / "model").rglob("*.py")) + list((ROOT / "app").rglob("*.py")):
-        text = path.read_text()
-        assert "trust_remote_code=True" not in text, path
-    loading = (ROOT / "model" / "loading.py").read_text()
-    assert loading.count("trust_remote_code=False") >= 3
+EVIL_CODE = """
+import pathlib
+pathlib.Path({marker!r}).write_text("the model folder's own code ran")
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+class EvilConfig(GPT2Config):
+    model_type = "evil"
+class EvilModel(GPT2LMHeadModel):
+    config_class = EvilConfig
+class EvilTokenizer(PreTrainedTokenizerFast):
+    pass
+"""
+
+
+def _with_remote_code(folder: Path, marker: Path, model_type: str | None = None) -> None:
+    """Point every auto class of a model folder at code shipped in the folder (evil.py)."""
+    (folder / "evil.py").write_text(EVIL_CODE.format(marker=str(marker)))
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    if model_type is not None:
+        config["model_type"] = model_type
+    (folder / "config.json").write_text(json.dumps(config))
+    tok = json.loads((folder / "tokenizer_config.json").read_text())
+    tok["auto_map"] = {"AutoTokenizer": [None, "evil.EvilTokenizer"]}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok))
+
+
+def test_a_model_folder_never_runs_its_own_code(tmp_path: Path) -> None:
+    """trust_remote_code stays off: a folder whose config, model and tokenizer all name code
+    inside it loads transformers' own classes, and the code never runs."""
+    marker = tmp_path / "ran"
+    folder = save_tiny("gpt2", tmp_path / "known")
+    _with_remote_code(folder, marker)
+    lm = load_model("known", str(folder))
+    assert type(lm.model) is GPT2LMHeadModel and type(lm.model.config) is GPT2Config
+    assert not marker.exists()
+
+
+def test_a_model_that_only_remote_code_could_load_is_refused(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    folder = save_tiny("gpt2", tmp_path / "unknown")
+    _with_remote_code(folder, marker, model_type="evil")
+    with pytest.raises(ModelLoadError, match="could not be loaded"):
+        load_model("unknown", str(folder))
+    assert not marker.exists()
 
 
 def test_requests_cannot_name_a_path_or_hub_id(client: TestClient) -> None:
