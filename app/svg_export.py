@@ -9,6 +9,10 @@ from __future__ import annotations
 from itertools import pairwise
 from xml.sax.saxutils import escape
 
+# the masked (causal future) cell as the browser draws it: static/css/app.css's --masked and
+# --mask-hatch (tests/test_cli.py checks they agree)
+MASKED = "#e4e6ea"
+MASK_HATCH = "#aab1ba"
 SCALE = [(0.0, (255, 255, 255)), (0.1, (227, 238, 249)), (0.25, (183, 212, 234)), (0.45, (107, 174, 214)),
          (0.7, (33, 113, 181)), (1.0, (8, 48, 107))]
 
@@ -34,8 +38,8 @@ def heatmap_svg(rows: list[list[float]], tokens: list[str], causal: bool, title:
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{size}" height="{size + 24}" '
            'font-family="DejaVu Sans Mono, monospace" font-size="10">',
            '<defs><pattern id="mask" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)">'
-           '<rect width="6" height="6" fill="#e4e6ea"/>'
-           '<line x1="0" y1="0" x2="0" y2="6" stroke="#aab1ba" stroke-width="2"/></pattern></defs>',
+           f'<rect width="6" height="6" fill="{MASKED}"/>'
+           f'<line x1="0" y1="0" x2="0" y2="6" stroke="{MASK_HATCH}" stroke-width="2"/></pattern></defs>',
            f'<text x="{margin}" y="14" font-size="12">{escape(title)}</text>']
     top = 24 + margin
     for i, row in enumerate(rows):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -13,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 
+from app import svg_export
 from app.encoding import rows_from_f32_base64
 from tests.servers import free_port
 
@@ -149,3 +151,12 @@ def test_model_overrides() -> None:
     assert model_overrides(["tiny"]) == {"default_model": "tiny"}
     with pytest.raises(ValueError, match="NAME=SOURCE"):
         model_overrides(["=x"])
+
+
+def test_svg_masks_cells_with_the_browsers_grey() -> None:
+    """One masked-cell grey: app.css defines it for the browser, the SVG export uses the same."""
+    css = (Path(__file__).resolve().parents[1] / "static" / "css" / "app.css").read_text(encoding="utf-8")
+    assert re.search(r"--masked:\s*(#[0-9a-f]{6})", css).group(1) == svg_export.MASKED
+    assert re.search(r"--mask-hatch:\s*(#[0-9a-f]{6})", css).group(1) == svg_export.MASK_HATCH
+    svg = svg_export.heatmap_svg([[1.0], [0.5, 0.5]], ["a", "b"], causal=True, title="t")
+    assert f'fill="{svg_export.MASKED}"' in svg and 'fill="url(#mask)"' in svg

@@ -33,6 +33,11 @@ export async function postStream(url, body, { signal } = {}) {
   return check(await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal }));
 }
 
+// A file download (the run export) with the same error check as the JSON calls.
+export async function getBlob(url, { signal } = {}) {
+  return (await check(await fetch(url, { signal }))).blob();
+}
+
 export const isAbort = (err) => err && err.name === "AbortError";
 
 // The exact weights of one head (format=f32): what hover reads, where the bytes are for drawing.

@@ -1,6 +1,6 @@
 // The explorer: analyse a prompt once, then look at it head by head and token by token.
 import { $, el, fmt, showToken } from "./dom.js";
-import { getAttentionBin, getAttentionF32, getJSON, isAbort, postJSON, postStream, readSSE } from "./api.js";
+import { getAttentionBin, getAttentionF32, getBlob, getJSON, isAbort, postJSON, postStream, readSSE } from "./api.js";
 import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
 import { cellText, drawHeatmap, rangesFrom, tickBudget, ticks, wireHover } from "./views/heatmap.js";
@@ -490,9 +490,8 @@ async function init() {
   $("#heatmap").addEventListener("keydown", heatmapKeys);
   $("#export-json").addEventListener("click", safely(async () => {
     if (!state.run) return;
-    const r = await fetch(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
-    if (!r.ok) throw new Error((await r.json()).message);
-    download(`attnscope-run-${state.run.run_id}.json`, await r.blob());
+    const blob = await getBlob(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
+    download(`attnscope-run-${state.run.run_id}.json`, blob);
   }));
   window.addEventListener("unhandledrejection", (ev) => { report(ev.reason); ev.preventDefault(); });
   updateGenerate();

@@ -1,6 +1,5 @@
-// One small store for the explorer's state; views subscribe to what they draw.
-
-const listeners = new Set();
+// The explorer's state in one object. `set` changes it; the controller (main.js) redraws the
+// views a change affects, and toURL / fromURL mirror it in the address bar.
 
 export const state = {
   models: [],
@@ -19,12 +18,6 @@ export const state = {
 
 export function set(patch) {
   Object.assign(state, patch);
-  for (const fn of listeners) fn(patch);
-}
-
-export function subscribe(fn) {
-  listeners.add(fn);
-  return () => listeners.delete(fn);
 }
 
 // more URL parameters, from views that own some (the causal tools: view=..., their inputs)

@@ -1,6 +1,6 @@
 // 2. One parallel pass vs serial generation: the prefix table, streamed generation, timing.
 import { el, fmt, showToken } from "../dom.js";
-import { postJSON, readSSE } from "../api.js";
+import { postJSON, postStream, readSSE } from "../api.js";
 import { legendAbove, plot } from "./charts.js";
 
 export async function render(body, ctx) {
@@ -28,9 +28,7 @@ export async function render(body, ctx) {
     stream.replaceChildren(el("span", { text: ctx.text }));
     const ms = [];
     try {
-      const r = await fetch("/api/generate", { method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 }) });
-      if (!r.ok) throw new Error((await r.json()).message);
+      const r = await postStream("/api/generate", { text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 });
       for await (const ev of readSSE(r)) {
         if (ev.event !== "token") continue;
         // the characters this token completes (a token holding part of a character adds none yet)

@@ -5,6 +5,15 @@ export const SCALE = [
 
 const STOPS = SCALE.map(([t, hex]) => [t, parseInt(hex.slice(1, 3), 16), parseInt(hex.slice(3, 5), 16), parseInt(hex.slice(5, 7), 16)]);
 
+// The masked (causal future) cell: app.css's --masked grey and --mask-hatch stripes, the one definition.
+export function maskColours() {
+  const style = getComputedStyle(document.documentElement);
+  return { fill: style.getPropertyValue("--masked").trim(), hatch: style.getPropertyValue("--mask-hatch").trim() };
+}
+
+// "#rrggbb" -> [r, g, b]
+export const hexRGB = (hex) => [1, 3, 5].map((i) => parseInt(hex.slice(i, i + 2), 16));
+
 export function rgb(t) {
   const x = Math.min(1, Math.max(0, t));
   for (let i = 1; i < STOPS.length; i++) {

@@ -2,7 +2,7 @@
 // engine measured: previous-token, first-token (sink) and induction-like heads.
 import { el, fmt } from "../dom.js";
 import { getAttentionBin } from "../api.js";
-import { rgb } from "./colour.js";
+import { hexRGB, maskColours, rgb } from "./colour.js";
 
 const THUMB = 48;
 // [class, score key, threshold, title, the letter a cell shows]: one letter each, so that
@@ -23,6 +23,7 @@ function drawThumb(canvas, slice, head) {
   const base = head * perHead;
   let max = 1e-9;
   for (let i = 0; i < perHead; i++) max = Math.max(max, slice.data[base + i]);
+  const maskRGB = hexRGB(maskColours().fill);
   let idx = 0;
   for (let r = 0; r < size; r++) {
     for (let c = 0; c < size; c++) {
@@ -32,7 +33,7 @@ function drawThumb(canvas, slice, head) {
       if (!masked) {
         v = slice.size || !slice.causal ? slice.data[base + r * size + c] : slice.data[base + idx++];
       }
-      const [R, G, B] = masked ? [222, 225, 230] : rgb(Math.sqrt(v / max));
+      const [R, G, B] = masked ? maskRGB : rgb(Math.sqrt(v / max));
       img.data[p] = R; img.data[p + 1] = G; img.data[p + 2] = B; img.data[p + 3] = 255;
     }
   }

@@ -1,7 +1,7 @@
 // The attention heatmap of one head: queries down, keys across, the causal mask hatched.
 import { plotlyText, showToken } from "../dom.js";
 import { rowOf } from "../api.js";
-import { SCALE } from "./colour.js";
+import { SCALE, maskColours } from "./colour.js";
 import { plotConfig } from "../plotconfig.js";
 
 export const MAX_TICKS = 48; // at most this many labels an axis; a zoom that shows fewer labels every one
@@ -28,6 +28,7 @@ export function ticks(tokens, lo = 0, hi = tokens.length - 1, max = MAX_TICKS) {
 // The masked future as one staircase polygon under the heatmap (masked cells are
 // null in z, so the hatching shows through only there).
 function maskTrace(n) {
+  const mask = maskColours();
   const x = [0.5, n - 0.5, n - 0.5];
   const y = [-0.5, -0.5, n - 1.5];
   for (let i = n - 2; i >= 0; i--) {
@@ -37,8 +38,8 @@ function maskTrace(n) {
   return {
     type: "scatter", mode: "lines", x, y, fill: "toself", hoverinfo: "skip", showlegend: false,
     line: { width: 0, color: "rgba(0,0,0,0)" },
-    fillcolor: "#e4e6ea",
-    fillpattern: { shape: "/", bgcolor: "#e4e6ea", fgcolor: "#aab1ba", size: 6, solidity: 0.25 },
+    fillcolor: mask.fill,
+    fillpattern: { shape: "/", bgcolor: mask.fill, fgcolor: mask.hatch, size: 6, solidity: 0.25 },
   };
 }
 
