@@ -12,8 +12,9 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from model.hooks import hook_name, run_with_cache
+from model.hooks import run_with_cache
 from model.loading import wrap_model
+from model.names import act_name
 from tests.conftest import make_engine
 from tests.families import FAMILIES, Family
 from tests.tinytok import tiny_tokenizer
@@ -33,7 +34,7 @@ def test_patterns_on_the_gpu_equal_output_attentions(family: Family) -> None:
     with lm.lock:
         acts = run_with_cache(lm, ids)
     for i, expected in enumerate(ref):
-        got = acts[hook_name(i, "attn.hook_pattern")]
+        got = acts[act_name("pattern", i)]
         assert got.device.type == "cuda" and got.dtype == torch.float32
         torch.testing.assert_close(got, expected[0].float(), atol=1e-5, rtol=0)
 
