@@ -59,3 +59,24 @@ def test_chat_without_a_template_or_with_both_fields_is_422(chat_client: TestCli
     assert r.status_code == 422
     r = chat_client.post("/api/runs", json={"messages": []})
     assert r.status_code == 422
+
+
+@pytest.mark.browser
+def test_the_explorer_offers_the_chat_form_for_a_model_with_a_template(chat_client: TestClient, page: object) -> None:
+    from tests.servers import serve
+
+    engine = chat_client.app.state.engine  # type: ignore[attr-defined]
+    with serve(create_app(Settings(models={}, default_model="chatty"), engine)) as url:
+        page.goto(url + "/")  # type: ignore[attr-defined]
+        picker = page.get_by_test_id("model-picker")  # type: ignore[attr-defined]
+        assert "float32 on cpu" in picker.inner_text()
+        toggle = page.get_by_test_id("chat-toggle")  # type: ignore[attr-defined]
+        toggle.wait_for(state="visible")
+        page.get_by_test_id("chat-mode").check()  # type: ignore[attr-defined]
+        page.get_by_test_id("system-prompt").fill("be brief")  # type: ignore[attr-defined]
+        page.get_by_test_id("prompt-input").fill("the cat sat?")  # type: ignore[attr-defined]
+        page.get_by_test_id("analyze-button").click()  # type: ignore[attr-defined]
+        page.locator("#tokens .special").first.wait_for()  # type: ignore[attr-defined]
+        assert page.locator("#tokens .special").count() == 5  # type: ignore[attr-defined]
+        picker.select_option("plain")
+        assert toggle.is_hidden()

@@ -79,7 +79,8 @@ function describeModel(m) {
   const kv = m.n_kv_heads !== m.n_heads ? ` (${m.n_kv_heads} K/V heads)` : "";
   return `${m.name}: ${m.architecture}, ${m.n_layers} layers × ${m.n_heads} heads${kv}, d_model ${m.d_model} = ` +
     `${m.n_heads} × ${m.d_head}, vocab ${m.vocab_size}, ${m.position_encoding} positions, ` +
-    `${m.causal ? "decoder (causal mask)" : "encoder (full attention)"}, ${(m.n_params / 1e6).toFixed(1)}M parameters`;
+    `${m.causal ? "decoder (causal mask)" : "encoder (full attention)"}, ${(m.n_params / 1e6).toFixed(1)}M parameters, ` +
+    `${m.dtype} on ${m.device}`;
 }
 
 function cached(cache, key, load) {
@@ -264,6 +265,22 @@ function zoom() {
 
 // ---- analyse --------------------------------------------------------------------------------
 
+// the chat form: offered when the chosen model's tokenizer has a chat template
+function chatMode() {
+  return !$("#chat-toggle").hidden && $("#chat-mode").checked;
+}
+
+function chatMessages(text) {
+  const system = $("#system-prompt").value.trim();
+  return [...(system ? [{ role: "system", content: system }] : []), { role: "user", content: text }];
+}
+
+function updateChatForm() {
+  const m = state.models.find((x) => x.name === $("#model-picker").value);
+  $("#chat-toggle").hidden = !(m && m.has_chat_template);
+  $("#system-box").hidden = !chatMode();
+}
+
 async function analyse(initial = {}) {
   const text = $("#prompt").value;
   const modelName = $("#model-picker").value || undefined;
@@ -271,7 +288,10 @@ async function analyse(initial = {}) {
   hideStatus();
   const req = begin("analyse");
   try {
-    const run = await postJSON("/api/runs", { text, model: modelName, top_k: 10 }, { signal: req.controller.signal });
+    const body = chatMode()
+      ? { messages: chatMessages(text), model: modelName, top_k: 10 }
+      : { text, model: modelName, top_k: 10 };
+    const run = await postJSON("/api/runs", body, { signal: req.controller.signal });
     if (!latest(req)) return;
     await loadRun(run, initial);
   } catch (err) {
@@ -449,7 +469,9 @@ async function init() {
   const { models } = await getJSON("/api/models");
   set({ models });
   const picker = $("#model-picker");
-  picker.replaceChildren(...models.map((m) => el("option", { value: m.name, text: `${m.name}${m.causal ? "" : " (encoder)"}` })));
+  picker.replaceChildren(...models.map((m) => el("option", {
+    value: m.name, text: `${m.name} (${m.family}${m.causal ? "" : ", encoder"}, ${m.dtype} on ${m.device})`,
+  })));
   const dflt = models.find((m) => m.default);
   if (dflt) picker.value = dflt.name;
 
@@ -461,6 +483,9 @@ async function init() {
     b.addEventListener("click", () => { $("#prompt").value = b.dataset.example; analyse(); });
   }
   picker.addEventListener("change", updateGenerate);
+  picker.addEventListener("change", updateChatForm);
+  $("#chat-mode").addEventListener("change", updateChatForm);
+  updateChatForm();
   $("#layer-picker").addEventListener("change", (ev) => selectHead(Number(ev.target.value), state.head));
   $("#head-picker").addEventListener("change", (ev) => selectHead(state.layer, Number(ev.target.value)));
   $("#colour-scale").addEventListener("change", safely((ev) => { set({ colour: ev.target.value }); return state.run && drawHead(); }));
