@@ -10,6 +10,14 @@ and reports medians and their ratios to bare, plus the bytes per visible cell of
 head's binary and JSON attention responses.
 
     python bench/capture.py --write BENCHMARKS.md
+
+``--qwen`` measures a random model of Qwen2.5-0.5B's shape instead (hidden 896, 24 layers,
+14 query heads, 2 K/V heads, MLP 4,864, vocabulary 151,936) on this machine's device, in
+float32 and bfloat16, against a bare forward of the same weights with transformers' SDPA
+attention (what the model runs without attnscope) and with its eager attention
+(``output_attentions=True``):
+
+    python bench/capture.py --qwen --lengths 256,1024 --write BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -19,11 +27,12 @@ import logging
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from fastapi.testclient import TestClient
-from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel, Qwen2Config, Qwen2ForCausalLM
 
 ROOT = Path(__file__).resolve().parents[1]
 # run as `python bench/x.py`: the repository root goes on sys.path first, so the project's
@@ -37,7 +46,7 @@ from bench.report import write_section  # noqa: E402
 from model.cache import RunStore  # noqa: E402
 from model.engine import Engine  # noqa: E402
 from model.hooks import run_with_cache  # noqa: E402
-from model.loading import BUNDLED_DIR, load_model  # noqa: E402
+from model.loading import BUNDLED_DIR, load_model, resolve_device, wrap_model  # noqa: E402
 from model.names import act_name  # noqa: E402
 
 log = logging.getLogger("bench.capture")
@@ -128,6 +137,78 @@ def table(rows: list[dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
+QWEN_SHAPE = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+              "intermediate_size": 4864, "vocab_size": 151936, "max_position_embeddings": 32768,
+              "tie_word_embeddings": True}
+
+
+def _timed(fn: object, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+def _bare(model: Qwen2ForCausalLM, ids: torch.Tensor, impl: str) -> None:
+    """One forward of the same weights with transformers' own attention (sdpa, or eager with weights)."""
+    model.set_attn_implementation(impl)
+    try:
+        with torch.inference_mode():
+            model(input_ids=ids, use_cache=False, output_attentions=impl == "eager")
+    finally:
+        model.set_attn_implementation("attnscope")
+
+
+def _captured(lm: object, ids: torch.Tensor) -> None:
+    with lm.lock:  # type: ignore[attr-defined]
+        acts = run_with_cache(lm, ids)  # type: ignore[arg-type]
+    assert acts["blocks.0.attn.hook_pattern"].shape[-1] == ids.shape[0]
+
+
+def measure_qwen(lengths: list[int], repeats: int, dtypes: list[str]) -> list[dict[str, object]]:
+    """Capture alone (run_with_cache) against bare SDPA and eager forwards of one Qwen2.5-0.5B-shaped model."""
+    device = resolve_device("auto")
+    rows: list[dict[str, object]] = []
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN_SHAPE)).to(device=device, dtype=dtype).eval()
+        lm = wrap_model("qwen2.5-0.5b-shape", model, AutoTokenizer.from_pretrained(BUNDLED), "random")
+        for n in lengths:
+            ids = torch.randint(100, 8000, (n,), generator=torch.Generator().manual_seed(n))
+            on_device = ids[None].to(device)
+
+            times: dict[str, list[float]] = {"sdpa": [], "eager": [], "capture": []}
+            for rep in range(repeats + 1):  # the first round warms up and is dropped
+                for key, fn in (("sdpa", partial(_bare, model, on_device, "sdpa")),
+                                ("eager", partial(_bare, model, on_device, "eager")),
+                                ("capture", partial(_captured, lm, ids))):
+                    t = _timed(fn, device)
+                    if rep:
+                        times[key].append(t)
+            sdpa, eager, cap = (statistics.median(times[k]) for k in ("sdpa", "eager", "capture"))
+            row = {"device": str(device), "dtype": dtype_name, "n": n, "sdpa_ms": 1e3 * sdpa, "eager_ms": 1e3 * eager,
+                   "capture_ms": 1e3 * cap, "vs_sdpa": cap / sdpa, "vs_eager": cap / eager}
+            log.info("qwen shape %(device)s %(dtype)s n=%(n)d sdpa %(sdpa_ms).0f ms eager %(eager_ms).0f ms "
+                     "capture %(capture_ms).0f ms (%(vs_sdpa).2fx sdpa, %(vs_eager).2fx eager)", row)
+            rows.append(row)
+    return rows
+
+
+def qwen_table(rows: list[dict[str, object]]) -> str:
+    lines = ["| device | dtype | n | bare forward, SDPA (ms) | bare forward, eager + output_attentions (ms) "
+             "| capture alone (ms) | vs SDPA | vs eager |", "|---|---|---|---|---|---|---|---|"]
+    lines.extend(
+        f"| {r['device']} | {r['dtype']} | {r['n']} | {r['sdpa_ms']:.0f} | {r['eager_ms']:.0f} | {r['capture_ms']:.0f} "
+        f"| **{r['vs_sdpa']:.2f}x** | {r['vs_eager']:.2f}x |"
+        for r in rows
+    )
+    return "\n".join(lines)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -137,7 +218,19 @@ def main() -> None:
     p.add_argument("--tmp", type=Path, default=Path("/tmp/attnscope-bench"))
     p.add_argument("--tune-malloc", action="store_true",
                    help="first apply the malloc settings `attnscope serve` uses (app/memory.py), as the served app runs")
+    p.add_argument("--qwen", action="store_true", help="the Qwen2.5-0.5B-shaped rows instead (see the docstring)")
+    p.add_argument("--dtypes", default="float32,bfloat16", help="with --qwen")
     args = p.parse_args()
+    if args.qwen:
+        lengths = [int(x) for x in args.lengths.split(",")]
+        text = qwen_table(measure_qwen(lengths, args.repeats, args.dtypes.split(",")))
+        sys.stdout.write(text + "\n")
+        if args.write:
+            device = resolve_device("auto").type
+            write_section(args.write, f"capture-qwen-{device}", text,
+                          f"python bench/capture.py --qwen --lengths {args.lengths} --repeats {args.repeats} "
+                          "--write BENCHMARKS.md")
+        return
     if args.tune_malloc and not tune_malloc():
         raise SystemExit("--tune-malloc needs glibc")
     lengths = [int(x) for x in args.lengths.split(",")]
