@@ -259,10 +259,26 @@ class ContributionsOut(BaseModel):
     contributions: list[float] = Field(description="weight x value norm: how much each source actually adds")
 
 
+class HeadGap(BaseModel):
+    layer: int
+    head: int
+    gap: float = Field(
+        description="total-variation distance between the weights and each source's share of what the head adds")
+    top_weight: int = Field(description="the source with the largest weight")
+    top_share: int = Field(description="the source that adds the most")
+
+
+class ContributionGapsOut(BaseModel):
+    position: int
+    heads: list[HeadGap]
+
+
 class Neighbour(BaseModel):
     id: int
     token: str
     cos: float
+    untrained: bool = Field(
+        False, description="the row is one of a block of near-identical rows training never moved apart")
 
 
 class EmbeddingOut(BaseModel):
@@ -274,7 +290,11 @@ class EmbeddingOut(BaseModel):
     vector: list[float] = Field(description="row id of the token embedding matrix E (d_model values)")
     neighbours: list[Neighbour] = Field(description="nearest rows of E by cosine similarity")
     adjacent: list[Neighbour] = Field(description="the ids k-1 and k+1: neighbours in number only")
-    random_mean: float = Field(description="mean cosine between random pairs of rows, for scale")
+    double: list[Neighbour] = Field(description="the id 2k, when the vocabulary has it")
+    untrained: bool = Field(
+        description="this row is one of the near-identical rows of tokens training never saw")
+    untrained_count: int = Field(description="how many rows of E are flagged as untrained")
+    random_mean: float = Field(description="mean cosine between random pairs of trained rows, for scale")
     random_std: float
 
 
@@ -314,6 +334,10 @@ class PositionsOut(BaseModel):
 class TimingRequest(Strict):
     text: str
     model: str | None = None
+    repeat_to: int | None = Field(None, ge=1, le=64,
+                                  description="repeat the prompt's tokens to this many (a longer text to time)")
+    repeats: int = Field(5, ge=1, le=9,
+                         description="timed repeats of each mode; the per-step times are their medians")
 
     _check_text = field_validator("text")(_text_not_blank)
 
@@ -323,20 +347,35 @@ class TimingOut(BaseModel):
     model: str
     n: int
     tokens: list[str]
-    parallel_ms: float = Field(description="one forward over all n tokens at once")
+    repeats: int
+    parallel_ms: float = Field(description="one forward over all n tokens at once (median of the repeats)")
     serial_cache_ms: list[float] = Field(
-        description="step t: one token in, keys/values of earlier ones from the KV cache")
-    serial_no_cache_ms: list[float] = Field(description="step t: the whole prefix 0..t recomputed")
+        description="step t: one token in, keys/values of earlier ones from the KV cache (median)")
+    serial_no_cache_ms: list[float] = Field(description="step t: the whole prefix 0..t recomputed (median)")
+    parallel_runs_ms: list[float] = Field(description="every repeat's parallel forward")
+    cache_totals_ms: list[float] = Field(description="every repeat's total over n steps with the KV cache")
+    no_cache_totals_ms: list[float] = Field(description="every repeat's total over n steps without it")
 
 
 class CompareToken(BaseModel):
     a: int
-    b: int | None
+    b: int | None = Field(description="the position of the same token id in prompt B (None: B does not have it)")
     token: str
     cos: float | None = Field(description="cosine of the final hidden states of the same token in both prompts")
+    cos_by_stage: list[float] = Field(
+        description="the same cosine at every stage: embedding + position, then after each block")
+
+
+class HeadDiff(BaseModel):
+    layer: int
+    head: int
+    diff: float = Field(
+        description="mean total-variation distance between A's and B's attention rows, position by position")
 
 
 class CompareOut(BaseModel):
     a: str
     b: str
+    stages: list[str]
     tokens: list[CompareToken]
+    heads: list[HeadDiff]

@@ -14,10 +14,12 @@
 
 from __future__ import annotations
 
+import statistics
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -70,45 +72,95 @@ def value_contributions(lm: LoadedModel, ids: torch.Tensor, layer: int) -> torch
     return norms
 
 
+def contribution_gaps(lm: LoadedModel, ids: torch.Tensor, patterns: list[torch.Tensor], position: int,
+                      causal: bool) -> list[dict[str, Any]]:
+    """Per head at one query: the total-variation distance between the attention weights and
+    each source's share of what the head adds (weight x ‖v W_O‖, normalised). 0 means the
+    weights already tell the whole story; larger means weight and contribution disagree.
+    patterns: per layer (H, n, n). Caller holds the lock."""
+    visible = position + 1 if causal else ids.shape[0]
+    out: list[dict[str, Any]] = []
+    for layer, pattern in enumerate(patterns):
+        norms = value_contributions(lm, ids, layer)[:, :visible]  # (H, visible)
+        weights = pattern[:, position, :visible].float()  # (H, visible)
+        added = weights * norms
+        share = added / added.sum(-1, keepdim=True).clamp_min(1e-12)
+        gap = 0.5 * (weights - share).abs().sum(-1)  # (H,)
+        out.extend({"layer": layer, "head": head, "gap": float(gap[head]),
+                    "top_weight": int(weights[head].argmax()), "top_share": int(share[head].argmax())}
+                   for head in range(weights.shape[0]))
+    return out
+
+
 # ---- 3-4. token ids and embeddings ------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class Similar:
-    id: int
-    cos: float
+TWIN_COS = 0.95  # two rows this parallel are the same direction, for a trained embedding never
+MIN_TWINS = 3  # a row with this many such twins belongs to a block of untouched rows
+_untrained: dict[tuple[int, int], torch.Tensor] = {}
+_untrained_lock = threading.Lock()
 
 
-@dataclass(frozen=True, slots=True)
-class Neighbours:
-    id: int
-    vector: list[float]  # row id of E
-    norm: float
-    neighbours: list[Similar]  # the nearest rows by cosine, nearest first
-    adjacent: list[Similar]  # ids k - 1 and k + 1
-    random_mean: float  # cosine between random pairs of rows, for scale
-    random_std: float
+def untrained_rows(lm: LoadedModel) -> torch.Tensor:
+    """(V,) bool: rows of E that training never moved apart.
+
+    A token the training text never contains gets no gradient of its own; with a tied LM head
+    every such row only ever receives the same "predict me less" push, so those rows drift
+    together and end up nearly parallel (cosine ~1 to each other), while trained rows spread
+    out. A row with at least MIN_TWINS other rows at cosine >= TWIN_COS is flagged. Computed
+    once per model (V x V cosines in blocks)."""
+    E = input_embeddings(lm.model)
+    key = (id(lm.model), E.data_ptr())
+    with _untrained_lock:
+        if key in _untrained:
+            return _untrained[key]
+    unit = torch.nn.functional.normalize(E.detach().float(), dim=-1)  # (V, d)
+    V = unit.shape[0]
+    twins = torch.empty(V, dtype=torch.long)
+    with torch.inference_mode():
+        for s in range(0, V, 1024):
+            twins[s : s + 1024] = ((unit[s : s + 1024] @ unit.T) >= TWIN_COS).sum(-1) - 1  # (block,)
+    flags = twins >= MIN_TWINS
+    with _untrained_lock:
+        _untrained[key] = flags
+    return flags
 
 
-def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> Neighbours:
+def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, Any]:
     E = input_embeddings(lm.model).detach().float()  # (V, d)
     V = E.shape[0]
     if not 0 <= token_id < V:
         raise BadInput(f"token id {token_id} is out of range: the vocabulary has ids 0..{V - 1}")
+    untrained = untrained_rows(lm)
     unit = torch.nn.functional.normalize(E, dim=-1)
     cos = unit @ unit[token_id]  # (V,)
     cos_others = cos.clone()
     cos_others[token_id] = -2
     best = cos_others.topk(top)
+    # the baseline: random pairs of *trained* rows (untouched rows are near-copies of each
+    # other and would make any pair look close)
+    trained = (~untrained).nonzero().flatten()
+    pool = trained if trained.numel() >= 2 else torch.arange(V)
     gen = torch.Generator().manual_seed(0)
-    a, b = torch.randint(0, V, (4000,), generator=gen), torch.randint(0, V, (4000,), generator=gen)
+    a = pool[torch.randint(0, pool.numel(), (4000,), generator=gen)]
+    b = pool[torch.randint(0, pool.numel(), (4000,), generator=gen)]
     keep = a != b
     random_cos = (unit[a[keep]] * unit[b[keep]]).sum(-1)
-    adjacent = [i for i in (token_id - 1, token_id + 1) if 0 <= i < V]
-    return Neighbours(
-        id=token_id, vector=E[token_id].tolist(), norm=float(E[token_id].norm()),
-        neighbours=[Similar(id=i, cos=c) for i, c in zip(best.indices.tolist(), best.values.tolist(), strict=True)],
-        adjacent=[Similar(id=i, cos=float(cos[i])) for i in adjacent],
-        random_mean=float(random_cos.mean()), random_std=float(random_cos.std()))
+
+    def row(i: int) -> tuple[int, float, bool]:
+        return (i, float(cos[i]), bool(untrained[i]))
+
+    return {
+        "id": token_id,
+        "vector": E[token_id].tolist(),
+        "norm": float(E[token_id].norm()),
+        "untrained": bool(untrained[token_id]),
+        "untrained_count": int(untrained.sum()),
+        "neighbours": [row(i) for i in best.indices.tolist()],
+        "adjacent": [row(i) for i in (token_id - 1, token_id + 1) if 0 <= i < V],
+        "double": [row(2 * token_id)] if 0 < 2 * token_id < V else [],
+        "random_mean": float(random_cos.mean()),
+        "random_std": float(random_cos.std()),
+    }
 
 
 # ---- 5. d_model and heads ----------------------------------------------------------------------
@@ -208,62 +260,85 @@ def position_table(lm: LoadedModel, count: int) -> PositionTable:
 
 # ---- 2. one parallel pass vs serial generation ------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class Timing:
-    n: int
-    parallel_ms: float  # one forward over all n tokens
-    serial_cache_ms: list[float]  # step t: one token in, earlier keys/values from the KV cache
-    serial_no_cache_ms: list[float]  # step t: the whole prefix recomputed
-
-
-def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor) -> Timing:
-    """Time one forward over n tokens, n steps with the KV cache, n steps without. Caller holds the lock."""
+def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> dict[str, Any]:
+    """Time one forward over n tokens, n serial steps with the KV cache, and n serial steps
+    that recompute the prefix, ``repeats`` times each, interleaved (so that a slow moment of a
+    shared machine hits all three alike) after one untimed warm-up of each. Returns the
+    per-step medians and every repeat's total. Caller holds the lock."""
     n = ids.shape[0]
     model = lm.model
+    ids = ids.to(lm.input_device)
 
     def timed(fn: Callable[[], object]) -> float:
         t0 = time.perf_counter()
         fn()
         return 1e3 * (time.perf_counter() - t0)
 
-    with torch.inference_mode():
-        model(input_ids=ids[None], use_cache=False)  # warm-up
-        parallel = min(timed(lambda: model(input_ids=ids[None], use_cache=False)) for _ in range(3))
-        with_cache: list[float] = []
-        cache = None
+    def cached() -> list[float]:
+        cache, steps = None, []
         for t in range(n):
             t0 = time.perf_counter()
             out = model(input_ids=ids[None, t : t + 1], cache=cache, use_cache=True)
             cache = out.cache
-            with_cache.append(1e3 * (time.perf_counter() - t0))
-        without = [timed(partial(model, input_ids=ids[None, : t + 1], use_cache=False)) for t in range(n)]
-    return Timing(n=n, parallel_ms=parallel, serial_cache_ms=with_cache, serial_no_cache_ms=without)
+            steps.append(1e3 * (time.perf_counter() - t0))
+        return steps
+
+    def prefix(t: int) -> Callable[[], object]:
+        return lambda: model(input_ids=ids[None, : t + 1], use_cache=False)
+
+    def uncached() -> list[float]:
+        return [timed(prefix(t)) for t in range(n)]
+
+    def parallel() -> object:
+        return model(input_ids=ids[None], use_cache=False)
+
+    parallel_runs: list[float] = []
+    cache_runs: list[list[float]] = []
+    no_cache_runs: list[list[float]] = []
+    with torch.inference_mode():
+        parallel(), cached(), uncached()  # warm-up, not timed
+        for _ in range(repeats):
+            parallel_runs.append(timed(parallel))
+            cache_runs.append(cached())
+            no_cache_runs.append(uncached())
+
+    def per_step(runs: list[list[float]]) -> list[float]:
+        return [statistics.median(run[t] for run in runs) for t in range(n)]
+
+    return {"n": n, "repeats": repeats, "parallel_ms": statistics.median(parallel_runs),
+            "serial_cache_ms": per_step(cache_runs), "serial_no_cache_ms": per_step(no_cache_runs),
+            "parallel_runs_ms": parallel_runs, "cache_totals_ms": [sum(r) for r in cache_runs],
+            "no_cache_totals_ms": [sum(r) for r in no_cache_runs]}
 
 
 # ---- 6. order: same tokens, another order ------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class TokenMatch:
-    a: int  # position in prompt A
-    b: int | None  # the same word's position in prompt B; None if B lacks it
-    cos: float | None  # cosine of the two final hidden states
-
-
-def hidden_similarity(a_tokens: list[str], a_final: torch.Tensor,
-                      b_tokens: list[str], b_final: torch.Tensor) -> list[TokenMatch]:
-    """For each token of prompt A, the same word in prompt B (matched in order of occurrence,
-    ignoring the leading space BPE folds into a token: "dog" at the start and " dog" later
-    are different ids for the same word) and the cosine of their final hidden states.
-    a_final, b_final: (n, d)."""
-    a_keys = [t.strip() for t in a_tokens]
-    b_keys = [t.strip() for t in b_tokens]
+def hidden_similarity(a_ids: list[int], a_resid: list[torch.Tensor], b_ids: list[int],
+                      b_resid: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """For each token of prompt A, the same token (same id) in prompt B, matched in order of
+    occurrence, and the cosine of its hidden states at every stage (embedding + position,
+    then after each block). ``dog`` and `` dog`` are different ids and are not matched.
+    a_resid, b_resid: per stage (n, d)."""
     used: set[int] = set()
     out = []
-    for i, tok in enumerate(a_keys):
-        j = next((j for j, t in enumerate(b_keys) if t == tok and j not in used), None)
-        cos = None
+    for i, tid in enumerate(a_ids):
+        j = next((j for j, u in enumerate(b_ids) if u == tid and j not in used), None)
+        stages: list[float] = []
         if j is not None:
             used.add(j)
-            cos = float(torch.nn.functional.cosine_similarity(a_final[i].float(), b_final[j].float(), dim=0))
-        out.append(TokenMatch(a=i, b=j, cos=cos))
+            stages = [float(torch.nn.functional.cosine_similarity(ha[i].float(), hb[j].float(), dim=0))
+                      for ha, hb in zip(a_resid, b_resid, strict=True)]
+        out.append({"a": i, "b": j, "cos": stages[-1] if stages else None, "cos_by_stage": stages})
+    return out
+
+
+def attention_differences(a_patterns: list[torch.Tensor], b_patterns: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """Per head: the mean |A - B| of two runs' attention, position by position, over the query
+    rows both runs have (cells past a row's end are zero in both). patterns: per layer (H, n, n)."""
+    out: list[dict[str, Any]] = []
+    for layer, (pa, pb) in enumerate(zip(a_patterns, b_patterns, strict=True)):
+        n = min(pa.shape[-1], pb.shape[-1])
+        diff = (pa[:, :n, :n].float() - pb[:, :n, :n].float()).abs()  # (H, n, n)
+        rows = diff.sum(-1).mean(-1) / 2  # (H,): total-variation distance per row, averaged
+        out.extend({"layer": layer, "head": h, "diff": float(rows[h])} for h in range(rows.shape[0]))
     return out

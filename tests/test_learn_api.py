@@ -50,6 +50,43 @@ def test_contributions(client: TestClient) -> None:
     assert bad.status_code == 422 and "positions 0.." in bad.json()["message"]
 
 
+def test_contribution_gaps(client: TestClient) -> None:
+    run = analyse(client, "I love artificial intelligence")
+    body = client.get(f"/api/runs/{run['run_id']}/contribution-gaps", params={"position": 3}).json()
+    assert len(body["heads"]) == 2 * 4  # tiny-gpt2: 2 layers x 4 heads
+    one = client.get(f"/api/runs/{run['run_id']}/contributions", params={"layer": 1, "head": 2, "position": 3}).json()
+    w, c = np.array(one["weights"]), np.array(one["contributions"])
+    gap = next(h for h in body["heads"] if (h["layer"], h["head"]) == (1, 2))
+    assert gap["gap"] == pytest.approx(0.5 * np.abs(w - c / c.sum()).sum(), abs=1e-5)
+    assert gap["top_weight"] == int(w.argmax()) and gap["top_share"] == int(c.argmax())
+    bad = client.get(f"/api/runs/{run['run_id']}/contribution-gaps", params={"position": 9})
+    assert bad.status_code == 422 and "positions 0..3" in bad.json()["message"]
+
+
+def test_untrained_rows_are_found(tiny_models: dict[str, LoadedModel]) -> None:
+    """A block of near-parallel rows (what training leaves for tokens it never saw) is flagged;
+    random rows are not."""
+    lm = tiny_models["gpt2"]
+    assert not lessons.untrained_rows(lm).any()
+    E = lm.model.get_input_embeddings().weight
+    saved = E.detach().clone()
+    try:
+        with torch.no_grad():
+            common = torch.randn(E.shape[1])
+            E[100:110] = common + 0.01 * torch.randn(10, E.shape[1])
+        lessons._untrained.clear()
+        flags = lessons.untrained_rows(lm)
+        assert flags[100:110].all() and int(flags.sum()) == 10
+        info = lessons.embedding_neighbours(lm, 104, 3)
+        assert info["untrained"] and info["untrained_count"] == 10
+        assert all(u for _, _, u in info["adjacent"]) and info["neighbours"][0][2]
+        assert abs(info["random_mean"]) < 0.2  # random pairs of trained rows only
+    finally:
+        with torch.no_grad():
+            E.copy_(saved)
+        lessons._untrained.clear()
+
+
 def test_embedding_neighbours(client: TestClient, engine: Engine) -> None:
     body = client.get("/api/models/tiny-gpt2/embedding", params={"id": 173, "top": 5}).json()
     lm = engine.model("tiny-gpt2")
@@ -60,6 +97,10 @@ def test_embedding_neighbours(client: TestClient, engine: Engine) -> None:
     assert [a["id"] for a in body["adjacent"]] == [172, 174]
     expected = torch.nn.functional.cosine_similarity(E[173], E[174], dim=0).item()
     assert body["adjacent"][1]["cos"] == pytest.approx(expected, abs=1e-5)
+    double = torch.nn.functional.cosine_similarity(E[173], E[346], dim=0).item()
+    assert [d["id"] for d in body["double"]] == [346] and body["double"][0]["cos"] == pytest.approx(double, abs=1e-5)
+    assert body["untrained"] is False and body["untrained_count"] == 0  # random rows: none alike
+    assert client.get("/api/models/tiny-gpt2/embedding", params={"id": 5000}).json()["double"] == []
     r = client.get("/api/models/tiny-gpt2/embedding", params={"id": 10**6})
     assert r.status_code == 422 and "0..8191" in r.json()["message"]
     assert client.get("/api/models/nope/embedding", params={"id": 1}).status_code == 404
@@ -88,10 +129,14 @@ def test_positions(client: TestClient) -> None:
 
 
 def test_timing(client: TestClient) -> None:
-    body = client.post("/api/timing", json={"text": "I love artificial intelligence"}).json()
+    body = client.post("/api/timing", json={"text": "I love artificial intelligence", "repeats": 3}).json()
     n = body["n"]
     assert len(body["serial_cache_ms"]) == len(body["serial_no_cache_ms"]) == len(body["tokens"]) == n
-    assert body["parallel_ms"] > 0
+    assert body["parallel_ms"] > 0 and body["repeats"] == 3
+    assert len(body["parallel_runs_ms"]) == len(body["cache_totals_ms"]) == len(body["no_cache_totals_ms"]) == 3
+    assert body["parallel_ms"] == pytest.approx(sorted(body["parallel_runs_ms"])[1])  # the median
+    long = client.post("/api/timing", json={"text": "I love artificial intelligence", "repeat_to": 10, "repeats": 1}).json()
+    assert long["n"] == 10 and long["tokens"][4:8] == long["tokens"][:4]
     r = client.post("/api/timing", json={"text": " ".join(["w"] * 80)})
     assert r.status_code == 422 and "at most 64" in r.json()["message"]
     assert client.post("/api/timing", json={"text": "hi", "model": "minilm-l6"}).status_code == 422
@@ -101,10 +146,19 @@ def test_compare_same_tokens_other_order(client: TestClient) -> None:
     a = analyse(client, "dog bites man")
     b = analyse(client, "man bites dog")
     body = client.get("/api/compare", params={"a": a["run_id"], "b": b["run_id"]}).json()
-    by_token = {t["token"].strip(): t for t in body["tokens"]}
-    b_texts = [t["text"].strip() for t in b["tokens"]]
-    assert by_token["dog"]["b"] == b_texts.index("dog") and by_token["man"]["b"] == 0  # "dog" and " dog" match
-    assert all(t["b"] is not None for t in body["tokens"])
-    assert all(t["cos"] is None or -1 <= t["cos"] <= 1 for t in body["tokens"])
+    a_ids, b_ids = [t["id"] for t in a["tokens"]], [t["id"] for t in b["tokens"]]
+    for t in body["tokens"]:  # matched by id only: "dog" and " dog" are different tokens
+        assert (t["b"] is None) == (a_ids[t["a"]] not in b_ids)
+        assert t["b"] is None or b_ids[t["b"]] == a_ids[t["a"]]
+        assert len(t["cos_by_stage"]) == (0 if t["b"] is None else 3) and all(-1 <= c <= 1 + 1e-6 for c in t["cos_by_stage"])
+    assert body["stages"] == ["embed", "block 0", "block 1"]
+    assert len(body["heads"]) == 8 and all(0 <= h["diff"] <= 1 for h in body["heads"])
+    c = analyse(client, "the dog bites the man")
+    d = analyse(client, "the man bites the dog")
+    body = client.get("/api/compare", params={"a": c["run_id"], "b": d["run_id"]}).json()
+    moved = [t for t in body["tokens"] if t["b"] is not None and t["a"] != t["b"]]
+    assert moved and all(t["cos_by_stage"][0] < 0.999 for t in moved)  # another position vector added
+    same = client.get("/api/compare", params={"a": c["run_id"], "b": c["run_id"]}).json()
+    assert all(t["cos"] == pytest.approx(1, abs=1e-5) for t in same["tokens"]) and all(h["diff"] < 1e-6 for h in same["heads"])
     enc = analyse(client, "dog bites man", model="minilm-l6")
     assert client.get("/api/compare", params={"a": a["run_id"], "b": enc["run_id"]}).status_code == 422

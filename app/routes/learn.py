@@ -13,8 +13,11 @@ from app.schemas import (
     AnatomyOut,
     CompareOut,
     CompareToken,
+    ContributionGapsOut,
     ContributionsOut,
     EmbeddingOut,
+    HeadDiff,
+    HeadGap,
     Neighbour,
     PositionsOut,
     TimingOut,
@@ -46,17 +49,33 @@ def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, hea
                             value_norms=norms[:visible].tolist(), contributions=(weights * norms[:visible]).tolist())
 
 
+@router.get("/runs/{run_id}/contribution-gaps", response_model=ContributionGapsOut, responses=ERRORS,
+            summary="Per head at one query: how far the attention weights are from what each source adds")
+def contribution_gaps(run_id: str, engine: EngineDep, gate: GateDep, position: Int) -> ContributionGapsOut:
+    cache = engine.run(run_id)
+    if not 0 <= position < cache.n:
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
+    lm = engine.model(cache.model)
+    patterns = [cache.pattern(layer) for layer in range(cache.n_layers)]
+    with gate.enter(lm.info.name), lm.lock:
+        heads = lessons.contribution_gaps(lm, cache.input_ids, patterns, position, cache.causal)
+    return ContributionGapsOut(position=position, heads=[HeadGap(**h) for h in heads])
+
+
 @router.get("/models/{name}/embedding", response_model=EmbeddingOut, responses=ERRORS,
             summary="A token's embedding row, its nearest neighbours and the ids next to it")
 def embedding(name: str, engine: EngineDep, id: Int, top: Annotated[int, Query(ge=1, le=50)] = 10) -> EmbeddingOut:
     lm = engine.model(name)
     data = lessons.embedding_neighbours(lm, id, top)
-    strings = token_map(lm.tokenizer, [id] + [s.id for s in data.neighbours] + [s.id for s in data.adjacent])
+    groups = {k: data[k] for k in ("neighbours", "adjacent", "double")}
+    strings = token_map(lm.tokenizer, [id] + [r[0] for rows in groups.values() for r in rows])
+    listed = {k: [Neighbour(id=i, token=strings[i], cos=c, untrained=u) for i, c, u in rows]
+              for k, rows in groups.items()}
     return EmbeddingOut(
-        model=name, id=id, token=strings[id], norm=data.norm, vector=data.vector,
-        neighbours=[Neighbour(id=s.id, token=strings[s.id], cos=s.cos) for s in data.neighbours],
-        adjacent=[Neighbour(id=s.id, token=strings[s.id], cos=s.cos) for s in data.adjacent],
-        random_mean=data.random_mean, random_std=data.random_std)
+        model=name, id=id, token=strings[id], norm=data["norm"], vector=data["vector"],
+        neighbours=listed["neighbours"], adjacent=listed["adjacent"], double=listed["double"],
+        untrained=data["untrained"], untrained_count=data["untrained_count"],
+        random_mean=data["random_mean"], random_std=data["random_std"])
 
 
 @router.get("/models/{name}/anatomy", response_model=AnatomyOut, responses=ERRORS,
@@ -85,19 +104,26 @@ def timing(body: TimingRequest, engine: EngineDep, gate: GateDep) -> TimingOut:
     if len(tokens) > TIMING_MAX_TOKENS:
         raise BadInput(f"the prompt has {len(tokens)} tokens; timing takes at most {TIMING_MAX_TOKENS} "
                        "(the uncached serial run grows with the square of the length)")
+    if body.repeat_to is not None:
+        tokens = (tokens * -(-body.repeat_to // len(tokens)))[: body.repeat_to]
     with gate.enter(lm.info.name), lm.lock:
-        result = lessons.parallel_vs_serial(lm, ids_tensor(tokens))
-    return TimingOut.model_validate({**fields_of(result), "model": lm.info.name, "tokens": [t.text for t in tokens]})
+        result = lessons.parallel_vs_serial(lm, ids_tensor(tokens), body.repeats)
+    return TimingOut(model=lm.info.name, tokens=[t.text for t in tokens], **result)
 
 
 @router.get("/compare", response_model=CompareOut, responses=ERRORS,
-            summary="Same tokens, another order: per-token cosine of the final hidden states of two runs")
+            summary="Same tokens, another order: per token, the cosine of its hidden states at every stage; "
+                    "per head, how much attention changes")
 def compare(a: str, b: str, engine: EngineDep) -> CompareOut:
     run_a, run_b = engine.run(a), engine.run(b)
     if run_a.model != run_b.model:
         raise BadInput("both runs must come from the same model")
     texts = [t.text for t in run_a.summary.tokens]
-    texts_b = [t.text for t in run_b.summary.tokens]
-    pairs = lessons.hidden_similarity(texts, run_a.resid[-1], texts_b, run_b.resid[-1])
-    return CompareOut(a=a, b=b, tokens=[CompareToken(a=p.a, b=p.b, cos=p.cos, token=texts[p.a]) for p in pairs])
+    pairs = lessons.hidden_similarity(run_a.input_ids.tolist(), run_a.resid, run_b.input_ids.tolist(), run_b.resid)
+    heads = lessons.attention_differences([run_a.pattern(i) for i in range(run_a.n_layers)],
+                                          [run_b.pattern(i) for i in range(run_b.n_layers)])
+    stages = ["embed"] + [f"block {i}" for i in range(run_a.n_layers)]
+    return CompareOut(a=a, b=b, stages=stages, heads=[HeadDiff(**h) for h in heads],
+                      tokens=[CompareToken(a=p["a"], b=p["b"], cos=p["cos"], cos_by_stage=p["cos_by_stage"],
+                                           token=texts[p["a"]]) for p in pairs])
 

@@ -8,6 +8,8 @@ import { HeadGrid } from "./views/headgrid.js";
 import { drawLive } from "./views/live.js";
 import { drawFocusBars, drawFocusLines } from "./views/focus.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
+import { errorText, initLanguage, lang, onLanguage, t } from "./i18n.js";
+import { urlExtras } from "./state.js";
 import { Tools } from "./tools/tools.js"; // causal tools (issue 17): attribution, ablation, patching, lens, residual, compare
 
 const sliceCache = new Map(); // "run:layer:head" -> binary slice, for this page's runs
@@ -17,10 +19,12 @@ let hoverWired = false;
 
 // ---- errors and the one request in flight ------------------------------------------------
 
+let lastError = "";
 function showError(message) {
+  lastError = message || "";
   const box = $("#error");
-  box.textContent = message;
-  box.hidden = !message;
+  box.textContent = errorText(lastError);
+  box.hidden = !lastError;
 }
 
 // Report a failed fetch to the person; an aborted one was replaced on purpose.
@@ -70,17 +74,18 @@ function updateGenerate() {
 
 // ---- drawing --------------------------------------------------------------------------------
 
-function fillSelect(select, count, prefix, value) {
-  select.replaceChildren(...Array.from({ length: count }, (_, i) => el("option", { value: String(i), text: `${prefix} ${i}` })));
+function fillSelect(select, count, key, value) {
+  select.replaceChildren(...Array.from({ length: count }, (_, i) => el("option", { value: String(i), text: t(key, { i }) })));
   select.value = String(value);
 }
 
 function describeModel(m) {
-  const kv = m.n_kv_heads !== m.n_heads ? ` (${m.n_kv_heads} K/V heads)` : "";
-  return `${m.name}: ${m.architecture}, ${m.n_layers} layers × ${m.n_heads} heads${kv}, d_model ${m.d_model} = ` +
-    `${m.n_heads} × ${m.d_head}, vocab ${m.vocab_size}, ${m.position_encoding} positions, ` +
-    `${m.causal ? "decoder (causal mask)" : "encoder (full attention)"}, ${(m.n_params / 1e6).toFixed(1)}M parameters, ` +
-    `${m.dtype} on ${m.device}`;
+  const kv = m.n_kv_heads !== m.n_heads ? t("x.model.kv", { kv: m.n_kv_heads }) : "";
+  return t("x.model.summary", {
+    name: m.name, arch: m.architecture, layers: m.n_layers, heads: m.n_heads, kv, d: m.d_model, dh: m.d_head, vocab: m.vocab_size,
+    positions: t(`x.model.pos.${m.position_encoding}`), kind: t(m.causal ? "x.model.decoder" : "x.model.encoder"),
+    params: (m.n_params / 1e6).toFixed(1),
+  }) + t("x.model.placement_suffix", { dtype: m.dtype, device: m.device });
 }
 
 function cached(cache, key, load) {
@@ -101,9 +106,9 @@ async function drawHead() {
     readout();
   }).catch(report);
   const score = run.heads.find((h) => h.layer === layer && h.head === head);
-  const title = `layer ${layer}, head ${head} · entropy ${fmt(score.entropy, 2)} · prev-token ${fmt(score.prev_token, 2)} · ` +
-    `first-token ${fmt(score.first_token, 2)}${score.induction === null ? "" : ` · induction ${fmt(score.induction, 2)}`}`;
-  $("#heat-title").textContent = `${run.tokens.length} tokens`;
+  const title = t("x.heat.title", { layer, head, entropy: fmt(score.entropy, 2), prev: fmt(score.prev_token, 2), first: fmt(score.first_token, 2) }) +
+    (score.induction === null ? "" : t("x.heat.induction", { ind: fmt(score.induction, 2) }));
+  $("#heat-title").textContent = t("x.heat.tokens", { n: run.tokens.length });
   const div = $("#heatmap");
   $("#heat-caption").textContent = title; // HTML, so that it wraps instead of running off a narrow chart
   await drawHeatmap(div, slice, run.tokens, { colour: state.colour, zoom: state.zoom, cell: { q: state.pos, k: state.key } });
@@ -131,7 +136,7 @@ async function drawHead() {
 function drawFocus() {
   const { run, slice, pos, layer, head } = state;
   if (!slice) return;
-  $("#focus-title").textContent = `token ${pos} ${showToken(run.tokens[pos].text)} · layer ${layer} head ${head}`;
+  $("#focus-title").textContent = t("x.focus.title", { pos, token: showToken(run.tokens[pos].text), layer, head });
   drawFocusBars($("#focus-chart"), slice, run.tokens, pos);
   drawFocusLines($("#focus-lines"), slice, run.tokens, pos);
 }
@@ -147,7 +152,7 @@ function drawNextSoon(delay = 0) {
       return;
     }
     panel.hidden = false;
-    $("#next-title").textContent = `after token ${pos} ${showToken(run.tokens[pos].text)}`;
+    $("#next-title").textContent = t("x.next.title", { pos, token: showToken(run.tokens[pos].text) });
     try {
       const next = await fetchNext(run.run_id, pos, temperature);
       if (state.run === run && state.pos === pos) drawNext($("#next-chart"), $("#next-actual"), next);
@@ -316,8 +321,8 @@ async function loadRun(run, initial = {}) {
   $("#explorer").hidden = false;
   renderTokens($("#tokens"), run, selectPos);
   markSelected($("#tokens"), pos);
-  fillSelect($("#layer-picker"), run.n_layers, "layer", layer);
-  fillSelect($("#head-picker"), run.n_heads, "head", head);
+  fillSelect($("#layer-picker"), run.n_layers, "common.layer", layer);
+  fillSelect($("#head-picker"), run.n_heads, "common.head", head);
   $("#model-summary").textContent = describeModel(model);
   $("#model-summary").title = describeModel(model);
   $("#timeline-box").hidden = true;
@@ -328,7 +333,7 @@ async function loadRun(run, initial = {}) {
     const tl = $("#timeline");
     tl.max = String(initial.steps);
     tl.value = String(initial.steps);
-    $("#timeline-value").textContent = `all ${initial.steps} generated tokens`;
+    $("#timeline-value").textContent = t("x.timeline.all", { n: initial.steps });
     $("#timeline-box").hidden = false; // shown once the full run is drawn
   }
   grid.render(run, state.sort, { layer, head }, model);
@@ -389,7 +394,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     if (!latest(req) || !rows.length) return;
     liveBox.hidden = false;
     drawLive($("#live-canvas"), rows, state.colour);
-    $("#live-caption").textContent = `recording · layer ${layer} head ${head} · ${rows.length} rows (${steps} new tokens)`;
+    $("#live-caption").textContent = t("x.recording", { layer, head, rows: rows.length, steps });
     draws += 1;
     div.dataset.liveRows = String(rows.length);
     div.dataset.liveDraws = String(draws);
@@ -446,9 +451,9 @@ function showStep(k) {
   const { run, slice } = state;
   const total = Number($("#timeline").max);
   const n = run.tokens.length - (total - k);
-  $("#timeline-value").textContent = k === total ? `all ${total} generated tokens` : `after ${k} of ${total} generated tokens`;
+  $("#timeline-value").textContent = k === total ? t("x.timeline.all", { n: total }) : t("x.timeline.step", { k, n: total });
   const data = slice.data.subarray(0, (n * (n + 1)) / 2);
-  return drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: `layer ${state.layer}, head ${state.head} · step ${k}` });
+  return drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: t("x.step", { layer: state.layer, head: state.head, k }) });
 }
 
 // ---- start ----------------------------------------------------------------------------------
@@ -465,15 +470,41 @@ function download(name, blob) {
 // Run a handler and show what goes wrong instead of dropping it.
 const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).catch(report);
 
+// Redraw every translated piece of the explorer in the current language, from what is loaded.
+async function repaint(fillModels) {
+  fillModels();
+  showError(lastError);
+  if (!state.run) return;
+  fillSelect($("#layer-picker"), state.run.n_layers, "common.layer", state.layer);
+  fillSelect($("#head-picker"), state.run.n_heads, "common.head", state.head);
+  $("#model-summary").textContent = describeModel(state.model);
+  $("#model-summary").title = describeModel(state.model);
+  renderTokens($("#tokens"), state.run, selectPos);
+  markSelected($("#tokens"), state.pos);
+  grid.render(state.run, $("#grid-sort").value, state, state.model);
+  grid.annotate(state.run);
+  drawNextSoon();
+  if (!$("#timeline-box").hidden) await showStep(Number($("#timeline").value));
+  else await drawHead();
+  tools.labels();
+  tools.draw();
+}
+
 async function init() {
+  await initLanguage();
   const { models } = await getJSON("/api/models");
   set({ models });
   const picker = $("#model-picker");
-  picker.replaceChildren(...models.map((m) => el("option", {
-    value: m.name, text: `${m.name} (${m.family}${m.causal ? "" : ", encoder"}, ${m.dtype} on ${m.device})`,
-  })));
+  const fillModels = () => {
+    const keep = picker.value;
+    picker.replaceChildren(...models.map((m) => el("option", { value: m.name, text: t("x.model.option", { name: m.name, family: m.causal ? m.family : t("x.model.encoder_family", { family: m.family }), dtype: m.dtype, device: m.device }) })));
+    if (keep) picker.value = keep;
+  };
+  fillModels();
   const dflt = models.find((m) => m.default);
   if (dflt) picker.value = dflt.name;
+  urlExtras.push(() => ({ lang: lang() })); // the shareable URL keeps the language
+  onLanguage(() => repaint(fillModels)); // every word of the explorer, without a reload
 
   $("#analyze").addEventListener("click", () => analyse());
   $("#prompt").addEventListener("keydown", (ev) => {
@@ -537,7 +568,7 @@ async function init() {
 }
 
 function start() {
-  init().catch((err) => showError(`Could not start: ${err.message}`));
+  init().catch((err) => showError(t("x.start_failed", { message: errorText(err.message) })));
 }
 // plotly.min.js is a deferred classic script; modules run after it
 if (window.Plotly) start();

@@ -1,36 +1,109 @@
-// 1. Attention aggregates context: weights vs what each source actually adds.
-import { el, fmt } from "../dom.js";
+// 1. Attention aggregates context: an RNN's n-1 state updates vs one attention step, then
+// weights vs what each source actually adds, on a head where the two differ.
+import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { legendAbove, plot, tokenAxis } from "./charts.js";
+import { figure, fillOptions, headName, label, plot, tokenAxis } from "./charts.js";
+
+// The head whose weights and contributions disagree most at `position`, preferring one
+// whose largest weight and largest contribution are different tokens.
+export function pickHead(gaps) {
+  const differ = gaps.filter((g) => g.top_weight !== g.top_share);
+  const pool = differ.length ? differ : gaps;
+  return pool.reduce((a, g) => (g.gap > a.gap ? g : a), pool[0]);
+}
 
 export async function render(body, ctx) {
-  const { run } = ctx;
-  const best = run.heads.reduce((a, h) => (h.prev_token > a.prev_token ? h : a), run.heads[0]);
-  const layerSel = el("select", { "data-testid": "l1-layer" }, ...Array.from({ length: run.n_layers }, (_, i) => el("option", { value: i, text: `layer ${i}` })));
-  const headSel = el("select", { "data-testid": "l1-head" }, ...Array.from({ length: run.n_heads }, (_, i) => el("option", { value: i, text: `head ${i}` })));
-  const posSel = el("select", { "data-testid": "l1-pos" }, ...run.tokens.map((t, i) => el("option", { value: i, text: `${i} ${t.text}` })));
-  layerSel.value = best.layer; headSel.value = best.head; posSel.value = run.tokens.length - 1;
-  const chart = el("div", { class: "chart tall", "data-testid": "l1-chart" });
-  const note = el("p", { class: "muted" });
-  body.replaceChildren(el("div", { class: "controls" }, layerSel, headSel, posSel), chart, note);
-  async function draw() {
+  const { run, t } = ctx;
+  const n = run.tokens.length;
+  const last = n - 1;
+  const gaps = await getJSON(`/api/runs/${run.run_id}/contribution-gaps?position=${last}`);
+  const best = pickHead(gaps.heads);
+  const layerSel = el("select", { "data-testid": "l1-layer" });
+  const headSel = el("select", { "data-testid": "l1-head" });
+  const posSel = el("select", { "data-testid": "l1-pos" });
+  const path = figure("l1-path");
+  const pathNote = el("p", { class: "muted", "data-testid": "l1-path-note" });
+  const chart = figure("l1-chart", "chart tall");
+  const why = el("p", { class: "muted", "data-testid": "l1-default" });
+  const note = el("p", { class: "muted", "data-testid": "l1-note" });
+  body.replaceChildren(el("div", { class: "wide" }, path.box, pathNote), el("div", { class: "controls" }, layerSel, headSel, posSel),
+    el("div", { class: "wide" }, chart.box, why, note));
+  const labels = () => {
+    fillOptions(layerSel, run.n_layers, (i) => t("common.layer", { i }));
+    fillOptions(headSel, run.n_heads, (i) => t("common.head", { i }));
+    fillOptions(posSel, n, (i) => `${i} ${showToken(run.tokens[i].text)}`);
+  };
+  labels();
+  layerSel.value = String(best.layer);
+  headSel.value = String(best.head);
+  posSel.value = String(last);
+  let data = null; // the contributions of the selected head and position
+
+  async function paintPath() {
+    const steps = run.tokens.map((_, j) => last - j);
+    const x = run.tokens.map((_, j) => j);
+    const tokens = run.tokens.map((tk) => tk.text);
+    await plot(path, [
+      { type: "bar", name: t("l1.path.rnn"), x, y: steps, marker: { color: "#bdbdbd" },
+        hovertemplate: t("l1.path.hover_rnn", { last }) + "<extra></extra>" },
+      { type: "bar", name: t("l1.path.attn"), x, y: x.map(() => 1), marker: { color: "#08306b" },
+        hovertemplate: t("l1.path.hover_attn", { last }) + "<extra></extra>" },
+    ], { barmode: "group", title: { text: t("l1.path.title", { last, token: label(run.tokens[last].text) }), font: { size: 12 }, x: 0, xanchor: "left" },
+      xaxis: tokenAxis(tokens), yaxis: { title: { text: t("l1.path.y") }, rangemode: "tozero", dtick: Math.max(1, Math.ceil(last / 6)) },
+      margin: { t: 16 } });
+  }
+
+  function paintText() {
+    const [layer, head] = [Number(layerSel.value), Number(headSel.value)];
+    const w0 = data && data.position === last ? data.weights[0] : null;
+    pathNote.textContent = n < 2 ? t("l1.path.one_token") : t("l1.path.note", {
+      first: showToken(run.tokens[0].text), last, lastTok: showToken(run.tokens[last].text), steps: last,
+      head: headName(t, layer, head), w: w0 === null ? "—" : fmt(w0, 2),
+    });
+    why.textContent = t("l1.default", { head: headName(t, best.layer, best.head), gap: fmt(best.gap, 2),
+      min: fmt(Math.min(...gaps.heads.map((g) => g.gap)), 2) });
+    if (!data) return;
+    const tw = data.weights.indexOf(Math.max(...data.weights));
+    const ts = data.share.indexOf(Math.max(...data.share));
+    const tok = (i) => showToken(run.tokens[i].text);
+    note.textContent = tw !== ts
+      ? t("l1.note.differ", { tw, ttok: tok(tw), w: fmt(data.weights[tw], 2), ts, stok: tok(ts), s: fmt(data.share[ts], 2), ws: fmt(data.weights[ts], 2) })
+      : t("l1.note.same", { i: tw, tok: tok(tw), w: fmt(data.weights[tw], 2), s: fmt(data.share[ts], 2), gap: fmt(data.gap, 2) });
+  }
+
+  async function paintChart() {
+    if (!data) return;
+    const tokens = run.tokens.slice(0, data.weights.length).map((x) => x.text);
+    const x = tokens.map((_, i) => i);
+    await plot(chart, [
+      { type: "bar", name: t("l1.weight"), x, y: data.weights, marker: { color: "#6baed6" },
+        hovertemplate: `${t("l1.weight")}: %{y:.3f}<extra>%{x}</extra>` },
+      { type: "bar", name: t("l1.share"), x, y: data.share, marker: { color: "#08306b" },
+        hovertemplate: `${t("l1.share_short")}: %{y:.3f}<extra>%{x}</extra>` },
+    ], { barmode: "group", xaxis: tokenAxis(tokens), yaxis: { range: [0, 1], title: { text: t("l1.y") } },
+      title: { text: t("l1.chart.title", { head: headName(t, data.layer, data.head), pos: data.position, token: label(run.tokens[data.position].text) }), font: { size: 12 }, x: 0, xanchor: "left" },
+      margin: { t: 16 } });
+  }
+
+  async function load(draw = true) {
     const [layer, head, position] = [layerSel.value, headSel.value, posSel.value].map(Number);
     const c = await getJSON(`/api/runs/${run.run_id}/contributions?layer=${layer}&head=${head}&position=${position}`);
     const total = c.contributions.reduce((a, b) => a + b, 0) || 1;
     const share = c.contributions.map((v) => v / total);
-    const tokens = run.tokens.slice(0, c.weights.length).map((t) => t.text);
-    const x = tokens.map((_, i) => i);
-    await plot(chart, [
-      { type: "bar", name: "attention weight", x, y: c.weights, marker: { color: "#6baed6" } },
-      { type: "bar", name: "share of what the head adds<br>(weight × ‖v W_O‖)", x, y: share, marker: { color: "#08306b" } },
-    ], { barmode: "group", xaxis: { ...tokenAxis(tokens), automargin: true }, yaxis: { range: [0, 1.02] }, ...legendAbove(3) });
-    const top = share.indexOf(Math.max(...share));
-    note.textContent = `Largest contribution: token ${top} "${tokens[top]}" (${fmt(share[top], 2)} of the head's output at this position; its weight is ${fmt(c.weights[top], 2)}).`;
-    ctx.link(1, { layer, head, pos: position });
+    const gap = 0.5 * c.weights.reduce((a, w, i) => a + Math.abs(w - share[i]), 0);
+    data = { ...c, share, gap };
+    chart.dataset.layer = String(layer);
+    chart.dataset.head = String(head);
+    ctx.link({ layer, head, pos: position });
+    if (!draw) return;
+    paintText();
+    await paintChart();
   }
-  for (const [s, what] of [[layerSel, "layer"], [headSel, "head"], [posSel, "token position"]]) {
-    s.setAttribute("aria-label", what);
-    s.addEventListener("change", () => draw().catch((e) => ctx.error(e.message)));
-  }
-  await draw();
+  for (const s of [layerSel, headSel, posSel]) s.addEventListener("change", () => load().catch((e) => ctx.error(e.message)));
+  await load(false);
+  await ctx.paint(async () => {
+    labels();
+    paintText();
+    await Promise.all([paintPath(), paintChart()]);
+  });
 }

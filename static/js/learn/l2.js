@@ -1,45 +1,111 @@
-// 2. One parallel pass vs serial generation: the prefix table, streamed generation, timing.
+// 2. One parallel pass vs serial generation: the prefix table (every row from one forward),
+// streamed generation (one step per token), and the KV cache timed fairly at two lengths.
 import { el, fmt, showToken } from "../dom.js";
-import { postJSON, postStream, readSSE } from "../api.js";
-import { legendAbove, plot } from "./charts.js";
+import { postJSON, readSSE } from "../api.js";
+import { figure, plot } from "./charts.js";
+
+const LONG = 24; // tokens timed at most: long enough for the cache to pay off, short enough to time in seconds
+const ROWS = 64; // rows of the prefix table shown
+const median = (xs) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; };
+const cum = (xs) => xs.reduce((acc, v) => [...acc, (acc.at(-1) || 0) + v], []);
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
-  const rows = run.predictions.slice(0, 40).map((p, i) => {
-    const prefix = run.text.slice(0, run.tokens[i].end); // the characters completed so far, each once
-    const truth = p.actual_next;
-    return el("tr", {},
-      el("td", { class: "mono", text: prefix.length > 48 ? `…${prefix.slice(-48)}` : prefix }),
-      el("td", { class: "mono", text: `→ ${showToken(p.top[0].token)} (${fmt(p.top[0].prob, 2)})` }),
-      el("td", { class: "mono", text: truth ? showToken(truth.token) : "—" }),
-      el("td", { text: truth ? `${fmt(truth.prob, 3)} (rank ${truth.rank})` : "" }));
-  });
-  const table = el("table", { "data-testid": "l2-table" },
-    el("thead", {}, el("tr", {}, ...["prefix", "predicted", "truth", "ptruth"].map((k) => el("th", { text: t(`l2.${k}`) })))),
-    el("tbody", {}, ...rows));
+  const n = run.tokens.length;
+  const facts = el("p", { class: "facts", "data-testid": "l2-facts" });
+  const table = el("table", { "data-testid": "l2-table" });
   const stream = el("div", { class: "stream", "data-testid": "l2-stream" });
-  const steps = el("div", { class: "chart", "data-testid": "l2-steps" });
-  const go = el("button", { type: "button", "data-testid": "l2-generate", text: t("l2.generate") });
-  const timing = el("div", { class: "chart tall", "data-testid": "l2-timing" });
-  body.replaceChildren(el("div", { class: "scroll wide" }, table), el("div", {}, go, stream, steps), el("div", {}, el("p", { class: "muted", text: t("l2.timing") }), timing));
+  const steps = figure("l2-steps");
+  steps.box.hidden = true;
+  const go = el("button", { type: "button", "data-testid": "l2-generate" });
+  const serial = el("p", { class: "muted", "data-testid": "l2-serial" });
+  const timingTitle = el("p", { class: "muted", "data-testid": "l2-timing-title" });
+  const timing = figure("l2-timing", "chart tall");
+  const timingLong = figure("l2-timing-long", "chart tall");
+  const verdict = el("p", { class: "facts", "data-testid": "l2-verdict" });
+  body.replaceChildren(el("div", { class: "wide" }, facts), el("div", { class: "scroll wide" }, table),
+    el("div", { class: "wide" }, serial, go, stream, steps.box),
+    el("div", { class: "wide" }, timingTitle), timing.box, timingLong.box, el("div", { class: "wide" }, verdict));
+  let generated = []; // {token, prob, ms}
+  let times = null; // [short, long]
+
+  function paintTable() {
+    const rows = run.predictions.slice(0, ROWS).map((p, i) => {
+      const prefix = showToken(run.text.slice(0, run.tokens[i].end)); // the characters completed so far, each once
+      const truth = p.actual_next;
+      return el("tr", {},
+        el("td", { text: String(i) }), el("td", { text: String(i + 1) }),
+        el("td", { class: "mono prefix", text: prefix.length > 48 ? `…${prefix.slice(-48)}` : prefix }),
+        el("td", { class: "mono", text: `→ ${showToken(p.top[0].token)} (${fmt(p.top[0].prob, 2)})` }),
+        el("td", { class: "mono", text: truth ? showToken(truth.token) : t("l2.not_yet") }),
+        el("td", { text: truth ? t("l2.prob_rank", { p: fmt(truth.prob, 3), rank: truth.rank }) : "" }));
+    });
+    table.replaceChildren(
+      el("thead", {}, el("tr", {}, ...["pos", "sees", "prefix", "predicted", "truth", "ptruth"].map((k) => el("th", { text: t(`l2.col.${k}`) })))),
+      el("tbody", {}, ...rows));
+    const scored = run.predictions.filter((p) => p.actual_next);
+    const hits = scored.filter((p) => p.top[0].id === p.actual_next.id).length;
+    facts.textContent = t("l2.facts", {
+      n, ms: fmt(run.timing_ms.forward, 1), visible: (n * (n + 1)) / 2, cells: n * n, hits, rows: scored.length,
+      mean: scored.length ? fmt(scored.reduce((a, p) => a + p.actual_next.prob, 0) / scored.length, 3) : "—",
+    });
+    if (run.predictions.length > ROWS) facts.textContent += ` ${t("l2.rows_shown", { rows: ROWS, n })}`;
+    serial.textContent = t("l2.serial");
+    go.textContent = t("l2.generate");
+  }
+
+  async function paintSteps() {
+    if (!generated.length) return;
+    steps.box.hidden = false;
+    stream.replaceChildren(el("span", { text: ctx.text }), ...generated.map((g) => el("span", { class: g.special ? "new special" : "new", text: g.text,
+      title: `${showToken(g.token)} · ${t("l2.step_hover", { p: fmt(g.prob, 3), ms: fmt(g.ms, 1) })}` })));
+    await plot(steps, [{ type: "bar", x: generated.map((_, i) => i + 1), y: generated.map((g) => g.ms), marker: { color: "#2171b5" },
+      hovertemplate: t("l2.steps.hover") + "<extra></extra>" }],
+    { xaxis: { title: { text: t("l2.steps.x") }, dtick: 1 }, yaxis: { title: { text: t("common.ms") } } });
+  }
+
+  async function paintTiming() {
+    if (!times) return;
+    timingTitle.textContent = t("l2.timing.title");
+    const draw = (div, tm, titleKey) => {
+      const x = tm.serial_cache_ms.map((_, i) => i + 1);
+      return plot(div, [
+        { type: "scatter", mode: "lines", name: t("l2.t.nocache"), x, y: cum(tm.serial_no_cache_ms), line: { color: "#d94801" } },
+        { type: "scatter", mode: "lines", name: t("l2.t.cache"), x, y: cum(tm.serial_cache_ms), line: { color: "#2171b5" } },
+        { type: "scatter", mode: "lines+markers", name: t("l2.t.parallel", { n: tm.n }), x: [1, tm.n], y: [tm.parallel_ms, tm.parallel_ms], line: { dash: "dot", color: "#333" } },
+      ], { title: { text: t(titleKey, { n: tm.n, repeats: tm.repeats }), font: { size: 12 }, x: 0, xanchor: "left" },
+        xaxis: { title: { text: t("l2.t.x") }, range: [0.5, tm.n + 0.5] },
+        yaxis: { title: { text: t("l2.t.y") }, rangemode: "tozero" }, margin: { t: 16 } });
+    };
+    timingLong.box.hidden = times.length < 2;
+    await Promise.all([draw(timing, times[0], "l2.timing.short"), times[1] && draw(timingLong, times[1], "l2.timing.long")]);
+    const parts = times.map((tm) => {
+      const c = median(tm.cache_totals_ms), u = median(tm.no_cache_totals_ms);
+      const range = (xs) => `${fmt(Math.min(...xs), 1)}–${fmt(Math.max(...xs), 1)}`;
+      return t(c < u ? "l2.verdict.win" : "l2.verdict.nowin", {
+        n: tm.n, c: fmt(c, 1), u: fmt(u, 1), ratio: fmt(u / c, 2), repeats: tm.repeats,
+        crange: range(tm.cache_totals_ms), urange: range(tm.no_cache_totals_ms), p: fmt(tm.parallel_ms, 1), px: fmt(c / tm.parallel_ms, 1),
+      });
+    });
+    verdict.textContent = `${parts.join(" ")} ${t("l2.verdict.why")}`;
+  }
 
   go.addEventListener("click", async () => {
     go.disabled = true;
+    generated = [];
     stream.replaceChildren(el("span", { text: ctx.text }));
-    const ms = [];
     try {
-      const r = await postStream("/api/generate", { text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 });
+      const r = await fetch("/api/generate", { method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 }) });
+      if (!r.ok) throw new Error((await r.json()).message);
       for await (const ev of readSSE(r)) {
         if (ev.event !== "token") continue;
         // the characters this token completes (a token holding part of a character adds none yet)
-        const shown = ev.data.special ? ev.data.token : ev.data.text;
-        stream.append(el("span", { class: ev.data.special ? "new special" : "new", text: shown,
-          title: `${showToken(ev.data.token)} · p=${fmt(ev.data.prob, 3)} · ${fmt(ev.data.ms, 1)} ms` }));
-        ms.push(ev.data.ms);
-        plot(steps, [{ type: "bar", x: ms.map((_, i) => i + 1), y: ms, marker: { color: "#2171b5" } }],
-          { xaxis: { title: { text: "generated token (step 1 = the prompt's prefill)" } }, yaxis: { title: { text: "ms" } } });
+        generated.push({ text: ev.data.special ? ev.data.token : ev.data.text, token: ev.data.token, special: ev.data.special,
+          prob: ev.data.prob, ms: ev.data.ms });
+        await paintSteps();
       }
-      stream.dataset.done = String(ms.length);
+      stream.dataset.done = String(generated.length);
     } catch (err) {
       ctx.error(err.message);
     } finally {
@@ -47,14 +113,22 @@ export async function render(body, ctx) {
     }
   });
 
-  const words = run.text.slice(0, run.tokens[Math.min(64, run.tokens.length) - 1].end);
-  const tm = await postJSON("/api/timing", { text: words, model: run.model });
-  const cum = (xs) => xs.reduce((acc, v) => [...acc, (acc.at(-1) || 0) + v], []);
-  const x = tm.serial_cache_ms.map((_, i) => i + 1);
-  await plot(timing, [
-    { type: "scatter", mode: "lines", name: "serial, no KV cache (prefix recomputed)", x, y: cum(tm.serial_no_cache_ms) },
-    { type: "scatter", mode: "lines", name: "serial, with KV cache", x, y: cum(tm.serial_cache_ms) },
-    { type: "scatter", mode: "lines", name: `one parallel forward over all ${tm.n} tokens`, x: [1, tm.n], y: [tm.parallel_ms, tm.parallel_ms], line: { dash: "dot" } },
-  ], { xaxis: { title: { text: "tokens processed" } }, yaxis: { title: { text: "cumulative ms" }, rangemode: "tozero" }, ...legendAbove(3) });
-  ctx.link(2, {});
+  // at most LONG tokens, cut where a token ends a character (never inside one)
+  let cut = Math.min(n, LONG);
+  while (cut > 1 && cut < n && run.tokens[cut].start < run.tokens[cut - 1].end) cut -= 1;
+  const text = ctx.text.slice(0, run.tokens[cut - 1].end) || ctx.text;
+  ctx.link({ pos: n - 1 });
+  await ctx.paint(async () => {
+    paintTable();
+    await Promise.all([paintSteps(), paintTiming()]);
+  });
+  // timed after the other lessons are drawn: it holds the model for a few seconds
+  ctx.later(async () => {
+    timingTitle.textContent = t("l2.timing.running");
+    const short = await postJSON("/api/timing", { text, model: run.model, repeats: 3 });
+    // a short prompt is timed again repeated to LONG tokens, where the cache has room to pay off
+    const long = n < LONG ? await postJSON("/api/timing", { text, model: run.model, repeats: 3, repeat_to: LONG }) : null;
+    times = long ? [short, long] : [short];
+    await paintTiming();
+  });
 }

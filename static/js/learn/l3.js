@@ -1,32 +1,95 @@
-// 3. Token IDs are indices: the tokenization table, and k vs k ± 1 vs real neighbours.
+// 3. Token IDs are indices: the tokenization table; k against k ± 1 and 2k (related in number
+// only) and the real nearest neighbours, against random pairs of trained rows; untrained rows
+// (tokens training never saw) detected and said so.
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { plot, label } from "./charts.js";
+import { figure, label, plot } from "./charts.js";
 import { short } from "../views/focus.js";
+
+const embedding = (model, id, top = 8) => getJSON(`/api/models/${encodeURIComponent(model)}/embedding?id=${id}&top=${top}`);
+
+// The default: a trained token of the prompt whose 2k is in the vocabulary, the longest
+// (most word-like) first.
+async function defaultId(run, vocab) {
+  const seen = new Set();
+  const candidates = [...run.tokens].filter((x) => x.end > x.start && !seen.has(x.id) && seen.add(x.id))
+    .sort((a, b) => (2 * b.id < vocab) - (2 * a.id < vocab) || b.text.trim().length - a.text.trim().length);
+  for (const x of candidates.slice(0, 6)) {
+    const e = await embedding(run.model, x.id);
+    if (!e.untrained) return e;
+  }
+  return embedding(run.model, (candidates[0] || run.tokens[0]).id);
+}
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
-  const table = el("table", { "data-testid": "l3-table" },
-    el("thead", {}, el("tr", {}, ...["#", "token", "id", "chars"].map((h) => el("th", { text: h })))),
-    el("tbody", {}, ...run.tokens.map((x) => el("tr", {},
-      el("td", { text: String(x.index) }), el("td", { class: "mono", text: showToken(x.text) }),
-      el("td", { text: String(x.id) }), el("td", { text: `${x.start}–${x.end}` })))));
-  const idBox = el("input", { type: "number", min: 0, max: ctx.model.vocab_size - 1, value: run.tokens[Math.min(1, run.tokens.length - 1)].id, "data-testid": "l3-id" });
-  const chart = el("div", { class: "chart tall", "data-testid": "l3-chart" });
-  const note = el("p", { class: "muted" });
-  body.replaceChildren(el("div", { class: "scroll" }, table), el("div", {}, el("label", {}, `${t("l3.id")} `, idBox), chart, note));
-  async function draw() {
-    const e = await getJSON(`/api/models/${encodeURIComponent(run.model)}/embedding?id=${Number(idBox.value)}&top=8`);
-    const items = [...e.adjacent.map((a) => ({ ...a, kind: "id ± 1" })), ...e.neighbours.map((a) => ({ ...a, kind: "nearest" }))];
-    await plot(chart, [{
-      type: "bar", x: items.map((a) => `${a.id} ${label(short(a.token, 10))}`), y: items.map((a) => a.cos),
-      marker: { color: items.map((a) => (a.kind === "nearest" ? "#08306b" : "#e6550d")) },
-    }], { yaxis: { title: { text: `cosine with id ${e.id} ${label(e.token)}` }, range: [-0.3, 1] },
-          shapes: [{ type: "line", xref: "paper", x0: 0, x1: 1, y0: e.random_mean, y1: e.random_mean, line: { dash: "dot", color: "#777" } }] });
-    note.textContent = `Orange: ids ${e.adjacent.map((a) => a.id).join(" and ")} (next to ${e.id} in number only): cosine ${e.adjacent.map((a) => fmt(a.cos, 2)).join(", ")}. ` +
-      `Blue: the real nearest neighbours. Dotted: random pairs average ${fmt(e.random_mean, 2)} ± ${fmt(e.random_std, 2)}.`;
+  const table = el("table", { "data-testid": "l3-table" });
+  const idBox = el("input", { type: "number", min: 0, max: ctx.model.vocab_size - 1, "data-testid": "l3-id" });
+  const idLabel = el("span");
+  const chart = figure("l3-chart", "chart tall");
+  chart.dataset.tokenX = "1"; // its categories are token text (tests/i18n_check.py)
+  const note = el("p", { class: "muted", "data-testid": "l3-note" });
+  const warn = el("p", { class: "warn", "data-testid": "l3-untrained", hidden: "" });
+  body.replaceChildren(el("div", { class: "scroll" }, table), el("div", { class: "controls" }, el("label", {}, idLabel, " ", idBox)),
+    el("div", { class: "wide" }, warn, chart.box, note));
+  let e = await defaultId(run, ctx.model.vocab_size);
+  idBox.value = String(e.id);
+
+  function paintTable() {
+    table.replaceChildren(
+      el("thead", {}, el("tr", {}, ...["pos", "token", "id", "chars"].map((k) => el("th", { text: t(`l3.col.${k}`) })))),
+      el("tbody", {}, ...run.tokens.map((x) => el("tr", {},
+        el("td", { text: String(x.index) }), el("td", { class: "mono", text: showToken(x.text) }),
+        el("td", { text: String(x.id) }), el("td", { text: `${x.start}–${x.end}` })))));
+    idLabel.textContent = t("l3.id");
   }
-  idBox.addEventListener("change", () => draw().catch((e) => ctx.error(e.message)));
-  await draw();
-  ctx.link(3, {});
+
+  async function paintChart() {
+    const groups = [
+      ["adjacent", e.adjacent, "#e6550d"], ["double", e.double, "#fd8d3c"], ["nearest", e.neighbours, "#08306b"],
+    ];
+    const traces = groups.filter(([, rows]) => rows.length).map(([kind, rows, colour]) => ({
+      type: "bar", name: t(`l3.kind.${kind}`), x: rows.map((a) => `${a.id} ${label(short(a.token, 10))}`), y: rows.map((a) => a.cos),
+      marker: { color: rows.map((a) => (a.untrained ? "#bdbdbd" : colour)), line: { color: colour, width: 1.5 } },
+      customdata: rows.map((a) => (a.untrained ? t("l3.untrained_mark") : "")),
+      hovertemplate: `%{x}: ${t("l3.cos_hover")} %{y:.3f} %{customdata}<extra></extra>`,
+    }));
+    const lo = e.random_mean - 2 * e.random_std, hi = e.random_mean + 2 * e.random_std;
+    traces.push({ type: "scatter", mode: "lines", name: t("l3.random", { mean: fmt(e.random_mean, 2), std: fmt(e.random_std, 2) }),
+      x: [null], y: [null], line: { color: "#777", dash: "dot" } });
+    const all = [...e.adjacent, ...e.double, ...e.neighbours].map((a) => a.cos);
+    await plot(chart, traces, {
+      title: { text: t("l3.title", { id: e.id, token: e.token }) },
+      yaxis: { title: { text: t("l3.y") }, range: [Math.min(-0.3, ...all) - 0.05, 1.05] },
+      xaxis: { tickangle: -40, type: "category" }, barmode: "group", bargap: 0.25, margin: { t: 16 },
+      shapes: [
+        { type: "rect", xref: "paper", x0: 0, x1: 1, y0: lo, y1: hi, fillcolor: "rgba(120,120,120,0.12)", line: { width: 0 }, layer: "below" },
+        { type: "line", xref: "paper", x0: 0, x1: 1, y0: e.random_mean, y1: e.random_mean, line: { dash: "dot", color: "#777" } },
+      ] });
+    chart.dataset.id = String(e.id);
+    const inBand = (c) => c >= lo && c <= hi;
+    const near = e.neighbours.filter((a) => !a.untrained);
+    const adj = e.adjacent.map((a) => t("l3.pair", { id: a.id, token: showToken(a.token), cos: fmt(a.cos, 2) })).join(t("common.and"));
+    const dbl = e.double.length ? t("l3.double", { k: e.id, id: e.double[0].id, token: showToken(e.double[0].token), cos: fmt(e.double[0].cos, 2) }) : t("l3.no_double", { k: e.id });
+    const verdict = [...e.adjacent, ...e.double].every((a) => inBand(a.cos)) ? "l3.verdict.band" : "l3.verdict.outside";
+    note.textContent = `${t("l3.note", { k: e.id, token: showToken(e.token), adj, dbl })} ` +
+      `${t(verdict, { lo: fmt(lo, 2), hi: fmt(hi, 2), mean: fmt(e.random_mean, 2) })} ` +
+      (near.length ? t("l3.nearest", { token: showToken(near[0].token), cos: fmt(near[0].cos, 2) }) : "");
+    warn.hidden = !e.untrained;
+    warn.textContent = e.untrained ? t("l3.untrained", { k: e.id, count: e.untrained_count }) : "";
+  }
+
+  idBox.addEventListener("change", async () => {
+    try {
+      e = await embedding(run.model, Number(idBox.value));
+      await paintChart();
+    } catch (err) {
+      ctx.error(err.message);
+    }
+  });
+  ctx.link({ pos: Math.max(0, run.tokens.findIndex((x) => x.id === e.id)) });
+  await ctx.paint(async () => {
+    paintTable();
+    await paintChart();
+  });
 }

@@ -1,24 +1,44 @@
 // 4. Embedding: the selected token's row of E as a strip, and its nearest neighbours.
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { plot, label } from "./charts.js";
+import { figure, plot, label } from "./charts.js";
 
 export async function render(body, ctx) {
-  const { run } = ctx;
-  const pick = el("select", { "data-testid": "l4-token" }, ...run.tokens.map((x, i) => el("option", { value: x.id, text: `${i} ${showToken(x.text)} (id ${x.id})` })));
-  const strip = el("div", { class: "chart", "data-testid": "l4-strip" });
+  const { run, t } = ctx;
+  const pick = el("select", { "data-testid": "l4-token" });
+  const strip = figure("l4-strip", "chart short");
+  const listTitle = el("p", { class: "muted" });
   const list = el("ol", { "data-testid": "l4-neighbours" });
-  body.replaceChildren(el("div", { class: "controls" }, pick), strip, list);
-  async function draw() {
-    const e = await getJSON(`/api/models/${encodeURIComponent(run.model)}/embedding?id=${pick.value}&top=10`);
+  const warn = el("p", { class: "warn", hidden: "" });
+  body.replaceChildren(el("div", { class: "controls" }, pick), el("div", { class: "wide" }, strip.box), el("div", {}, warn, listTitle, list));
+  const options = () => {
+    const keep = pick.value;
+    pick.replaceChildren(...run.tokens.map((x, i) => el("option", { value: x.id, text: t("l4.option", { i, token: showToken(x.text), id: x.id }) })));
+    if (keep) pick.value = keep;
+  };
+  options();
+  const longest = run.tokens.reduce((a, x) => (x.text.trim().length > a.text.trim().length ? x : a), run.tokens[0]);
+  pick.value = String(longest.id);
+  let e = null;
+
+  async function paint() {
     await plot(strip, [{ type: "heatmap", z: [e.vector], colorscale: "RdBu", zmid: 0, showscale: true,
-      hovertemplate: "dim %{x}: %{z:.3f}<extra></extra>" }],
-      { title: { text: `E[${e.id}] ${label(e.token)}: ${e.vector.length} numbers (d_model), ‖x‖ = ${fmt(e.norm, 2)}`, font: { size: 12 } },
-        yaxis: { visible: false }, xaxis: { title: { text: "dimension" } }, margin: { l: 10, r: 10, t: 30, b: 40 } });
-    list.replaceChildren(...e.neighbours.map((n) => el("li", { class: "mono", text: `${showToken(n.token)}  id ${n.id}  cos ${fmt(n.cos, 3)}` })));
+      hovertemplate: t("l4.hover") + "<extra></extra>" }],
+    { title: { text: t("l4.title", { id: e.id, token: label(e.token), d: e.vector.length, norm: fmt(e.norm, 2) }), font: { size: 12 }, x: 0, xanchor: "left" },
+      yaxis: { visible: false }, xaxis: { title: { text: t("common.dimension") } }, margin: { l: 10, r: 10, t: 8, b: 40 } });
+    listTitle.textContent = t("l4.neighbours");
+    list.replaceChildren(...e.neighbours.map((nb) => el("li", { class: "mono", text: t("l4.neighbour", { token: showToken(nb.token), id: nb.id, cos: fmt(nb.cos, 3) }) })));
+    warn.hidden = !e.untrained;
+    warn.textContent = e.untrained ? t("l3.untrained", { k: e.id, count: e.untrained_count }) : "";
   }
-  pick.setAttribute("aria-label", "token");
-  pick.addEventListener("change", () => draw().catch((e) => ctx.error(e.message)));
-  await draw();
-  ctx.link(4, {});
+  async function load() {
+    e = await getJSON(`/api/models/${encodeURIComponent(run.model)}/embedding?id=${pick.value}&top=10`);
+    ctx.link({ pos: Math.max(0, run.tokens.findIndex((x) => String(x.id) === pick.value)) });
+  }
+  pick.addEventListener("change", () => load().then(paint).catch((err) => ctx.error(err.message)));
+  await load();
+  await ctx.paint(async () => {
+    options();
+    await paint();
+  });
 }

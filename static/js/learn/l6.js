@@ -1,43 +1,135 @@
-// 6. Position information: the position table, and the same words in another order.
-import { el, fmt } from "../dom.js";
-import { getAttentionBin, getJSON, postJSON } from "../api.js";
+// 6. Position information: the position table, and the same tokens in another order — where
+// order changes the numbers: the position vector added at the embedding, attention (on the
+// head whose pattern changes most), hidden states of the same token, and the predictions.
+import { el, fmt, plotlyText, showToken } from "../dom.js";
+import { getAttentionBin, getJSON, postJSON, rowOf } from "../api.js";
 import { drawHeatmap } from "../views/heatmap.js";
-import { plot, label } from "./charts.js";
+import { figure, fillOptions, headName, plot } from "./charts.js";
+
+// blue: B attends more; white: no change; grey background: masked in both
+const DIVERGING = [[0, "#2166ac"], [0.5, "#ffffff"], [1, "#b2182b"]];
+const A_TEXT = "the dog bites the man";
+const B_TEXT = "the man bites the dog";
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
   const pos = await getJSON(`/api/models/${encodeURIComponent(run.model)}/positions?count=64`);
-  const table = el("div", { class: "chart tall", "data-testid": "l6-positions" });
-  const aBox = el("input", { value: "dog bites man", "data-testid": "l6-a", "aria-label": t("l6.a") });
-  const bBox = el("input", { value: "man bites dog", "data-testid": "l6-b", "aria-label": t("l6.b") });
-  const go = el("button", { type: "button", text: "compare" });
+  const table = figure("l6-positions", "chart tall");
+  const aLabel = el("span"), bLabel = el("span");
+  const aBox = el("input", { value: A_TEXT, "data-testid": "l6-a" });
+  const bBox = el("input", { value: B_TEXT, "data-testid": "l6-b" });
+  const go = el("button", { type: "button", "data-testid": "l6-compare" });
+  const layerSel = el("select", { "data-testid": "l6-layer" });
+  const headSel = el("select", { "data-testid": "l6-head" });
+  const headNote = el("p", { class: "muted", "data-testid": "l6-head-note" });
   const heatA = el("div", { class: "chart tall", "data-testid": "l6-heat-a" });
   const heatB = el("div", { class: "chart tall", "data-testid": "l6-heat-b" });
-  const cos = el("div", { class: "chart", "data-testid": "l6-cos" });
+  const diff = figure("l6-diff", "chart tall");
+  const cos = figure("l6-cos", "chart tall");
+  cos.dataset.tokenLegend = "1"; // its legend names tokens (tests/i18n_check.py)
+  const cosNote = el("p", { class: "muted", "data-testid": "l6-cos-note" });
   const preds = el("p", { class: "muted mono", "data-testid": "l6-preds" });
-  body.replaceChildren(table, el("div", { class: "controls" }, `${t("l6.a")} `, aBox, `${t("l6.b")} `, bBox, go), heatA, heatB, cos, preds);
-  if (pos.kind === "learned") {
-    await plot(table, [{ type: "heatmap", z: pos.matrix, colorscale: "RdBu", zmid: 0, hovertemplate: "position %{y}, dim %{x}: %{z:.3f}<extra></extra>" }],
-      { title: { text: `learned position table: ${pos.count} positions × ${pos.d_model} dims`, font: { size: 12 } },
-        xaxis: { title: { text: "dimension" } }, yaxis: { title: { text: "position" }, autorange: "reversed" } });
-  } else if (pos.kind === "rotary") {
-    await plot(table, [{ type: "heatmap", z: pos.angles, colorscale: "RdBu", zmid: 0 }],
-      { title: { text: `rotary: cos(position × frequency), ${pos.rotary_dims} rotated dims, θ = ${pos.theta}`, font: { size: 12 } },
-        yaxis: { autorange: "reversed", title: { text: "position" } }, xaxis: { title: { text: "frequency pair" } } });
+  body.replaceChildren(el("div", { class: "wide" }, table.box),
+    el("div", { class: "controls" }, aLabel, aBox, bLabel, bBox, go),
+    el("div", { class: "controls" }, layerSel, headSel), el("div", { class: "wide" }, headNote),
+    heatA, heatB, el("div", { class: "wide" }, diff.box), el("div", { class: "wide" }, cos.box, cosNote, preds));
+  let cmp = null; // {a, b, c, sa, sb, layer, head}
+
+  async function paintTable() {
+    if (pos.kind === "learned") {
+      await plot(table, [{ type: "heatmap", z: pos.matrix, colorscale: "RdBu", zmid: 0, hovertemplate: t("l6.pos.hover") + "<extra></extra>" }],
+        { title: { text: t("l6.pos.title", { count: pos.count, d: pos.d_model }), font: { size: 12 }, x: 0, xanchor: "left" },
+          xaxis: { title: { text: t("common.dimension") } }, yaxis: { title: { text: t("common.position") }, autorange: "reversed" }, margin: { t: 8 } });
+    } else if (pos.kind === "rotary") {
+      await plot(table, [{ type: "heatmap", z: pos.angles, colorscale: "RdBu", zmid: 0 }],
+        { title: { text: t("l6.rope.title", { dims: pos.rotary_dims, theta: pos.theta }), font: { size: 12 }, x: 0, xanchor: "left" },
+          yaxis: { autorange: "reversed", title: { text: t("common.position") } }, xaxis: { title: { text: t("l6.rope.x") } }, margin: { t: 8 } });
+    }
   }
+
+  async function loadHead() {
+    const [layer, head] = [Number(layerSel.value), Number(headSel.value)];
+    const [sa, sb] = await Promise.all([getAttentionBin(cmp.a.run_id, layer, head), getAttentionBin(cmp.b.run_id, layer, head)]);
+    Object.assign(cmp, { sa, sb, layer, head });
+    ctx.link({ text: aBox.value, layer, head, pos: cmp.a.tokens.length - 1 });
+  }
+
+  async function paintCompare() {
+    if (!cmp) return;
+    const { a, b, c, sa, sb, layer, head } = cmp;
+    fillOptions(layerSel, run.n_layers, (i) => t("common.layer", { i }));
+    fillOptions(headSel, run.n_heads, (i) => t("common.head", { i }));
+    const ranked = [...c.heads].sort((x, y) => y.diff - x.diff);
+    const shown = c.heads.find((h) => h.layer === layer && h.head === head);
+    headNote.textContent = t("l6.head_note", {
+      head: headName(t, ranked[0].layer, ranked[0].head), diff: fmt(ranked[0].diff, 2),
+      low: headName(t, ranked.at(-1).layer, ranked.at(-1).head), lowdiff: fmt(ranked.at(-1).diff, 2),
+      shown: headName(t, layer, head), shown_diff: fmt(shown.diff, 2),
+    });
+    const name = headName(t, layer, head);
+    await drawHeatmap(heatA, sa, a.tokens, { title: `A · ${name}` });
+    await drawHeatmap(heatB, sb, b.tokens, { title: `B · ${name}` });
+    const nn = Math.min(sa.n, sb.n);
+    const z = Array.from({ length: nn }, (_, i) => {
+      const ra = rowOf(sa, i), rb = rowOf(sb, i);
+      return Array.from({ length: nn }, (_, j) => (j < ra.length && j < rb.length ? ra[j] - rb[j] : null));
+    });
+    const ticks = Array.from({ length: nn }, (_, i) => plotlyText(`${i} ${showToken(a.tokens[i].text)}/${showToken(b.tokens[i].text)}`));
+    await plot(diff, [{ type: "heatmap", z, colorscale: DIVERGING, zmid: 0, zmin: -1, zmax: 1, colorbar: { title: { text: "A − B" }, thickness: 12 },
+      hovertemplate: t("l6.diff.hover") + "<extra></extra>" }],
+    { title: { text: t("l6.diff.title", { head: name }), font: { size: 12 }, x: 0, xanchor: "left" },
+      xaxis: { tickvals: ticks.map((_, i) => i), ticktext: ticks, tickangle: -40, title: { text: t("l6.diff.x") }, showgrid: false, zeroline: false },
+      yaxis: { tickvals: ticks.map((_, i) => i), ticktext: ticks, autorange: "reversed", title: { text: t("l6.diff.y") }, showgrid: false, zeroline: false },
+      plot_bgcolor: "#e4e6ea", margin: { t: 8 } });
+    const matched = c.tokens.filter((x) => x.b !== null);
+    await plot(cos, matched.map((x) => ({
+      type: "scatter", mode: "lines+markers", name: plotlyText(`${showToken(x.token)} ${x.a}→${x.b}`),
+      x: c.stages.map((s, i) => (i === 0 ? t("l6.stage.embed") : t("common.block", { i: i - 1 }))), y: x.cos_by_stage,
+      line: { dash: x.a === x.b ? "dot" : "solid" },
+    })), { title: { text: t("l6.cos.title"), font: { size: 12 }, x: 0, xanchor: "left" },
+      yaxis: { title: { text: t("l6.cos.y") }, range: [Math.min(0, ...matched.flatMap((x) => x.cos_by_stage)) - 0.02, 1.02] }, margin: { t: 16 } });
+    const moved = matched.filter((x) => x.a !== x.b).sort((x, y) => x.cos_by_stage[0] - y.cos_by_stage[0]);
+    const stayed = matched.filter((x) => x.a === x.b && x.a > 0).sort((x, y) => x.cos - y.cos);
+    const parts = [];
+    if (!matched.length) parts.push(t("l6.cos.none"));
+    if (moved.length) {
+      const m = moved[0];
+      parts.push(t("l6.cos.moved", { token: showToken(m.token), a: m.a, b: m.b, c0: fmt(m.cos_by_stage[0], 2), cl: fmt(m.cos, 2) }));
+    }
+    if (stayed.length) {
+      const s = stayed[0];
+      parts.push(t("l6.cos.stayed", { token: showToken(s.token), p: s.a, c0: fmt(s.cos_by_stage[0], 2), cl: fmt(s.cos, 2) }));
+    }
+    const unmatched = c.tokens.filter((x) => x.b === null);
+    if (unmatched.length) parts.push(t("l6.cos.unmatched", { tokens: unmatched.map((x) => `“${showToken(x.token)}”`).join(" ") }));
+    cosNote.textContent = parts.join(" ");
+    const last = (r) => r.predictions.at(-1).top.map((p) => `${showToken(p.token)} ${fmt(p.prob, 2)}`).join(", ");
+    preds.textContent = `${t("l6.preds")}\nA “${aBox.value}” → ${last(a)}\nB “${bBox.value}” → ${last(b)}`;
+  }
+
   async function compare() {
     const [a, b] = await Promise.all([aBox.value, bBox.value].map((text) => postJSON("/api/runs", { text, model: run.model, top_k: 3 })));
-    const layer = 0, head = run.heads.reduce((x, h) => (h.layer === 0 && h.prev_token > x.prev_token ? h : x), run.heads[0]).head;
-    const [sa, sb] = await Promise.all([getAttentionBin(a.run_id, layer, head), getAttentionBin(b.run_id, layer, head)]);
-    await drawHeatmap(heatA, sa, a.tokens, { title: `A · layer ${layer} head ${head}` });
-    await drawHeatmap(heatB, sb, b.tokens, { title: `B · layer ${layer} head ${head}` });
     const c = await getJSON(`/api/compare?a=${a.run_id}&b=${b.run_id}`);
-    await plot(cos, [{ type: "bar", x: c.tokens.map((x) => `${x.a} ${label(x.token)}`), y: c.tokens.map((x) => x.cos), marker: { color: "#2171b5" } }],
-      { title: { text: t("l6.cos"), font: { size: 12 } }, margin: { l: 40, r: 10, t: 36, b: 60 }, yaxis: { range: [Math.min(0, ...c.tokens.map((x) => x.cos)), 1] } });
-    const last = (r) => r.predictions.at(-1).top.map((p) => `${p.token.trim() || p.token} ${fmt(p.prob, 2)}`).join(", ");
-    preds.textContent = `A "${aBox.value}" → ${last(a)}\nB "${bBox.value}" → ${last(b)}`;
+    const top = c.heads.reduce((x, h) => (h.diff > x.diff ? h : x), c.heads[0]);
+    cmp = { a, b, c };
+    fillOptions(layerSel, run.n_layers, (i) => t("common.layer", { i }));
+    fillOptions(headSel, run.n_heads, (i) => t("common.head", { i }));
+    layerSel.value = String(top.layer);
+    headSel.value = String(top.head);
+    await loadHead();
+    diff.dataset.layer = String(top.layer);
+    diff.dataset.head = String(top.head);
   }
-  go.addEventListener("click", () => compare().catch((e) => ctx.error(e.message)));
+  const labels = () => {
+    aLabel.textContent = t("l6.a");
+    bLabel.textContent = t("l6.b");
+    go.textContent = t("l6.compare");
+  };
+  go.addEventListener("click", () => compare().then(paintCompare).catch((e) => ctx.error(e.message)));
+  for (const s of [layerSel, headSel]) s.addEventListener("change", () => loadHead().then(paintCompare).catch((e) => ctx.error(e.message)));
   await compare();
-  ctx.link(6, {});
+  await ctx.paint(async () => {
+    labels();
+    await Promise.all([paintTable(), paintCompare()]);
+  });
 }

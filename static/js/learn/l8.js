@@ -1,32 +1,72 @@
-// 8. The decoder-only pipeline with live shapes, and the logit lens.
-import { el } from "../dom.js";
+// 8. The decoder-only pipeline with live shapes, and the logit lens over a window of
+// positions that moves (readable at any prompt length).
+import { el, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { plot, tokenAxis, label } from "./charts.js";
+import { figure, plot, tokenAxis, label } from "./charts.js";
 import { SCALE } from "../views/colour.js";
 
 export async function render(body, ctx) {
-  const { run, model: m } = ctx;
+  const { run, model: m, t } = ctx;
   const n = run.tokens.length;
-  const stages = [
-    ["Token IDs", `${n}`], ["Embedding", `${n} × ${m.d_model}`], [`${m.n_layers} blocks`, `${n} × ${m.d_model}`],
-    ["final hidden", `${n} × ${m.d_model}`], ["LM head", `${m.d_model} × ${m.vocab_size}`], ["logits", `${n} × ${m.vocab_size}`],
-    ["softmax → probabilities", `${n} × ${m.vocab_size}`],
-  ];
   const flow = el("div", { class: "flow", "data-testid": "l8-flow" });
-  stages.forEach(([name, shape], i) => {
-    if (i) flow.append(el("span", { class: "arrow", text: "→" }));
-    flow.append(el("div", { class: "stage" }, el("b", { text: name }), el("span", { text: shape })));
-  });
-  const lensDiv = el("div", { class: "chart tall", "data-testid": "l8-lens" });
-  body.replaceChildren(flow, lensDiv);
+  const lensDiv = figure("l8-lens", "chart tall");
+  const slider = el("input", { type: "range", min: 0, max: 0, step: 1, value: 0, "data-testid": "l8-window" });
+  const where = el("output", { "data-testid": "l8-where" });
+  const sliderLabel = el("span");
+  const lensNote = el("p", { class: "muted" });
+  body.replaceChildren(flow, el("div", { class: "controls" }, sliderLabel, slider, where), el("div", { class: "wide" }, lensDiv.box), el("div", { class: "wide" }, lensNote));
   const lens = await getJSON(`/api/runs/${run.run_id}/logit-lens?top_k=1`);
-  const shown = Math.min(n, 48);
-  const z = lens.layers.map((l) => l.positions.slice(0, shown).map((p) => p.top[0].prob));
-  const text = lens.layers.map((l) => l.positions.slice(0, shown).map((p) => label(p.top[0].token)));
-  await plot(lensDiv, [{ type: "heatmap", z, text, texttemplate: "%{text}", textfont: { size: 9 }, colorscale: SCALE, zmin: 0, zmax: 1,
-    hovertemplate: "%{y} · position %{x}: %{text} (p=%{z:.3f})<extra></extra>", y: lens.layers.map((l) => l.label) }],
-    { title: { text: `logit lens: top token and its probability<br>after each block (first ${shown} positions)`, font: { size: 12 } },
-      xaxis: tokenAxis(run.tokens.slice(0, shown).map((x) => x.text)), margin: { l: 70, r: 10, t: 48, b: 70 } });
-  lensDiv.dataset.layers = String(lens.layers.length);
-  ctx.link(8, {});
+  // as many positions as fit at ~56 px each (at least 6, at most 24)
+  const windowSize = () => Math.max(1, Math.min(n, 24, Math.max(6, Math.floor(((lensDiv.clientWidth || 600) - 160) / 56))));
+  let size = windowSize();
+  slider.max = String(Math.max(0, n - size));
+  slider.value = slider.max; // the end of the prompt first: where the prediction is made
+
+  function paintFlow() {
+    const stages = [
+      [t("l8.s.ids"), `${n}`], [t("l8.s.embed"), `${n} × ${m.d_model}`], [t("l8.s.blocks", { L: m.n_layers }), `${n} × ${m.d_model}`],
+      [t("l8.s.final"), `${n} × ${m.d_model}`], [t("l8.s.head"), `${m.d_model} × ${m.vocab_size}`], [t("l8.s.logits"), `${n} × ${m.vocab_size}`],
+      [t("l8.s.softmax"), `${n} × ${m.vocab_size}`],
+    ];
+    flow.replaceChildren();
+    stages.forEach(([name, shape], i) => {
+      if (i) flow.append(el("span", { class: "arrow", text: "→" }));
+      flow.append(el("div", { class: "stage" }, el("b", { text: name }), el("span", { text: shape })));
+    });
+  }
+
+  async function paintLens() {
+    const start = Number(slider.value);
+    const end = Math.min(n, start + size);
+    const x = Array.from({ length: end - start }, (_, i) => start + i);
+    const stage = (l) => (l.layer < 0 ? t("l6.stage.embed") : t("common.block", { i: l.layer }));
+    const z = lens.layers.map((l) => x.map((p) => l.positions[p].top[0].prob));
+    const text = lens.layers.map((l) => x.map((p) => label(l.positions[p].top[0].token)));
+    where.textContent = t("l8.where", { a: start, b: end - 1, n });
+    await plot(lensDiv, [{ type: "heatmap", x, z, text, texttemplate: "%{text}", textfont: { size: 10 }, colorscale: SCALE, zmin: 0, zmax: 1,
+      colorbar: { title: { text: "p" }, thickness: 10 },
+      hovertemplate: t("l8.hover") + "<extra></extra>", y: lens.layers.map(stage) }],
+    { title: { text: t("l8.title", { a: start, b: end - 1 }), font: { size: 12 }, x: 0, xanchor: "left" },
+      xaxis: tokenAxis(run.tokens.slice(start, end).map((tk) => tk.text), 40, start), yaxis: { automargin: true }, margin: { l: 70, r: 10, t: 8, b: 70 } });
+    lensDiv.dataset.start = String(start);
+    lensDiv.dataset.layers = String(lens.layers.length);
+    const lastStage = lens.layers.at(-1);
+    const p = end - 1;
+    lensNote.textContent = t("l8.note", { p, token: showToken(run.tokens[p].text), top: showToken(lastStage.positions[p].top[0].token), prob: lastStage.positions[p].top[0].prob.toFixed(2) });
+    ctx.link({ pos: p });
+  }
+  slider.addEventListener("input", () => paintLens().catch((e) => ctx.error(e.message)));
+  new ResizeObserver(() => {
+    const s = windowSize();
+    if (s === size || !lensDiv.isConnected) return;
+    size = s;
+    slider.max = String(Math.max(0, n - size));
+    if (Number(slider.value) > Number(slider.max)) slider.value = slider.max;
+    paintLens().catch((e) => ctx.error(e.message));
+  }).observe(lensDiv);
+  await ctx.paint(async () => {
+    sliderLabel.textContent = t("l8.window");
+    paintFlow();
+    await paintLens();
+  });
 }

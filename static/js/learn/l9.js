@@ -1,33 +1,60 @@
-// 9. The residual stream: norms, change per layer, and attention vs FFN for one token.
-import { el, showToken } from "../dom.js";
+// 9. The residual stream: norms, change per stage, and attention vs FFN for one token — with
+// the numbers said plainly: every block adds to the stream, and block 0 adds far more than
+// the embedding holds, which is why the direction turns there.
+import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { legendAbove, plot } from "./charts.js";
+import { figure, plot } from "./charts.js";
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
   const res = await getJSON(`/api/runs/${run.run_id}/residual`);
-  const pick = el("select", { "data-testid": "l9-token" }, ...run.tokens.map((x, i) => el("option", { value: i, text: `${i} ${showToken(x.text)}` })));
-  pick.value = String(run.tokens.length - 1);
-  const norms = el("div", { class: "chart", "data-testid": "l9-norms" });
-  const parts = el("div", { class: "chart", "data-testid": "l9-parts" });
-  body.replaceChildren(el("div", { class: "controls" }, `${t("l9.token")} `, pick), norms, parts);
-  const stages = ["embed", ...res.layers.map((l) => `block ${l.layer}`)];
-  async function draw() {
+  const pick = el("select", { "data-testid": "l9-token" });
+  const pickLabel = el("span");
+  const norms = figure("l9-norms");
+  const parts = figure("l9-parts");
+  const note = el("p", { class: "facts", "data-testid": "l9-note" });
+  body.replaceChildren(el("div", { class: "controls" }, pickLabel, pick), norms.box, parts.box, el("div", { class: "wide" }, note));
+  const options = () => {
+    const keep = pick.value;
+    pick.replaceChildren(...run.tokens.map((x, i) => el("option", { value: i, text: `${i} ${showToken(x.text)}` })));
+    pick.value = keep || String(run.tokens.length - 1);
+  };
+  options();
+
+  async function paint() {
     const i = Number(pick.value);
+    pickLabel.textContent = t("l9.token");
+    const blocks = res.layers.map((l) => t("common.block", { i: l.layer }));
+    const stages = [t("l6.stage.embed"), ...blocks];
+    const normY = [res.embed_norm[i], ...res.layers.map((l) => l.resid_norm[i])];
     await plot(norms, [
-      { type: "scatter", mode: "lines+markers", name: "‖hidden state‖", x: stages, y: [res.embed_norm[i], ...res.layers.map((l) => l.resid_norm[i])] },
-      { type: "scatter", mode: "lines+markers", name: "cosine to the previous layer", x: stages.slice(1), y: res.layers.map((l) => l.cos_prev[i]), yaxis: "y2" },
-    ], { yaxis: { title: { text: "norm" }, rangemode: "tozero" },
-         yaxis2: { overlaying: "y", side: "right", range: [Math.min(0, ...res.layers.map((l) => l.cos_prev[i])) - 0.05, 1.05], title: { text: "cosine" }, showgrid: false },
-         ...legendAbove(2), margin: { l: 50, r: 55, t: 64, b: 40 } });
-    const layers = res.layers.map((l) => `block ${l.layer}`);
+      { type: "scatter", mode: "lines+markers", name: t("l9.norm"), x: stages, y: normY },
+      { type: "scatter", mode: "lines+markers", name: t("l9.cos"), x: blocks, y: res.layers.map((l) => l.cos_prev[i]), yaxis: "y2" },
+    ], { yaxis: { title: { text: t("l9.norm_y") }, rangemode: "tozero" },
+      yaxis2: { overlaying: "y", side: "right", range: [Math.min(0, ...res.layers.map((l) => l.cos_prev[i])) - 0.05, 1.05], title: { text: t("l9.cos_y") }, automargin: true, dtick: 0.25 },
+      xaxis: { type: "category" }, title: { text: t("l9.norms_title") }, margin: { l: 56, r: 56, t: 16, b: 40 } });
     await plot(parts, [
-      { type: "bar", name: "attention adds (communication between tokens)", x: layers, y: res.layers.map((l) => l.attn_norm[i]) },
-      { type: "bar", name: "FFN adds (computation within the position)", x: layers, y: res.layers.map((l) => l.mlp_norm[i]) },
-    ], { barmode: "stack", yaxis: { title: { text: "‖added vector‖" } }, ...legendAbove(2) });
+      { type: "bar", name: t("l9.attn"), x: blocks, y: res.layers.map((l) => l.attn_norm[i]) },
+      { type: "bar", name: t("l9.ffn"), x: blocks, y: res.layers.map((l) => l.mlp_norm[i]) },
+    ], { barmode: "group", yaxis: { title: { text: t("l9.added_y") } }, title: { text: t("l9.parts_title") }, margin: { t: 16 } });
+    const e = res.embed_norm[i];
+    const b0 = res.layers[0];
+    const later = res.layers.slice(1);
+    const sentences = [t("l9.note.first", {
+      e: fmt(e, 2), a: fmt(b0.attn_norm[i], 1), f: fmt(b0.mlp_norm[i], 1), r: fmt(b0.resid_norm[i], 1),
+      ratio: fmt(b0.resid_norm[i] / Math.max(e, 1e-9), 0), c: fmt(b0.cos_prev[i], 2),
+    })];
+    if (later.length) {
+      const cs = later.map((l) => l.cos_prev[i]);
+      sentences.push(t("l9.note.later", { min: fmt(Math.min(...cs), 2), max: fmt(Math.max(...cs), 2), last: fmt(res.layers.at(-1).resid_norm[i], 1) }));
+    }
+    sentences.push(t("l9.note.roles"));
+    note.textContent = sentences.join(" ");
+    ctx.link({ pos: i });
   }
-  pick.setAttribute("aria-label", t("l9.token"));
-  pick.addEventListener("change", () => draw().catch((e) => ctx.error(e.message)));
-  await draw();
-  ctx.link(9, { pos: Number(pick.value) });
+  pick.addEventListener("change", () => paint().catch((e) => ctx.error(e.message)));
+  await ctx.paint(async () => {
+    options();
+    await paint();
+  });
 }

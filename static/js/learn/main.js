@@ -1,7 +1,10 @@
 // The Learn page: run the prompt once on the default decoder, then draw the nine views.
+// Every lesson registers a painter that writes its words from the catalogue; switching the
+// language calls them all again (no request, no reload).
 import { $ } from "../dom.js";
 import { getJSON, postJSON } from "../api.js";
-import { TEXT, pickLanguage } from "./i18n.js";
+import { errorText, initLanguage, lang, onLanguage, t } from "../i18n.js";
+import { chineseNote } from "./note.js";
 import * as l1 from "./l1.js";
 import * as l2 from "./l2.js";
 import * as l3 from "./l3.js";
@@ -13,73 +16,128 @@ import * as l8 from "./l8.js";
 import * as l9 from "./l9.js";
 
 const LESSONS = [l1, l2, l3, l4, l5, l6, l7, l8, l9];
-let lang = pickLanguage();
+const SEED_PROMPT = "I love artificial intelligence"; // the seed note's own example
+let unregister = []; // the painters of the current run's lessons
+let lastError = null; // {key, vars} | {message}: repainted in the new language too
 
-function t(key) {
-  return key.split(".").reduce((o, k) => (o ? o[k] : undefined), TEXT[lang]) ?? key;
+function paintError() {
+  const box = $("#error");
+  if (!lastError) {
+    box.textContent = "";
+    box.hidden = true;
+    return;
+  }
+  const message = errorText(lastError.message);
+  box.textContent = lastError.lesson ? t("learn.lesson_failed", { lesson: t(`l${lastError.lesson}.h`), message }) : message;
+  box.hidden = false;
 }
 
-function applyLanguage() {
-  document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
-  for (const node of document.querySelectorAll("[data-i18n]")) node.textContent = t(node.dataset.i18n);
-  $("#lang").textContent = t("lang");
+function showError(message, lesson = null) {
+  lastError = message ? { message, lesson } : null;
+  paintError();
 }
 
-function showError(message) {
-  $("#error").textContent = message;
-  $("#error").hidden = !message;
+// Painters run now and on every switch; a lesson's painter that throws shows its error.
+function painter(lesson) {
+  return (fn) => {
+    const run = async () => {
+      try {
+        await fn();
+      } catch (err) {
+        showError(err.message, lesson);
+      }
+    };
+    unregister.push(onLanguage(run));
+    return run();
+  };
 }
 
 async function runAll(models) {
   const text = $("#prompt").value;
-  const dflt = models.find((m) => m.default) || models[0];
+  const dflt = models.find((m) => m.default && m.causal) || models.find((m) => m.causal) || models[0];
+  for (const off of unregister) off();
+  unregister = [];
   showError("");
+  delete document.querySelector(".lessons").dataset.measured;
   $("#busy").hidden = false;
+  $("#run").disabled = true;
   try {
     const run = await postJSON("/api/runs", { text, model: dflt.name, top_k: 5 });
-    $("#model-summary").textContent = `${dflt.name}: ${dflt.n_layers} layers × ${dflt.n_heads} heads, d_model ${dflt.d_model}`;
-    const ctx = {
-      run, text, models, model: dflt, t, error: showError,
-      link(n, view) {
-        const params = new URLSearchParams({ text, model: view.model || run.model, layer: view.layer ?? 0, head: view.head ?? 0, pos: view.pos ?? run.tokens.length - 1 });
-        document.querySelector(`#l${n} .open`).href = `/?${params}`;
-      },
+    const summary = () => {
+      $("#model-summary").textContent = t("learn.summary", { name: dflt.name, layers: dflt.n_layers, heads: dflt.n_heads, d: dflt.d_model });
+      chineseNote($("#lang-note"), run, text);
     };
+    unregister.push(onLanguage(summary));
+    summary();
+    const later = []; // slow measurements, run once every lesson is drawn
     for (const [i, lesson] of LESSONS.entries()) {
-      const body = document.querySelector(`#l${i + 1} .lesson-body`);
+      const n = i + 1;
+      const section = document.querySelector(`#l${n}`);
+      const body = section.querySelector(".lesson-body");
+      delete body.dataset.ready;
+      const ctx = {
+        run, text, models, model: dflt, t, error: (message) => showError(message, n), paint: painter(n),
+        later: (fn) => later.push(async () => {
+          try {
+            await fn();
+          } catch (err) {
+            showError(err.message, n);
+          }
+        }),
+        // "Open in the explorer" with this lesson's prompt, model, layer, head and position
+        link(view = {}) {
+          const params = new URLSearchParams({
+            text: view.text ?? text, model: view.model || run.model, layer: view.layer ?? 0, head: view.head ?? 0,
+            pos: view.pos ?? run.tokens.length - 1, lang: lang(),
+          });
+          section.querySelector(".open").href = `/?${params}`;
+        },
+      };
+      ctx.link({});
+      unregister.push(onLanguage(() => {
+        const a = section.querySelector(".open");
+        const u = new URL(a.href, location.href);
+        u.searchParams.set("lang", lang());
+        a.href = `${u.pathname}${u.search}`;
+      }));
       try {
         await lesson.render(body, ctx);
         body.dataset.ready = "1";
       } catch (err) {
-        showError(`${t(`l${i + 1}.h`)}: ${err.message}`);
+        showError(err.message, n);
       }
     }
+    for (const fn of later) await fn();
+    document.querySelector(".lessons").dataset.measured = "1";
   } catch (err) {
     showError(err.message);
   } finally {
     $("#busy").hidden = true;
+    $("#run").disabled = false;
   }
 }
 
 async function init() {
-  // a failed fetch is shown to the person, never dropped as an unhandled rejection
-  window.addEventListener("unhandledrejection", (ev) => { showError(ev.reason?.message || String(ev.reason)); ev.preventDefault(); });
-  applyLanguage();
-  $("#lang").addEventListener("click", () => {
-    lang = lang === "en" ? "zh" : "en";
-    const params = new URLSearchParams(location.search);
-    params.set("lang", lang);
-    history.replaceState(null, "", `${location.pathname}?${params}`);
-    applyLanguage();
-  });
+  await initLanguage();
+  onLanguage(paintError);
   const { models } = await getJSON("/api/models");
-  $("#prompt").value = new URLSearchParams(location.search).get("text") || "I love artificial intelligence";
-  $("#run").addEventListener("click", () => runAll(models));
+  const params = new URLSearchParams(location.search);
+  $("#prompt").value = params.get("text") || SEED_PROMPT;
+  $("#run").addEventListener("click", () => {
+    const p = new URLSearchParams(location.search);
+    p.set("text", $("#prompt").value);
+    history.replaceState(null, "", `${location.pathname}?${p}`);
+    runAll(models);
+  });
   await runAll(models);
 }
 
 function start() {
-  init().catch((err) => showError(`Could not start: ${err.message}`));
+  init().catch((err) => {
+    const box = $("#error");
+    box.textContent = t("learn.start_failed", { message: errorText(err.message) });
+    box.hidden = false;
+  });
 }
 if (window.Plotly) start();
 else window.addEventListener("load", start);

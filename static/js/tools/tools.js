@@ -3,6 +3,7 @@
 // focused position or the selected head changes. Views live in their own modules.
 import { el } from "../dom.js";
 import { urlExtras } from "../state.js";
+import { t } from "../i18n.js";
 import * as attribution from "./attribution.js";
 import * as ablation from "./ablation.js";
 import * as patching from "./patching.js";
@@ -35,8 +36,9 @@ export class Tools {
         onclick: () => this.open(key) }));
     }
     root.replaceChildren(this.tabs, this.body);
-    this.body.append(el("p", { class: "legend", text: "Causal tools: attribute a logit to heads and MLPs, ablate heads, " +
-      "patch activations between two prompts, read the logit lens and the residual stream, compare a head on two prompts." }));
+    this.intro = el("p", { class: "legend" });
+    this.body.append(this.intro);
+    this.labels();
     urlExtras.push(() => this.urlParams());
     const url = new URLSearchParams(location.search);
     const view = url.get("view");
@@ -44,6 +46,12 @@ export class Tools {
       this.view = view;
       for (const k of OWN[view] || []) if (url.has(k)) this.params[k] = url.get(k);
     }
+  }
+
+  // the tab names and the introduction in the page's language
+  labels() {
+    for (const b of this.tabs.children) b.textContent = t(`x.tool.${b.dataset.view}`);
+    this.intro.textContent = t("x.tool.intro");
   }
 
   // extra URL parameters for state.js's toURL
@@ -75,7 +83,7 @@ export class Tools {
     this.syncURL();
     if (model && !model.has_lm_head && this.view !== "compare" && this.view !== "residual") {
       this.body.replaceChildren(el("p", { class: "legend", "data-testid": "tool-unavailable",
-        text: `${run.model} is an encoder without an LM head: attribution, ablation, patching and the logit lens need a decoder.` }));
+        text: t("x.tool.encoder", { model: run.model }) }));
       return;
     }
     const ctx = {

@@ -3,6 +3,8 @@
 import { plotlyText, showToken, svg, fmt } from "../dom.js";
 import { rowOf } from "../api.js";
 import { plotConfig } from "../plotconfig.js";
+import { t } from "../i18n.js";
+import { t } from "../i18n.js";
 
 const MAX_LINES = 24;
 const MAX_LABEL = 14; // characters of a token shown in a label; the rest becomes "…"
@@ -24,7 +26,7 @@ export function drawFocusBars(div, slice, tokens, pos) {
   const layout = {
     margin: { l: 44, r: 12, t: 8, b: 20 }, bargap: 0.1,
     xaxis: { tickvals, ticktext: tickvals.map((j) => plotlyText(short(tokens[j].text))), tickangle: -60, automargin: true },
-    yaxis: { title: { text: "attention" }, range: [0, Math.max(0.05, ...row) * 1.05], automargin: true },
+    yaxis: { title: { text: t("x.focus.y") }, range: [0, Math.max(0.05, ...row) * 1.05], automargin: true },
   };
   return window.Plotly.react(div, data, layout, plotConfig("attnscope-focus"));
 }

@@ -3,6 +3,7 @@
 import { el, fmt } from "../dom.js";
 import { getAttentionBin } from "../api.js";
 import { hexRGB, maskColours, rgb } from "./colour.js";
+import { t } from "../i18n.js";
 
 const THUMB = 48;
 // [class, score key, threshold, title, the letter a cell shows]: one letter each, so that
@@ -41,11 +42,11 @@ function drawThumb(canvas, slice, head) {
 }
 
 function describe(s, kvHead) {
-  const sparsity = s.top1 === undefined ? "" :
-    `\ntop-1 key mass ${fmt(s.top1, 2)}, top-5 ${fmt(s.top5, 2)}\nkeys holding 90%: ${fmt(s.keys_90, 1)}`;
-  return `layer ${s.layer} head ${s.head}${kvHead === null ? "" : ` (shares K/V head ${kvHead})`}\n` +
-    `entropy ${fmt(s.entropy, 2)} nats\nprevious-token ${fmt(s.prev_token, 2)}\nfirst-token ${fmt(s.first_token, 2)}` +
-    `\ninduction ${s.induction === null ? "n/a (no repeats)" : fmt(s.induction, 2)}${sparsity}`;
+  const sparsity = s.top1 === undefined ? "" : t("x.grid.sparsity", { top1: fmt(s.top1, 2), top5: fmt(s.top5, 2), keys: fmt(s.keys_90, 1) });
+  return t("x.grid.describe", {
+    layer: s.layer, head: s.head, kv: kvHead === null ? "" : t("x.grid.shares_kv", { kv: kvHead }), entropy: fmt(s.entropy, 2),
+    prev: fmt(s.prev_token, 2), first: fmt(s.first_token, 2), ind: s.induction === null ? t("x.grid.no_repeats") : fmt(s.induction, 2),
+  }) + sparsity;
 }
 
 // What a head that spreads its attention evenly would score: on a short prompt even a
@@ -119,7 +120,7 @@ export class HeadGrid {
     if (byPosition && kv < run.n_heads) {
       this.container.append(el("span", { class: "row-label", text: "K/V" }));
       for (let g = 0; g < kv; g++) {
-        const label = el("span", { class: "kv-label", text: `K/V head ${g}: q ${g * group}–${(g + 1) * group - 1}`, dataset: { testid: "kv-group" } });
+        const label = el("span", { class: "kv-label", text: t("x.grid.kv_group", { g, a: g * group, b: (g + 1) * group - 1 }), dataset: { testid: "kv-group" } });
         label.style.gridColumn = `span ${group}`;
         this.container.append(label);
       }
@@ -132,8 +133,8 @@ export class HeadGrid {
       }
       const canvas = el("canvas", { width: THUMB, height: THUMB });
       const badges = el("span", { class: "badges" });
-      for (const [name, , , title, letter] of badgesFor(s, run.tokens.length)) {
-        badges.append(el("b", { class: `badge ${name}`, text: letter, title, dataset: { badge: name } }));
+      for (const [name, , , , letter] of badgesFor(s, run.tokens.length)) {
+        badges.append(el("b", { class: `badge ${name}`, text: letter, title: t(`x.badge.${name}_title`), dataset: { badge: name } }));
       }
       const cell = el("button", {
         type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",

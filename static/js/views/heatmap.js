@@ -3,6 +3,7 @@ import { plotlyText, showToken } from "../dom.js";
 import { rowOf } from "../api.js";
 import { SCALE, maskColours } from "./colour.js";
 import { plotConfig } from "../plotconfig.js";
+import { t } from "../i18n.js";
 
 export const MAX_TICKS = 48; // at most this many labels an axis; a zoom that shows fewer labels every one
 
@@ -62,8 +63,8 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
   const budget = tickBudget(div);
   const colorbar = colour === "sqrt"
-    ? { title: { text: "weight" }, tickvals: [0, 0.1, 0.3, 0.5, 0.7, 1].map(Math.sqrt), ticktext: ["0", "0.1", "0.3", "0.5", "0.7", "1"], thickness: 12 }
-    : { title: { text: "weight" }, thickness: 12 };
+    ? { title: { text: t("heat.weight") }, tickvals: [0, 0.1, 0.3, 0.5, 0.7, 1].map(Math.sqrt), ticktext: ["0", "0.1", "0.3", "0.5", "0.7", "1"], thickness: 12 }
+    : { title: { text: t("heat.weight") }, thickness: 12 };
   const heat = {
     type: "heatmap", z, zmin: 0, zmax: 1, colorscale: SCALE, hoverinfo: "none", xgap: 0, ygap: 0, colorbar,
   };
@@ -71,8 +72,8 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   const layout = {
     margin: { l: 90, r: 10, t: 80, b: title.includes("\n") ? 46 : 28 },
     title: { text: plotlyText(title).replace(/\n/g, "<br>"), font: { size: 12 }, y: 0.012, yanchor: "bottom" },
-    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1], budget), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: "key (read from)", standoff: 4 } },
-    yaxis: { ...ticks(tokens, zq[0], zq[1], budget), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: "query (reading)" } },
+    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1], budget), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 } },
+    yaxis: { ...ticks(tokens, zq[0], zq[1], budget), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: t("heat.query") } },
     plot_bgcolor: "#ffffff",
     dragmode: "zoom",
     shapes: cell ? [cellShape(cell.q, cell.k)] : [],
@@ -93,8 +94,8 @@ export function rangesFrom(div, n) {
 
 // Weight text for a reader: the exact float32 (4 significant digits) once loaded.
 export function weightText(exact, approx) {
-  if (exact === undefined || exact === null) return `weight ≈ ${approx.toFixed(3)} (8-bit view; exact value loading)`;
-  return `weight ${Number(exact).toPrecision(4)}`;
+  if (exact === undefined || exact === null) return t("heat.tip.approx", { w: approx.toFixed(3) });
+  return t("heat.tip.exact", { w: Number(exact).toPrecision(4) });
 }
 
 // Our own tooltip (plain text): the two tokens and the weight.
@@ -115,8 +116,8 @@ export function wireHover(div, tip, getState) {
 export function cellText({ run, slice, exact }, q, k) {
   const masked = slice.causal && k > q;
   const tq = run.tokens[q], tk = run.tokens[k];
-  const head = `query ${q} ${showToken(tq.text)}\nkey ${k} ${showToken(tk.text)}\n`;
-  if (masked) return `${head}masked: a future token`;
+  const head = t("heat.tip.cell", { q, qt: showToken(tq.text), k, kt: showToken(tk.text) });
+  if (masked) return head + t("heat.tip.masked");
   const idx = slice.causal ? (q * (q + 1)) / 2 + k : q * slice.n + k;
   return head + weightText(exact && exact.length > idx ? exact[idx] : null, rowOf(slice, q)[k]);
 }

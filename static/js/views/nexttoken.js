@@ -3,6 +3,7 @@
 import { plotlyText, showToken, fmt } from "../dom.js";
 import { getJSON } from "../api.js";
 import { plotConfig } from "../plotconfig.js";
+import { t } from "../i18n.js";
 
 export async function fetchNext(runId, pos, temperature, k = 10) {
   const params = new URLSearchParams({ position: pos, temperature, top_k: k });
@@ -22,15 +23,15 @@ export function drawNext(div, actualEl, next) {
   }];
   const layout = {
     margin: { l: 28, r: 8, t: 8, b: 30 },
-    xaxis: { range: [0, 1], title: { text: "probability" } },
-    yaxis: { title: { text: "rank" } },
+    xaxis: { range: [0, 1], title: { text: t("x.next.x") } },
+    yaxis: { title: { text: t("x.next.y") } },
   };
   window.Plotly.react(div, data, layout, plotConfig("attnscope-next-token"));
   if (next.actual_next) {
     const a = next.actual_next;
-    actualEl.textContent = `Actual next token: ${showToken(a.token)} — p = ${fmt(a.prob, 4)}, rank ${a.rank}. ` +
-      `Entropy ${fmt(next.entropy, 2)} nats at T = ${fmt(next.temperature, 2)}.`;
+    actualEl.textContent = t("x.next.actual", { token: showToken(a.token), p: fmt(a.prob, 4), rank: a.rank,
+      entropy: fmt(next.entropy, 2), temp: fmt(next.temperature, 2) });
   } else {
-    actualEl.textContent = `Last position: the prediction for a token not yet written. Entropy ${fmt(next.entropy, 2)} nats at T = ${fmt(next.temperature, 2)}.`;
+    actualEl.textContent = t("x.next.last", { entropy: fmt(next.entropy, 2), temp: fmt(next.temperature, 2) });
   }
 }

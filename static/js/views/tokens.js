@@ -1,18 +1,19 @@
 // The prompt as token chips: display text, ID below, character span on hover.
 import { el, showToken } from "../dom.js";
+import { t as tr } from "../i18n.js";
 
 export function renderTokens(container, run, onSelect) {
   container.replaceChildren();
   for (const t of run.tokens) {
     const kind = t.special ? " special" : t.partial ? " partial" : "";
-    const what = t.special ? "special token, covers no text"
-      : t.partial && t.start === t.end ? "bytes of a character the next tokens complete"
-      : t.partial ? `characters ${t.start}–${t.end}, then bytes of a character the next tokens complete`
-      : `characters ${t.start}–${t.end}`;
+    const what = t.special ? tr("x.chip.special")
+      : t.partial && t.start === t.end ? tr("x.chip.bytes")
+      : t.partial ? tr("x.chip.chars_then_bytes", { start: t.start, end: t.end })
+      : tr("x.chip.chars", { start: t.start, end: t.end });
     const chip = el("button", {
       type: "button",
       class: `token${kind}`,
-      title: `token ${t.index} · id ${t.id} · ${what}`,
+      title: tr("x.chip.title", { i: t.index, id: t.id, what }),
       dataset: { testid: "token", index: String(t.index) },
       onclick: () => onSelect(t.index),
     },

@@ -1,0 +1,126 @@
+// One message catalogue per language (static/i18n/en.json, static/i18n/zh.json), shared by
+// Learn and the explorer. Keys are flat ("l3.note.adjacent"); "{name}" is a placeholder.
+// The language comes from ?lang=zh|en, else from the browser; switching rewrites every
+// [data-i18n*] node and calls each registered painter, without a reload.
+
+export const LANGUAGES = ["en", "zh"];
+const catalogues = {};
+const painters = new Set();
+let current = "en";
+
+export function pickLanguage() {
+  const fromUrl = new URLSearchParams(location.search).get("lang");
+  if (LANGUAGES.includes(fromUrl)) return fromUrl;
+  const wanted = navigator.languages && navigator.languages.length ? navigator.languages : [navigator.language || "en"];
+  for (const l of wanted) {
+    const base = String(l).toLowerCase().split("-")[0];
+    if (LANGUAGES.includes(base)) return base;
+  }
+  return "en";
+}
+
+export const lang = () => current;
+
+// The text for `key` in the current language, placeholders filled from `vars`.
+export function t(key, vars = {}) {
+  const s = catalogues[current]?.[key] ?? catalogues.en?.[key];
+  if (s === undefined) return key;
+  return s.replace(/\{(\w+)\}/g, (m, k) => (k in vars ? String(vars[k]) : m));
+}
+
+export function has(key) {
+  return key in (catalogues[current] || {});
+}
+
+// Nodes marked in the templates: data-i18n (text), data-i18n-placeholder, -title, -aria.
+export function applyStatic(root = document) {
+  for (const n of root.querySelectorAll("[data-i18n]")) n.textContent = t(n.dataset.i18n);
+  for (const n of root.querySelectorAll("[data-i18n-placeholder]")) n.placeholder = t(n.dataset.i18nPlaceholder);
+  for (const n of root.querySelectorAll("[data-i18n-title]")) n.title = t(n.dataset.i18nTitle);
+  for (const n of root.querySelectorAll("[data-i18n-aria]")) n.setAttribute("aria-label", t(n.dataset.i18nAria));
+}
+
+// fn(lang) runs on every switch (it may return a promise); returns the unregister function.
+export function onLanguage(fn) {
+  painters.add(fn);
+  return () => painters.delete(fn);
+}
+
+function mark() {
+  document.documentElement.lang = current === "zh" ? "zh-CN" : "en";
+  document.documentElement.dataset.lang = current;
+  if (document.body.dataset.titleKey) document.title = t(document.body.dataset.titleKey);
+}
+
+export async function setLanguage(next) {
+  if (!LANGUAGES.includes(next)) return;
+  current = next;
+  const params = new URLSearchParams(location.search);
+  params.set("lang", next);
+  history.replaceState(history.state, "", `${location.pathname}?${params}`);
+  mark();
+  applyStatic();
+  document.documentElement.dataset.painted = "";
+  await Promise.all([...painters].map(async (fn) => {
+    try {
+      await fn(next);
+    } catch (err) {
+      console.warn("repaint failed", err);
+    }
+  }));
+  document.documentElement.dataset.painted = next;
+}
+
+// plotly's own words (mode bar, notices) as a "zh-CN" locale built from the "plotly.*" keys;
+// plotConfig() picks the locale of the current language.
+function registerPlotlyLocale() {
+  if (!window.Plotly) return;
+  const dictionary = {};
+  for (const [key, english] of Object.entries(catalogues.en)) {
+    if (key.startsWith("plotly.")) dictionary[english] = catalogues.zh[key];
+  }
+  window.Plotly.register({ moduleType: "locale", name: "zh-CN", dictionary, format: {} });
+}
+
+export const plotlyLocale = () => (current === "zh" ? "zh-CN" : "en");
+
+// Load both catalogues (a few kB each), pick the language, translate the page, wire the switch.
+export async function initLanguage() {
+  await Promise.all(LANGUAGES.map(async (l) => {
+    const r = await fetch(`/static/i18n/${l}.json`);
+    catalogues[l] = await r.json();
+  }));
+  current = pickLanguage();
+  registerPlotlyLocale();
+  mark();
+  applyStatic();
+  const button = document.getElementById("lang");
+  if (button) button.addEventListener("click", () => setLanguage(current === "en" ? "zh" : "en"));
+  document.documentElement.dataset.painted = current;
+}
+
+// The server's messages a reader can meet on these pages, by pattern; the groups fill {1}, {2}.
+const SERVER_ERRORS = [
+  [/^text is empty or only whitespace/, "err.empty"],
+  [/^the prompt has (\d+) tokens, more than this model's limit of (\d+)/, "err.too_long"],
+  [/^run expired/, "err.expired"],
+  [/^unknown run/, "err.unknown_run"],
+  [/^model '([^']*)' is busy/, "err.busy"],
+  [/^token id (-?\d+) is out of range: the vocabulary has ids 0\.\.(\d+)/, "err.bad_id"],
+  [/^the prompt has (\d+) tokens; timing takes at most (\d+)/, "err.timing_long"],
+  [/^(Failed to fetch|NetworkError|Load failed)/, "err.network"],
+  [/^the model is not loaded yet/, "err.loading"],
+  [/^unknown model '([^']*)'/, "err.unknown_model"],
+  [/^(?:body\.)?text: /, "err.bad_text"],
+];
+
+// A server message in the reader's language: a known message is translated; any other keeps
+// the server's words after a translated lead (English mode shows the server's words as they are).
+export function errorText(message) {
+  const msg = String(message || "");
+  for (const [pattern, key] of SERVER_ERRORS) {
+    const m = msg.match(pattern);
+    if (m) return t(key, Object.fromEntries(m.slice(1).map((v, k) => [String(k + 1), v])));
+  }
+  return current === "en" ? msg : t("err.server", { message: msg });
+}

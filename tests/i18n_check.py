@@ -1,0 +1,92 @@
+"""Is a page in Chinese mode free of English UI words? Shared by the Learn and explorer tests.
+
+"English UI word" = a word of the English catalogue (static/i18n/en.json). Allowed in Chinese
+mode: the technical terms the seed note itself writes in English (token, Embedding, Attention,
+FFN, Causal Mask, d_model, hidden representation, residual stream, LM Head, logits, …), math
+symbols, the product and model names, and token text — words the page shows as tokens (tick
+labels it sets, prompts, cells of token tables and lists, chart cell text, quoted “tokens”).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+CATALOGUE = Path(__file__).resolve().parents[1] / "static" / "i18n" / "en.json"
+WORD = re.compile(r"[A-Za-z][A-Za-z_]*")
+MATH = re.compile(r"[A-Za-z]_[A-Za-z]?")  # h_t, x_t, h_{t-1}: symbols with a subscript
+# exact spellings (case matters: "LM Head" is the seed's term, a bare "head" is not)
+ALLOWED = {
+    "token", "tokens", "Token", "Tokens", "Tokenizer", "ID", "IDs", "Embedding", "Attention", "Self", "FFN",
+    "Causal", "Mask", "d_model", "d_head", "hidden", "representation", "residual", "stream", "Residual", "Stream", "Hidden", "Representation", "LM", "Head",
+    "logit", "logits", "softmax", "Transformer", "Block", "Blocks", "Encoder", "Decoder", "only", "RNN", "RoPE",
+    "QK", "KV", "Q", "K", "V", "W_O", "v", "x", "h", "h_t", "x_t", "t", "n", "k", "i", "p", "cos", "E", "X",
+    "attnscope", "PNG", "SVG", "JSON", "ALiBi",
+}
+
+# Every string a reader can see or hover, and the token text among it, from the live page.
+COLLECT = r"""() => {
+  const texts = [], tokens = [];
+  const add = (list, s) => { if (s !== undefined && s !== null && String(s).trim()) list.push(String(s)); };
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+    const p = n.parentElement;
+    if (!p || p.closest("script, style, textarea, .js-plotly-plot") || !p.checkVisibility()) continue;
+    add(p.closest(".mono, option, .stream, .t") ? tokens : texts, n.textContent);
+  }
+  for (const e of document.querySelectorAll("[title], [aria-label], [placeholder], [data-title]")) {
+    if (e.closest(".stream, .token")) continue;
+    for (const a of ["title", "aria-label", "placeholder", "data-title"]) add(texts, e.getAttribute(a));
+  }
+  for (const e of document.querySelectorAll("input, textarea")) add(tokens, e.value);
+  for (const gd of document.querySelectorAll(".js-plotly-plot")) {
+    if (!gd.checkVisibility()) continue;
+    for (const tx of gd.querySelectorAll("svg text")) add(texts, tx.textContent);
+    for (const tr of gd.data || []) {
+      add(texts, tr.hovertemplate);
+      if (tr.colorbar && tr.colorbar.title) add(texts, tr.colorbar.title.text);
+      if (Array.isArray(tr.text)) add(tokens, tr.text.flat().join(" "));
+      if (Array.isArray(tr.hovertext)) add(tokens, tr.hovertext.flat().join(" "));
+      if (gd.dataset.tokenX && Array.isArray(tr.x)) add(tokens, tr.x.join(" "));
+    }
+    const L = gd.layout || {};
+    for (const [k, v] of Object.entries(L)) {
+      if (!v || typeof v !== "object") continue;
+      if (v.title) add(texts, typeof v.title === "string" ? v.title : v.title.text);
+      if (/^[xy]axis/.test(k) && Array.isArray(v.ticktext)) add(tokens, v.ticktext.join(" "));
+    }
+    if (gd.dataset.tokenLegend) for (const tr of gd.data || []) add(tokens, tr.name);
+    else for (const tr of gd.data || []) add(texts, tr.name);
+  }
+  const quoted = [];
+  for (const s of texts) for (const m of s.matchAll(/[“"]([^”"]*)[”"]/g)) quoted.push(m[1]);
+  return { texts, tokens: [...tokens, ...quoted] };
+}"""
+
+
+def visible_strings(page: object) -> dict[str, list[str]]:
+    return page.evaluate(COLLECT)
+
+
+def ui_words() -> set[str]:
+    words: set[str] = set()
+    for key, text in json.loads(CATALOGUE.read_text(encoding="utf-8")).items():
+        if key.startswith("err."):
+            continue  # shown only when something fails
+        words.update(w.lower() for w in WORD.findall(re.sub(r"\{\w+\}|%\{[^}]*\}", " ", text)))
+    return words
+
+
+def english_ui_words(found: dict[str, list[str]], *_unused: object) -> dict[str, list[str]]:
+    """{word: [where it was seen]} for every English UI word outside token text."""
+    token_words = {w.lower() for s in found["tokens"] for w in WORD.findall(s.replace("␣", " "))}
+    vocabulary = ui_words()
+    bad: dict[str, list[str]] = {}
+    for text in found["texts"]:
+        cleaned = re.sub(r"‹[0-9a-f ]+›|%\{[^}]*\}|<[^>]*>", " ", text.replace("␣", " "))  # bytes, plotly fields and tags
+        for w in WORD.findall(cleaned):
+            if len(w) == 1 or MATH.fullmatch(w) or w in ALLOWED or w.lower() in token_words or w.lower() not in vocabulary:
+                continue
+            bad.setdefault(w, []).append(text[:80])
+    return bad
