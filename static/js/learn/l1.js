@@ -29,6 +29,9 @@ export async function render(body, ctx) {
   body.replaceChildren(el("div", { class: "wide" }, path.box, pathNote), el("div", { class: "controls" }, layerSel, headSel, posSel),
     el("div", { class: "wide" }, chart.box, why, note));
   const labels = () => {
+    layerSel.setAttribute("aria-label", t("x.layer"));
+    headSel.setAttribute("aria-label", t("x.head"));
+    posSel.setAttribute("aria-label", t("common.position"));
     fillOptions(layerSel, run.n_layers, (i) => t("common.layer", { i }));
     fillOptions(headSel, run.n_heads, (i) => t("common.head", { i }));
     fillOptions(posSel, n, (i) => `${i} ${showToken(run.tokens[i].text)}`);

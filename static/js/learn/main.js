@@ -118,6 +118,8 @@ async function runAll(models) {
 }
 
 async function init() {
+  // a failed fetch is shown to the person, never dropped as an unhandled rejection
+  window.addEventListener("unhandledrejection", (ev) => { showError(ev.reason?.message || String(ev.reason)); ev.preventDefault(); });
   await initLanguage();
   onLanguage(paintError);
   const { models } = await getJSON("/api/models");
