@@ -101,7 +101,7 @@ export async function initLanguage() {
 
 // The server's messages a reader can meet on these pages, by pattern; the groups fill {1}, {2}.
 const SERVER_ERRORS = [
-  [/^text is empty or only whitespace/, "err.empty"],
+  [/^(?:(?:body\.)?text: )?text is empty or only whitespace/, "err.empty"],
   [/^the prompt has (\d+) tokens, more than this model's limit of (\d+)/, "err.too_long"],
   [/^run expired/, "err.expired"],
   [/^unknown run/, "err.unknown_run"],
@@ -111,7 +111,6 @@ const SERVER_ERRORS = [
   [/^(Failed to fetch|NetworkError|Load failed)/, "err.network"],
   [/^the model is not loaded yet/, "err.loading"],
   [/^unknown model '([^']*)'/, "err.unknown_model"],
-  [/^(?:body\.)?text: /, "err.bad_text"],
 ];
 
 // A server message in the reader's language: a known message is translated; any other keeps

@@ -491,8 +491,7 @@ async function repaint(fillModels) {
 }
 
 async function init() {
-  await initLanguage();
-  const { models } = await getJSON("/api/models");
+  const [{ models }] = await Promise.all([getJSON("/api/models"), initLanguage()]);
   set({ models });
   const picker = $("#model-picker");
   const fillModels = () => {
@@ -562,7 +561,7 @@ async function init() {
   $("#colour-scale").value = state.colour;
   $("#temperature").value = String(state.temperature);
   $("#temperature-value").textContent = state.temperature.toFixed(2);
-  $("#prompt").value = want.text || DEFAULT_PROMPT;
+  $("#prompt").value = want.text || $("#prompt").value || DEFAULT_PROMPT; // keep what was typed while the page loaded
   updateGenerate();
   await analyse(want);
 }

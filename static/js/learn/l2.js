@@ -31,7 +31,8 @@ export async function render(body, ctx) {
 
   function paintTable() {
     const rows = run.predictions.slice(0, ROWS).map((p, i) => {
-      const prefix = showToken(run.text.slice(0, run.tokens[i].end)); // the characters completed so far, each once
+      const done = run.text.slice(0, run.tokens[i].end); // the characters completed so far, each once
+      const prefix = done ? showToken(done) : "";
       const truth = p.actual_next;
       return el("tr", {},
         el("td", { text: String(i) }), el("td", { text: String(i + 1) }),
