@@ -6,7 +6,6 @@ import { figure, plot } from "./charts.js";
 
 const LONG = 24; // tokens timed at most: long enough for the cache to pay off, short enough to time in seconds
 const ROWS = 64; // rows of the prefix table shown
-const median = (xs) => { const s = [...xs].sort((a, b) => a - b); const m = s.length >> 1; return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2; };
 const cum = (xs) => xs.reduce((acc, v) => [...acc, (acc.at(-1) || 0) + v], []);
 
 export async function render(body, ctx) {
@@ -81,7 +80,9 @@ export async function render(body, ctx) {
     timingLong.box.hidden = times.length < 2;
     await Promise.all([draw(timing, times[0], "l2.timing.short"), times[1] && draw(timingLong, times[1], "l2.timing.long")]);
     const parts = times.map((tm) => {
-      const c = median(tm.cache_totals_ms), u = median(tm.no_cache_totals_ms);
+      // the curves' end points: the sums of the per-step medians (the totals' spread beside them)
+      const sum = (xs) => xs.reduce((x, y) => x + y, 0);
+      const c = sum(tm.serial_cache_ms), u = sum(tm.serial_no_cache_ms);
       const range = (xs) => `${fmt(Math.min(...xs), 1)}–${fmt(Math.max(...xs), 1)}`;
       return t(c < u ? "l2.verdict.win" : "l2.verdict.nowin", {
         n: tm.n, c: fmt(c, 1), u: fmt(u, 1), ratio: fmt(u / c, 2), repeats: tm.repeats,
