@@ -1,6 +1,6 @@
 """Is a page in Chinese mode free of English UI words? Shared by the Learn and explorer tests.
 
-"English UI word" = a word of the English catalogue (static/i18n/en.json). Allowed in Chinese
+"English UI word" = a word of the English catalogue (static/i18n/en.js). Allowed in Chinese
 mode: the technical terms the seed note itself writes in English (token, Embedding, Attention,
 FFN, Causal Mask, d_model, hidden representation, residual stream, LM Head, logits, …), math
 symbols, the product and model names, and token text — words the page shows as tokens (tick
@@ -13,7 +13,14 @@ import json
 import re
 from pathlib import Path
 
-CATALOGUE = Path(__file__).resolve().parents[1] / "static" / "i18n" / "en.json"
+I18N = Path(__file__).resolve().parents[1] / "static" / "i18n"
+
+
+def catalogue(lang: str) -> dict[str, str]:
+    """static/i18n/{lang}.js: a comment, then `export default {json};`."""
+    text = (I18N / f"{lang}.js").read_text(encoding="utf-8")
+    body = text[text.index("export default ") + len("export default "):].rstrip().removesuffix(";")
+    return dict(json.loads(body))
 WORD = re.compile(r"[A-Za-z][A-Za-z_]*")
 MATH = re.compile(r"[A-Za-z]_[A-Za-z]?")  # h_t, x_t, h_{t-1}: symbols with a subscript
 # exact spellings (case matters: "LM Head" is the seed's term, a bare "head" is not)
@@ -71,7 +78,7 @@ def visible_strings(page: object) -> dict[str, list[str]]:
 
 def ui_words() -> set[str]:
     words: set[str] = set()
-    for key, text in json.loads(CATALOGUE.read_text(encoding="utf-8")).items():
+    for key, text in catalogue("en").items():
         if key.startswith("err."):
             continue  # shown only when something fails
         words.update(w.lower() for w in WORD.findall(re.sub(r"\{\w+\}|%\{[^}]*\}", " ", text)))

@@ -1,16 +1,15 @@
-"""The two message catalogues (static/i18n/en.json, zh.json) hold the same keys with the same
+"""The two message catalogues (static/i18n/en.js, zh.js) hold the same keys with the same
 placeholders, and every key the pages use exists."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from tests.i18n_check import ALLOWED, MATH, WORD
+from tests.i18n_check import ALLOWED, MATH, WORD, catalogue
 
 ROOT = Path(__file__).resolve().parents[1]
-CATALOGUES = {lang: json.loads((ROOT / "static" / "i18n" / f"{lang}.json").read_text(encoding="utf-8")) for lang in ("en", "zh")}
+CATALOGUES = {lang: catalogue(lang) for lang in ("en", "zh")}
 PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 

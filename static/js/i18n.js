@@ -1,10 +1,13 @@
-// One message catalogue per language (static/i18n/en.json, static/i18n/zh.json), shared by
+// One message catalogue per language (static/i18n/en.js, static/i18n/zh.js), shared by
 // Learn and the explorer. Keys are flat ("l3.note.adjacent"); "{name}" is a placeholder.
 // The language comes from ?lang=zh|en, else from the browser; switching rewrites every
 // [data-i18n*] node and calls each registered painter, without a reload.
 
+import en from "../i18n/en.js";
+import zh from "../i18n/zh.js";
+
 export const LANGUAGES = ["en", "zh"];
-const catalogues = {};
+const catalogues = { en, zh };
 const painters = new Set();
 let current = "en";
 
@@ -84,12 +87,8 @@ function registerPlotlyLocale() {
 
 export const plotlyLocale = () => (current === "zh" ? "zh-CN" : "en");
 
-// Load both catalogues (a few kB each), pick the language, translate the page, wire the switch.
+// Pick the language, translate the page, wire the switch (the catalogues are modules: no wait).
 export async function initLanguage() {
-  await Promise.all(LANGUAGES.map(async (l) => {
-    const r = await fetch(`/static/i18n/${l}.json`);
-    catalogues[l] = await r.json();
-  }));
   current = pickLanguage();
   registerPlotlyLocale();
   mark();

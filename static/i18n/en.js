@@ -1,4 +1,6 @@
-{
+// The English catalogue: key -> text, "{name}" a placeholder. Same keys as the other language's
+// file (tests/test_i18n.py); loaded as a module so that every page has it before its first line runs.
+export default {
  "page.learn": "attnscope — learn",
  "page.explorer": "attnscope — see inside a transformer",
  "nav.explorer": "Explorer",
@@ -283,6 +285,13 @@
  "x.model.decoder": "decoder (causal mask)",
  "x.model.encoder": "encoder (full attention)",
  "x.model.encoder_option": "{name} (encoder)",
+ "x.model.placement_suffix": ", {dtype} on {device}",
+ "x.model.option": "{name} ({family}, {dtype} on {device})",
+ "x.model.encoder_family": "{family}, encoder",
+ "x.chat": "chat",
+ "x.chat.title": "send the prompt as a user message, rendered with the model's chat template",
+ "x.chat.system": "System",
+ "x.chat.system_placeholder": "optional system message",
  "x.heat.title": "layer {layer}, head {head} · entropy {entropy} · prev-token {prev} · first-token {first}",
  "x.heat.induction": " · induction {ind}",
  "x.heat.tokens": "{n} tokens",
@@ -319,12 +328,5 @@
  "heat.tip.cell": "query {q} {qt}\nkey {k} {kt}\n",
  "heat.tip.approx": "weight ≈ {w} (8-bit view; exact value loading)",
  "heat.tip.exact": "weight {w}",
- "heat.tip.masked": "masked: a future token",
- "x.model.placement_suffix": ", {dtype} on {device}",
- "x.model.option": "{name} ({family}, {dtype} on {device})",
- "x.model.encoder_family": "{family}, encoder",
- "x.chat": "chat",
- "x.chat.title": "send the prompt as a user message, rendered with the model's chat template",
- "x.chat.system": "System",
- "x.chat.system_placeholder": "optional system message"
-}
+ "heat.tip.masked": "masked: a future token"
+};

@@ -1,4 +1,6 @@
-{
+// The Chinese catalogue: key -> text, "{name}" a placeholder. Same keys as the other language's
+// file (tests/test_i18n.py); loaded as a module so that every page has it before its first line runs.
+export default {
  "page.learn": "attnscope — 学习",
  "page.explorer": "attnscope — 看见 Transformer 的内部",
  "nav.explorer": "探索器",
@@ -283,6 +285,13 @@
  "x.model.decoder": "Decoder（Causal Mask）",
  "x.model.encoder": "Encoder（全注意力）",
  "x.model.encoder_option": "{name}（Encoder）",
+ "x.model.placement_suffix": "，{dtype}，运行于 {device}",
+ "x.model.option": "{name}（{family}，{dtype}，运行于 {device}）",
+ "x.model.encoder_family": "{family}，Encoder",
+ "x.chat": "对话",
+ "x.chat.title": "把提示作为用户消息发送，并套用模型的对话模板",
+ "x.chat.system": "系统消息",
+ "x.chat.system_placeholder": "可选的系统消息",
  "x.heat.title": "第 {layer} 层，头 {head} · 熵 {entropy} · 前一 token {prev} · 首 token {first}",
  "x.heat.induction": " · 归纳 {ind}",
  "x.heat.tokens": "{n} 个 token",
@@ -319,12 +328,5 @@
  "heat.tip.cell": "查询 {q} {qt}\n键 {k} {kt}\n",
  "heat.tip.approx": "权重 ≈ {w}（8 位近似值；精确值加载中）",
  "heat.tip.exact": "权重 {w}",
- "heat.tip.masked": "被遮挡：未来的 token",
- "x.model.placement_suffix": "，{dtype}，运行于 {device}",
- "x.model.option": "{name}（{family}，{dtype}，运行于 {device}）",
- "x.model.encoder_family": "{family}，Encoder",
- "x.chat": "对话",
- "x.chat.title": "把提示作为用户消息发送，并套用模型的对话模板",
- "x.chat.system": "系统消息",
- "x.chat.system_placeholder": "可选的系统消息"
-}
+ "heat.tip.masked": "被遮挡：未来的 token"
+};
