@@ -4,7 +4,6 @@ import { plotlyText, showToken, svg, fmt } from "../dom.js";
 import { rowOf } from "../api.js";
 import { plotConfig } from "../plotconfig.js";
 import { t } from "../i18n.js";
-import { t } from "../i18n.js";
 
 const MAX_LINES = 24;
 const MAX_LABEL = 14; // characters of a token shown in a label; the rest becomes "…"
