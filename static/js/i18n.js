@@ -117,6 +117,8 @@ const SERVER_ERRORS = [
 export function errorText(message) {
   const msg = String(message || "");
   for (const [pattern, key] of SERVER_ERRORS) {
+    // the server writes English: in English its own words, which say most, are shown as they are
+    if (current === "en" && key !== "err.network") continue;
     const m = msg.match(pattern);
     if (m) return t(key, Object.fromEntries(m.slice(1).map((v, k) => [String(k + 1), v])));
   }

@@ -84,7 +84,7 @@ export async function render(body, ctx) {
     const matched = c.tokens.filter((x) => x.b !== null);
     await plot(cos, matched.map((x) => ({
       type: "scatter", mode: "lines+markers", name: plotlyText(`${showToken(x.token)} ${x.a}→${x.b}`),
-      x: c.stages.map((s, i) => (i === 0 ? t("l6.stage.embed") : t("common.block", { i: i - 1 }))), y: x.cos_by_stage,
+      x: c.stages.map((s, i) => (i === 0 ? t("l6.stage.embed_tick") : t("common.block", { i: i - 1 }))), y: x.cos_by_stage,
       line: { dash: x.a === x.b ? "dot" : "solid" },
     })), { title: { text: t("l6.cos.title"), font: { size: 12 }, x: 0, xanchor: "left" },
       yaxis: { title: { text: t("l6.cos.y") }, range: [Math.min(0, ...matched.flatMap((x) => x.cos_by_stage)) - 0.02, 1.02] }, margin: { t: 16 } });
