@@ -92,6 +92,7 @@ def _query_cases(run: str) -> list[str]:
     cases += [f"/api/runs/{run}/next?position=0&temperature={v}" for v in ("0", "-1", "nan", "inf", "1e309", "101")]
     cases += [f"/api/runs/{run}/logit-lens?top_k={v}" for v in ("0", "51", "-5", "many")]
     cases += [f"/api/runs/{run}/contributions?layer=0&head=0&position={v}" for v in ("-1", "99", "p")]
+    cases += [f"/api/runs/{run}/contribution-gaps?position={v}" for v in ("-1", "99", "p", "")]
     cases += [f"/api/runs/{run}/attribution?position={v}" for v in ("-1", "99", "x", "")]
     cases += [f"/api/runs/{run}/attribution?position=0&{k}={v}" for k in ("token", "token_b") for v in ("-1", "8192")]
     cases += ["/api/runs/nope/export", "/api/runs/nope/attribution?position=0"]

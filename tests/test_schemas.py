@@ -56,6 +56,7 @@ REQUESTS: dict[str, list[Request]] = {
     "GET /api/runs/{run_id}/next": [("GET", "/api/runs/{run}/next?position=2&temperature=0.5", None),
                                     ("GET", "/api/runs/{run}/next?position=9", None)],
     "GET /api/runs/{run_id}/contributions": [("GET", "/api/runs/{run}/contributions?layer=1&head=0&position=4", None)],
+    "GET /api/runs/{run_id}/contribution-gaps": [("GET", "/api/runs/{run}/contribution-gaps?position=4", None)],
     "GET /api/models/{name}/embedding": [("GET", "/api/models/tiny-gpt2/embedding?id=7&top=4", None)],
     "GET /api/models/{name}/anatomy": [("GET", "/api/models/tiny-gpt2/anatomy", None),
                                        ("GET", "/api/models/minilm-l6/anatomy", None)],
