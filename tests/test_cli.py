@@ -24,6 +24,18 @@ def _env(models: dict[str, str], default: str) -> dict[str, str]:
             "HF_HUB_OFFLINE": "1"}
 
 
+
+def _models_when_up(port: int) -> list[dict[str, object]]:
+    """/api/models of a server started on ``port``, once it answers (at most 60 s)."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            models: list[dict[str, object]] = httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=5).json()["models"]
+            return models
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, "server never answered"
+            time.sleep(0.2)
+
 def test_serve_with_a_broken_model_exits_with_one_line(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -51,14 +63,7 @@ def test_serve_prints_url_and_answers(tiny_dirs: dict[str, Path]) -> None:
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert f"http://127.0.0.1:{port}/" in line
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                models = httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=5).json()["models"]
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "server never answered"
-                time.sleep(0.2)
+        models = _models_when_up(port)
         assert models[0]["name"] == "tiny" and models[0]["default"]
     finally:
         proc.terminate()
@@ -117,14 +122,7 @@ def test_serve_model_name_equals_source_serves_exactly_those(tiny_dirs: dict[str
     try:
         assert proc.stdout is not None and proc.stderr is not None
         assert "serving first" in proc.stdout.readline()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                models = httpx.get(f"http://127.0.0.1:{port}/api/models", timeout=5).json()["models"]
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, "server never answered"
-                time.sleep(0.2)
+        models = _models_when_up(port)
         assert [(m["name"], m["default"], m["family"]) for m in models] == [("first", True, "llama"),
                                                                            ("second", False, "gpt2")]
         assert models[0]["device"] == "cpu" and models[0]["dtype"] == "float32"
