@@ -175,6 +175,24 @@ class LayerAttentionOut(BaseModel):
     heads: list[list[list[float]]] = Field(description="[head][query][key], rows as in AttentionOut")
 
 
+class AttentionTileOut(BaseModel):
+    layer: int
+    head: int | None = Field(description="the head asked for; null: every head of the layer, one tile each")
+    n_heads: int = Field(description="tiles in `cells` (1 when a head was asked for)")
+    n: int
+    causal: bool
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    pool: Literal["max", "mean"] = Field(description="how a bin of several cells pools its visible cells")
+    exact: bool = Field(description="every bin is one cell: the values are the weights themselves")
+    q_edges: list[int] = Field(description="the query bins' boundaries: bin i covers [q_edges[i], q_edges[i+1])")
+    k_edges: list[int] = Field(description="the key bins' boundaries, likewise")
+    cells: list[list[list[float | None]]] = Field(
+        description="[head][query bin][key bin]; null where every cell of the bin is masked")
+
+
 class NextOut(BaseModel):
     position: int
     temperature: float

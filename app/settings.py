@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     max_memory: dict[str, str] | None = None
     # total bytes of activation caches kept server-side (least recently used go first)
     cache_bytes: int = Field(1 << 30, ge=1 << 20)
+    # attention cells one request may receive (a whole head without ``size``, or a tile's bins);
+    # past this, 422 asking for ``size`` or a narrower q0/q1/k0/k1
+    max_cells: int = Field(4_000_000, ge=1024)
     # request bodies larger than this answer 413
     max_body_bytes: int = Field(1 << 20, ge=1024)
     # next-token candidates a request may ask for (POST /api/runs keeps them at every position,

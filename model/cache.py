@@ -79,6 +79,20 @@ class ActivationCache:
         pattern = self.patterns[layer] if head is None else self.patterns[layer][head : head + 1]
         return pack_pattern(pattern, self.causal)
 
+    def head_rows(self, layer: int, head: int, q0: int, q1: int, k0: int = 0,
+                  k1: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head's exact weights for queries [q0, q1) x keys [k0, k1), and which cells are visible.
+
+        Returns (weights (r, kw) float32, visible (r, kw) bool).
+        """
+        k1 = self.n if k1 is None else k1
+        weights = self.patterns[layer][head, q0:q1, k0:k1].float()  # (r, kw)
+        if not self.causal:
+            return weights, torch.ones_like(weights, dtype=torch.bool)
+        q = torch.arange(q0, q1, device=weights.device)[:, None]
+        k = torch.arange(k0, k1, device=weights.device)[None, :]
+        return weights, k <= q
+
     def pattern(self, layer: int) -> torch.Tensor:
         """(H, n, n) dense pattern with exact zeros in the masked future."""
         return self.patterns[layer]

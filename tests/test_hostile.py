@@ -85,7 +85,11 @@ def _query_cases(run: str) -> list[str]:
     cases = [f"{att}?layer={v}" for v in ("-1", "99", str(2**40), "abc", "1.5", "", "NaN", "inf", "-0x1")]
     cases += [f"{att}?layer=0&head={v}" for v in ("-1", "4", "999999999999", "h", "1e3")]
     cases += [f"{att}?layer=0&head=0&format={v}" for v in ("xml", "BIN", "", "json;drop")]
-    cases += [f"{att}?layer=0&format=bin&size={v}" for v in ("1", "1000", "-4", "big")]
+    cases += [f"{att}?layer=0&format=bin&size={v}" for v in ("1", "10000", "-4", "big")]
+    cases += [f"{att}?layer=0&head=0&{k}={v}" for k in ("q0", "q1", "k0", "k1")
+              for v in ("-1", "99999", "x", "1.5", str(2**40))]
+    cases += [f"{att}?layer=0&head=0&q0=3&q1=3", f"{att}?layer=0&head=0&k0=4&k1=2", f"{att}?layer=0&pool=median",
+              f"{att}?layer=0&head=0&pool=MAX", f"{att}?layer=0&head=0&size=0&format=f32"]
     cases += [f"{att}", f"{att}?head=0"]
     cases += [f"/api/runs/{v}/attention?layer=0" for v in ("..%2F..%2Fetc", "%00", "x" * 4000, "%3Cscript%3E", "nope")]
     cases += [f"/api/runs/{run}/next?position={v}" for v in ("-1", "10000", "x", "")]

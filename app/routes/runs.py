@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
 
+import numpy as np
 import torch
 from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
@@ -15,6 +16,7 @@ from app.deps import EngineDep, GateDep, SettingsDep
 from app.encoding import f32_base64, f32_le, rows, sqrt_u8
 from app.schemas import (
     AttentionOut,
+    AttentionTileOut,
     ErrorOut,
     LayerAttentionOut,
     LogitLensOut,
@@ -32,6 +34,7 @@ from model.analysis import HeadScore
 from model.cache import ActivationCache
 from model.errors import BadInput
 from model.results import LogitLens, PositionPrediction
+from model.tiles import MASKED_U8, RowsFn, TileSpec, tile, u8_tile
 from model.tokens import Token
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -45,6 +48,21 @@ BINARY_DOC = (
     "X-Attn-Encoding (sqrt-u8). With `format=f32` the same cells are little-endian float32, "
     "the exact weights (4 bytes a cell; X-Attn-Encoding: f32): what a reader of values wants "
     "where the 8-bit view is for drawing."
+)
+TILE_DOC = (
+    "\n\n**Tiles.** Any of `q0`, `q1`, `k0`, `k1`, `pool` (or `size` with a `head`) asks for a tile: "
+    "queries [q0, q1) x keys [k0, k1) (defaults: the whole head) as exactly min(S, q1-q0) x min(S, k1-k0) "
+    "bins, S = `size` (without `size`, one bin per cell). Bin i of an axis starting at a with R positions "
+    "covers [a + floor(i*R/S), a + floor((i+1)*R/S)). A bin of one cell is the exact weight; a larger bin "
+    "pools its *visible* cells: `max` (default: a sharp head stays visible) or `mean`. A bin whose cells are "
+    "all masked (the causal future, keys outside a sliding window) is `null` in JSON. Without `head`, every "
+    "head's tile, one after another. `format=bin`: one byte a bin, row-major, q < 255 is the weight "
+    "(q/254)^2 and 255 is a masked bin (X-Attn-Encoding: sqrt-u8-tile, X-Attn-Masked: 255); `format=f32`: "
+    "little-endian float32 a bin, NaN for a masked bin (X-Attn-Encoding: f32-tile). Binary headers: "
+    "X-Attn-N, X-Attn-Heads, X-Attn-Causal, X-Attn-Layer, X-Attn-Head, X-Attn-Q0, X-Attn-Q1, X-Attn-K0, "
+    "X-Attn-K1, X-Attn-Rows, X-Attn-Cols (bins per axis), X-Attn-Pool, X-Attn-Exact (1: every bin is one "
+    "cell). A response never holds more than ATTNSCOPE_MAX_CELLS cells (bins x heads; a whole head counts "
+    "its visible cells): past it, 422 naming `size` and the tile parameters."
 )
 
 
@@ -122,44 +140,111 @@ def checked_top_k(top_k: int | None, settings: Settings) -> int:
     return top_k
 
 
-def pool(pattern: torch.Tensor, size: int) -> torch.Tensor:
-    """(H, n, n) -> (H, size, size) block means, rescaled so each block row sums like a row."""
-    pooled = torch.nn.functional.adaptive_avg_pool2d(pattern[None], size)[0]  # (H, size, size)
-    return pooled / pooled.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)
-
-
 def _json(payload: dict[str, object], status: int = 200) -> Response:
     return Response(json.dumps(payload, separators=(",", ":"), ensure_ascii=False), status_code=status,
                     media_type="application/json")
 
 
+TILE_PARAMS = "size, q0, q1, k0, k1"
+
+
+def _span(name: str, lo: int | None, hi: int | None, n: int) -> tuple[int, int]:
+    a, b = (0 if lo is None else lo), (n if hi is None else hi)
+    if not 0 <= a < b <= n:
+        raise BadInput(f"{name}0={a}, {name}1={b} is not a range of positions: this run needs "
+                       f"0 <= {name}0 < {name}1 <= {n}")
+    return a, b
+
+
+def _cell_limit(cells: int, settings: Settings, what: str) -> None:
+    if cells > settings.max_cells:
+        raise BadInput(f"{what} would send {cells:,} cells, more than this server's limit of "
+                       f"{settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): pass size=S to pool it into at most S x S "
+                       f"bins, or ask for a narrower tile ({TILE_PARAMS})")
+
+
+def head_tiles(cache: ActivationCache, layer: int, heads: list[int], spec: TileSpec) -> torch.Tensor:
+    """(heads, Sq, Sk) float32 tiles of one layer, NaN where a bin has no visible cell."""
+    def reader(h: int) -> RowsFn:
+        return lambda a, b: cache.head_rows(layer, h, a, b, spec.k0, spec.k1)
+
+    return torch.stack([tile(reader(h), spec) for h in heads])
+
+
+def _tile_response(cache: ActivationCache, layer: int, head: int | None, spec: TileSpec, fmt: str) -> Response:
+    heads = list(range(cache.n_heads)) if head is None else [head]
+    values = head_tiles(cache, layer, heads, spec)  # (heads, Sq, Sk)
+    if fmt == "json":
+        cells = np.round(values.numpy().astype(np.float64), 6).astype(object)
+        cells[np.isnan(values.numpy())] = None
+        return _json({"layer": layer, "head": head, "n_heads": len(heads), "n": cache.n, "causal": cache.causal,
+                      "q0": spec.q0, "q1": spec.q1, "k0": spec.k0, "k1": spec.k1, "pool": spec.pool,
+                      "exact": spec.exact, "q_edges": spec.q_edges().tolist(), "k_edges": spec.k_edges().tolist(),
+                      "cells": cells.tolist()})
+    rows_, cols = spec.shape
+    headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(len(heads)),
+               "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
+               "X-Attn-Head": "all" if head is None else str(head),
+               "X-Attn-Q0": str(spec.q0), "X-Attn-Q1": str(spec.q1), "X-Attn-K0": str(spec.k0),
+               "X-Attn-K1": str(spec.k1), "X-Attn-Rows": str(rows_), "X-Attn-Cols": str(cols),
+               "X-Attn-Pool": spec.pool, "X-Attn-Exact": "1" if spec.exact else "0",
+               "X-Attn-Encoding": "sqrt-u8-tile" if fmt == "bin" else "f32-tile",
+               "X-Attn-Masked": str(MASKED_U8) if fmt == "bin" else "NaN",
+               "Cache-Control": "private, max-age=3600"}
+    flat = values.reshape(len(heads), -1)
+    body = u8_tile(flat) if fmt == "bin" else f32_le(flat)
+    return Response(body, media_type="application/octet-stream", headers=headers)
+
+
 @router.get(
     "/runs/{run_id}/attention",
-    response_model=AttentionOut | LayerAttentionOut,
+    response_model=AttentionOut | LayerAttentionOut | AttentionTileOut,
     responses={**ERRORS, 200: {"content": {"application/octet-stream": {}},
-                               "description": "JSON rows, or bytes with format=bin"}},
-    summary="Attention of one head, or of all heads of one layer",
-    description=BINARY_DOC,
+                               "description": "JSON rows or a JSON tile, or bytes with format=bin / f32"}},
+    summary="Attention of one head, or of all heads of one layer: whole, or as a tile",
+    description=BINARY_DOC + TILE_DOC,
 )
 def attention(
     run_id: str,
     engine: EngineDep,
+    settings: SettingsDep,
     layer: Annotated[int, Query(ge=-(2**31), le=2**31)],
     head: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
     format: Literal["json", "bin", "f32"] = "json",
-    size: Annotated[int | None, Query(ge=2, le=256, description="bin only: mean-pool each head to size x size "
-                                      "(full square, masked cells 0) for thumbnails; ignored when n <= size")] = None,
+    size: Annotated[int | None, Query(ge=2, le=8192, description="tile: at most size x size bins (see above); "
+                                      "without head and tile parameters, format=bin: a mean-pooled "
+                                      "size x size thumbnail of every head, scaled to its largest bin")] = None,
+    q0: Annotated[int | None, Query(ge=-(2**31), le=2**31, description="tile: first query (default 0)")] = None,
+    q1: Annotated[int | None, Query(ge=-(2**31), le=2**31, description="tile: query end (default n)")] = None,
+    k0: Annotated[int | None, Query(ge=-(2**31), le=2**31, description="tile: first key (default 0)")] = None,
+    k1: Annotated[int | None, Query(ge=-(2**31), le=2**31, description="tile: key end (default n)")] = None,
+    pool: Annotated[Literal["max", "mean"] | None, Query(description="tile: how a bin pools its visible cells "
+                                                         "(default max)")] = None,
 ) -> Response:
     cache = engine.run(run_id)
     engine.check_layer_head(cache, layer, head)
-    if format == "bin" and size is not None and cache.n > size:
-        pattern = cache.pattern(layer) if head is None else cache.pattern(layer)[head : head + 1]
-        pooled = pool(pattern, size)  # (H, size, size)
-        headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(pooled.shape[0]), "X-Attn-Size": str(size),
-                   "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
-                   "X-Attn-Head": "all" if head is None else str(head), "X-Attn-Encoding": "sqrt-u8-pooled"}
-        return Response(sqrt_u8(pooled.reshape(pooled.shape[0], -1)), media_type="application/octet-stream",
-                        headers=headers)
+    n_heads = cache.n_heads if head is None else 1
+    tiled = any(v is not None for v in (q0, q1, k0, k1, pool)) or (size is not None and head is not None)
+    if tiled:
+        spec = TileSpec(*_span("q", q0, q1, cache.n), *_span("k", k0, k1, cache.n), size=size, pool=pool or "max")
+        rows_, cols = spec.shape
+        _cell_limit(n_heads * rows_ * cols, settings, "this tile")
+        return _tile_response(cache, layer, head, spec, format)
+    if format == "bin" and size is not None:
+        if cache.n <= size:  # small enough to send whole, as a client drawing thumbnails expects
+            size = None
+        else:
+            _cell_limit(n_heads * size * size, settings, "these thumbnails")
+            thumbs = head_tiles(cache, layer, list(range(cache.n_heads)),
+                                TileSpec(0, cache.n, 0, cache.n, size=size, pool="mean")).nan_to_num(0.0)
+            thumbs = thumbs / thumbs.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)  # (H, size, size)
+            headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(thumbs.shape[0]), "X-Attn-Size": str(size),
+                       "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
+                       "X-Attn-Head": "all", "X-Attn-Encoding": "sqrt-u8-pooled"}
+            return Response(sqrt_u8(thumbs.reshape(thumbs.shape[0], -1)), media_type="application/octet-stream",
+                            headers=headers)
+    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
+    _cell_limit(n_heads * visible, settings, "the whole head" if head is not None else "every head of this layer")
     if format in ("bin", "f32"):
         selected = cache.packed(layer, head)  # (H or 1, cells)
         headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(selected.shape[0]),
