@@ -66,6 +66,59 @@ export async function getAttentionBin(runId, layer, head = null, size = null, { 
   };
 }
 
+// Bin boundaries of [a, b) cut into min(size, b - a) bins, as the server cuts them (see /docs):
+// bin i covers [a + floor(i*R/S), a + floor((i+1)*R/S)).
+export function tileEdges(a, b, size = null) {
+  const r = b - a, s = size === null ? r : Math.min(size, r);
+  return Int32Array.from({ length: s + 1 }, (_, i) => a + Math.floor((i * r) / s));
+}
+
+// A tile of one head (or of every head of a layer, head = null): queries [q0, q1) x keys [k0, k1)
+// as at most size x size bins, each the max (or mean) of its visible cells. format "f32": exact
+// float32 values; "bin": one byte a bin, (q/254)^2, 255 for a masked bin. Returns
+// {heads, rows, cols, q0, q1, k0, k1, qEdges, kEdges, pool, exact, causal, n, eightBit,
+// values: Float32Array(heads * rows * cols), NaN where every cell of a bin is masked}.
+export async function getTile(runId, { layer, head = null, q0, q1, k0, k1, size = null, pool = "max", format = "f32" },
+                              { signal } = {}) {
+  const params = new URLSearchParams({ layer, format, pool, q0, q1, k0, k1 });
+  if (head !== null) params.set("head", head);
+  if (size !== null) params.set("size", size);
+  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`, { signal }));
+  const buffer = await r.arrayBuffer();
+  const h = (name) => r.headers.get(`x-attn-${name}`);
+  let values;
+  if (format === "f32") {
+    values = new Float32Array(buffer);
+  } else {
+    const bytes = new Uint8Array(buffer);
+    const masked = Number(h("masked") ?? 255);
+    values = new Float32Array(bytes.length);
+    for (let i = 0; i < bytes.length; i++) {
+      const q = bytes[i];
+      values[i] = q === masked ? NaN : (q / 254) * (q / 254);
+    }
+  }
+  const tile = {
+    heads: Number(h("heads")), rows: Number(h("rows")), cols: Number(h("cols")),
+    q0: Number(h("q0")), q1: Number(h("q1")), k0: Number(h("k0")), k1: Number(h("k1")),
+    pool: h("pool"), exact: h("exact") === "1", causal: h("causal") === "1", n: Number(h("n")),
+    eightBit: format !== "f32", size, values,
+  };
+  tile.qEdges = tileEdges(tile.q0, tile.q1, size);
+  tile.kEdges = tileEdges(tile.k0, tile.k1, size);
+  if (tile.qEdges.length !== tile.rows + 1 || tile.kEdges.length !== tile.cols + 1 ||
+      values.length !== tile.heads * tile.rows * tile.cols) {
+    throw new ApiError(r.status, `the tile's shape (${tile.heads} x ${tile.rows} x ${tile.cols}) does not match its ${values.length} values`);
+  }
+  return tile;
+}
+
+// The exact weights of one query row over keys [k0, k1) (no pooling): what token focus reads.
+export async function getRow(runId, layer, head, q, k0, k1, { signal } = {}) {
+  const tile = await getTile(runId, { layer, head, q0: q, q1: q + 1, k0, k1, format: "f32" }, { signal });
+  return tile.values;
+}
+
 // Row i of one head as a Float32Array of its visible keys.
 export function rowOf(slice, i, head = 0) {
   const { n, causal, data } = slice;

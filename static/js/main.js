@@ -1,12 +1,13 @@
 // The explorer: analyse a prompt once, then look at it head by head and token by token.
 import { $, el, fmt, showToken } from "./dom.js";
-import { getAttentionBin, getAttentionF32, getBlob, getJSON, isAbort, postJSON, postStream, readSSE } from "./api.js";
+import { getAttentionBin, getAttentionF32, getBlob, getJSON, getRow, isAbort, postJSON, postStream, readSSE, rowOf } from "./api.js";
 import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
 import { cellText, drawHeatmap, rangesFrom, tickBudget, ticks, wireHover } from "./views/heatmap.js";
 import { HeadGrid } from "./views/headgrid.js";
 import { drawLive } from "./views/live.js";
-import { drawFocusBars, drawFocusLines } from "./views/focus.js";
+import { drawFocusBars, drawFocusLines, focusNote } from "./views/focus.js";
+import { EXACT_MAX, TileView, binOf, binText, poolingText, windowFrom } from "./views/tiled.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
 import { errorText, initLanguage, lang, onLanguage, t } from "./i18n.js";
 import { urlExtras } from "./state.js";
@@ -16,6 +17,9 @@ const sliceCache = new Map(); // "run:layer:head" -> binary slice, for this page
 const exactCache = new Map(); // "run:layer:head" -> exact float32 cells, for hover
 const DEFAULT_PROMPT = "I love artificial intelligence";
 let hoverWired = false;
+
+// A long run (more than EXACT_MAX tokens) is drawn from tiles: an overview first, finer as one zooms.
+const isLong = (run) => run.tokens.length > EXACT_MAX;
 
 // ---- errors and the one request in flight ------------------------------------------------
 
@@ -93,8 +97,85 @@ function cached(cache, key, load) {
   return cache.get(key);
 }
 
+function headCaption(run, layer, head) {
+  const score = run.heads.find((h) => h.layer === layer && h.head === head);
+  $("#heat-title").textContent = t("x.heat.tokens", { n: run.tokens.length });
+  $("#heat-caption").textContent = t("x.heat.title", { layer, head, entropy: fmt(score.entropy, 2), prev: fmt(score.prev_token, 2), first: fmt(score.first_token, 2) }) +
+    (score.induction === null ? "" : t("x.heat.induction", { ind: fmt(score.induction, 2) }));
+}
+
+function wireHeatmap(div) {
+  if (hoverWired) return;
+  wireHover(div, $("#heat-tip"), (pt) => {
+    if (!isLong(state.run)) return cellText(state, pt.y, pt.x);
+    const bin = binOf(pt);
+    return tiles.tile && bin ? binText(tiles.tile, state.run.tokens, bin[0], bin[1]) : "";
+  });
+  div.on("plotly_click", (ev) => {
+    const pt = ev.points.find((p) => p.data.type === "heatmap");
+    if (!pt) return;
+    if (!isLong(state.run)) return selectCell(pt.y, pt.x);
+    const bin = binOf(pt), tile = tiles.tile;
+    if (!bin || !tile) return;
+    // a pooled bin selects its middle cell; the focus row then says where that query reads
+    const mid = (edges, i) => Math.floor((edges[i] + edges[i + 1] - 1) / 2);
+    selectCell(mid(tile.qEdges, bin[0]), mid(tile.kEdges, bin[1]));
+  });
+  div.on("plotly_relayout", (ev) => onRelayout(ev));
+  hoverWired = true;
+}
+
+// ---- the tiled heatmap of a long run --------------------------------------------------------
+
+// How many tokens the heatmap shows: the whole run, or fewer on a recorded generation's timeline.
+let extent = null;
+const shown = () => extent ?? state.run.tokens.length;
+
+function tileView() {
+  const { run, layer, head, zoom, pool, colour, pos, key } = state;
+  return { run, layer, head, extent: shown(), zoom, pool, colour, cell: { q: pos, k: key },
+           title: extent === null ? "" : t("x.step", { layer, head, k: Number($("#timeline").value) }) };
+}
+
+function tileDrawn(tile, ms) {
+  const div = $("#heatmap");
+  div.dataset.n = String(state.run.tokens.length);
+  div.dataset.run = state.run.run_id;
+  div.dataset.layer = String(state.layer);
+  div.dataset.head = String(state.head);
+  div.dataset.tileRows = String(tile.rows);
+  div.dataset.tileCols = String(tile.cols);
+  div.dataset.exact = tile.exact ? "1" : "0";
+  div.dataset.tileMs = ms.toFixed(1); // asked -> drawn, read by bench/browser.py
+  div.dataset.tiles = String(Number(div.dataset.tiles || 0) + 1);
+  div.dataset.drawnAt = String(performance.now());
+  $("#heat-pool").textContent = poolingText(tile);
+  $("#heat-pool").hidden = false;
+}
+
+const tiles = new TileView($("#heatmap"), { onDrawn: tileDrawn, onError: report });
+
+async function drawLongHead() {
+  const { run, layer, head } = state;
+  set({ slice: null, exact: null });
+  headCaption(run, layer, head);
+  $("#pool-box").hidden = false;
+  $("#layer-picker").value = String(layer);
+  $("#head-picker").value = String(head);
+  showZoomInputs();
+  drawFocus();
+  const tile = await tiles.show(tileView());
+  if (!tile) return;
+  wireHeatmap($("#heatmap"));
+  toURL();
+}
+
 async function drawHead() {
   const { run, layer, head } = state;
+  if (isLong(run)) return drawLongHead();
+  tiles.reset();
+  $("#heat-pool").hidden = true;
+  $("#pool-box").hidden = true;
   const key = `${run.run_id}:${layer}:${head}`;
   const slice = await cached(sliceCache, key, () => getAttentionBin(run.run_id, layer, head));
   if (state.run !== run || state.layer !== layer || state.head !== head) return; // a newer choice won
@@ -105,26 +186,14 @@ async function drawHead() {
     state.exact = exact;
     readout();
   }).catch(report);
-  const score = run.heads.find((h) => h.layer === layer && h.head === head);
-  const title = t("x.heat.title", { layer, head, entropy: fmt(score.entropy, 2), prev: fmt(score.prev_token, 2), first: fmt(score.first_token, 2) }) +
-    (score.induction === null ? "" : t("x.heat.induction", { ind: fmt(score.induction, 2) }));
-  $("#heat-title").textContent = t("x.heat.tokens", { n: run.tokens.length });
+  headCaption(run, layer, head); // HTML, so that it wraps instead of running off a narrow chart
   const div = $("#heatmap");
-  $("#heat-caption").textContent = title; // HTML, so that it wraps instead of running off a narrow chart
   await drawHeatmap(div, slice, run.tokens, { colour: state.colour, zoom: state.zoom, cell: { q: state.pos, k: state.key } });
   div.dataset.n = String(slice.n);
   div.dataset.layer = String(layer);
   div.dataset.head = String(head);
   div.dataset.drawnAt = String(performance.now()); // read by bench/browser.py
-  if (!hoverWired) {
-    wireHover(div, $("#heat-tip"), () => state);
-    div.on("plotly_click", (ev) => {
-      const pt = ev.points.find((p) => p.data.type === "heatmap");
-      if (pt) selectCell(pt.y, pt.x);
-    });
-    div.on("plotly_relayout", (ev) => onRelayout(ev));
-    hoverWired = true;
-  }
+  wireHeatmap(div);
   $("#layer-picker").value = String(layer);
   $("#head-picker").value = String(head);
   showZoomInputs();
@@ -133,12 +202,36 @@ async function drawHead() {
   toURL();
 }
 
-function drawFocus() {
+// The selected query's row: the 8-bit view of a short run's slice, or the exact row of a long
+// run fetched on its own (the newest selection wins); long rows show their top keys.
+let focusRequest = null;
+async function drawFocus() {
   const { run, slice, pos, layer, head } = state;
-  if (!slice) return;
-  $("#focus-title").textContent = t("x.focus.title", { pos, token: showToken(run.tokens[pos].text), layer, head });
-  drawFocusBars($("#focus-chart"), slice, run.tokens, pos);
-  drawFocusLines($("#focus-lines"), slice, run.tokens, pos);
+  if (!run) return;
+  const show = (row, exact) => {
+    $("#focus-title").textContent = t("x.focus.title", { pos, token: showToken(run.tokens[pos].text), layer, head });
+    drawFocusBars($("#focus-chart"), row, run.tokens, pos, { exact });
+    drawFocusLines($("#focus-lines"), row, run.tokens, pos);
+    const note = focusNote(row);
+    $("#focus-note").textContent = note;
+    $("#focus-note").hidden = !note;
+  };
+  if (!isLong(run)) {
+    if (slice) show(rowOf(slice, pos), false);
+    return;
+  }
+  if (focusRequest) focusRequest.abort();
+  const controller = new AbortController();
+  focusRequest = controller;
+  try {
+    const values = await getRow(run.run_id, layer, head, pos, 0, run.causal ? pos + 1 : run.tokens.length, { signal: controller.signal });
+    if (controller !== focusRequest) return;
+    state.row = { run, layer, head, pos, values };
+    show(values, true);
+    readout();
+  } catch (err) {
+    if (!isAbort(err) && controller === focusRequest) report(err);
+  }
 }
 
 let nextTimer = null;
@@ -165,8 +258,19 @@ function drawNextSoon(delay = 0) {
 // ---- selection: cell, token, head ---------------------------------------------------------
 
 function readout() {
-  if (!state.slice) return;
-  $("#cell-readout").textContent = cellText(state, state.pos, state.key).replace(/\n/g, " · ");
+  if (!state.run) return;
+  let text;
+  if (!isLong(state.run)) {
+    if (!state.slice) return;
+    text = cellText(state, state.pos, state.key);
+  } else {
+    const { run, pos: q, key: k, row, layer, head } = state;
+    text = t("heat.tip.cell", { q, qt: showToken(run.tokens[q].text), k, kt: showToken(run.tokens[k].text) });
+    if (run.causal && k > q) text += t("heat.tip.masked");
+    else if (row && row.run === run && row.pos === q && row.layer === layer && row.head === head) text += t("heat.tip.exact", { w: Number(row.values[k]).toPrecision(4) });
+    else text += t("x.tile.loading");
+  }
+  $("#cell-readout").textContent = text.replace(/\n/g, " · ");
 }
 
 function moveCell() {
@@ -178,7 +282,7 @@ function moveCell() {
 
 function selectCell(pos, key = pos) {
   const before = state.pos;
-  const visible = state.slice && state.slice.causal ? Math.min(key, pos) : key;
+  const visible = state.run.causal ? Math.min(key, pos) : key;
   set({ pos, key: Math.max(0, visible) });
   markSelected($("#tokens"), pos);
   moveCell();
@@ -217,7 +321,7 @@ function heatmapKeys(ev) {
   const [dq, dk] = moves[ev.key];
   const q = Math.max(0, Math.min(n - 1, state.pos + dq));
   let k = Math.max(0, Math.min(n - 1, state.key + dk));
-  if (state.slice && state.slice.causal) k = Math.min(k, q);
+  if (state.run.causal) k = Math.min(k, q);
   selectCell(q, k);
 }
 
@@ -242,6 +346,13 @@ function onRelayout(ev) {
   if (relabelling || !state.run) return;
   const keys = Object.keys(ev || {});
   if (!keys.some((k) => k.startsWith("xaxis.range") || k.startsWith("yaxis.range") || k.endsWith("autorange"))) return;
+  if (isLong(state.run)) { // a finer (or coarser) tile of what is now in view; a burst of wheel steps asks once
+    const all = keys.some((k) => k.endsWith("autorange")); // double-click: back to the overview
+    set({ zoom: all ? null : windowFrom($("#heatmap"), shown()) });
+    showZoomInputs();
+    toURL();
+    return tiles.show(tileView(), 30);
+  }
   const n = state.run.tokens.length;
   const zoom = rangesFrom($("#heatmap"), n);
   set({ zoom });
@@ -253,13 +364,18 @@ function onRelayout(ev) {
 
 function zoom() {
   if (!state.run) return;
-  const n = state.run.tokens.length;
+  const n = isLong(state.run) ? shown() : state.run.tokens.length;
   const get = (id, dflt) => { const v = $(id).value; return v === "" ? dflt : Math.max(0, Math.min(n - 1, Math.round(Number(v)))); };
   let [q0, q1, k0, k1] = [get("#zoom-q0", 0), get("#zoom-q1", n - 1), get("#zoom-k0", 0), get("#zoom-k1", n - 1)];
   if (q0 > q1) [q0, q1] = [q1, q0];
   if (k0 > k1) [k0, k1] = [k1, k0];
   const z = q0 === 0 && k0 === 0 && q1 === n - 1 && k1 === n - 1 ? null : { q0, q1, k0, k1 };
   set({ zoom: z });
+  if (isLong(state.run)) {
+    showZoomInputs();
+    toURL();
+    return tiles.show(tileView());
+  }
   relabelling = true;
   Promise.resolve(window.Plotly.relayout($("#heatmap"), {
     "xaxis.range": [k0 - 0.5, k1 + 0.5], "yaxis.range": [q1 + 0.5, q0 - 0.5], ...relabel(z),
@@ -317,7 +433,9 @@ async function loadRun(run, initial = {}) {
   const n = run.tokens.length;
   const z = initial.zoom;
   const zoomOk = z && [z.q0, z.q1, z.k0, z.k1].every((v) => v >= 0 && v < n) && z.q0 <= z.q1 && z.k0 <= z.k1;
-  set({ run, model, layer, head, pos, key, slice: null, exact: null, zoom: zoomOk ? z : null });
+  set({ run, model, layer, head, pos, key, slice: null, exact: null, row: null, zoom: zoomOk ? z : null });
+  extent = null;
+  tiles.reset();
   $("#explorer").hidden = false;
   renderTokens($("#tokens"), run, selectPos);
   markSelected($("#tokens"), pos);
@@ -452,6 +570,10 @@ function showStep(k) {
   const total = Number($("#timeline").max);
   const n = run.tokens.length - (total - k);
   $("#timeline-value").textContent = k === total ? t("x.timeline.all", { n: total }) : t("x.timeline.step", { k, n: total });
+  if (isLong(run)) { // the rows and keys that existed after step k, from tiles like the rest
+    extent = k === total ? null : n;
+    return tiles.show(tileView(), 30);
+  }
   const data = slice.data.subarray(0, (n * (n + 1)) / 2);
   return drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: t("x.step", { layer: state.layer, head: state.head, k }) });
 }
@@ -541,6 +663,14 @@ async function init() {
   $("#gen-continue").addEventListener("click", () => lastGeneration && generateAndRecord({ stopAtEos: false, text: lastGeneration.text }));
   $("#timeline").addEventListener("input", safely((ev) => showStep(Number(ev.target.value))));
   $("#zoom-apply").addEventListener("click", safely(zoom));
+  for (const id of ["#zoom-q0", "#zoom-q1", "#zoom-k0", "#zoom-k1"]) {
+    $(id).addEventListener("keydown", (ev) => { if (ev.key === "Enter") safely(zoom)(); });
+  }
+  $("#pool").addEventListener("change", safely((ev) => {
+    set({ pool: ev.target.value });
+    toURL();
+    return state.run && isLong(state.run) && tiles.show(tileView());
+  }));
   $("#zoom-reset").addEventListener("click", safely(() => { set({ zoom: null }); return state.run && drawHead(); }));
   $("#heatmap").addEventListener("keydown", heatmapKeys);
   $("#export-json").addEventListener("click", safely(async () => {
@@ -556,6 +686,8 @@ async function init() {
   if (want.model && models.some((m) => m.name === want.model)) picker.value = want.model;
   if (want.sort && [...$("#grid-sort").options].some((o) => o.value === want.sort)) set({ sort: want.sort });
   if (want.colour && [...$("#colour-scale").options].some((o) => o.value === want.colour)) set({ colour: want.colour });
+  if (want.pool === "mean") set({ pool: "mean" });
+  $("#pool").value = state.pool;
   if (want.temperature !== undefined && want.temperature >= 0.1 && want.temperature <= 3) set({ temperature: want.temperature });
   $("#grid-sort").value = state.sort;
   $("#colour-scale").value = state.colour;

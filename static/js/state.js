@@ -13,7 +13,9 @@ export const state = {
   colour: "linear",
   sort: "position", // head-grid order
   zoom: null, // {q0, q1, k0, k1}: the visible query and key ranges, or null for all
-  slice: null, // binary attention of the selected head
+  slice: null, // binary attention of the selected head (a short run)
+  row: null, // a long run's exact row at the selected query: {run, layer, head, pos, values}
+  pool: "max", // how a long run's tiles pool the cells of a bin: "max" or "mean"
 };
 
 export function set(patch) {
@@ -36,6 +38,7 @@ export function toURL() {
   if (state.key !== state.pos) params.set("key", state.key);
   if (state.sort !== "position") params.set("sort", state.sort);
   if (state.colour !== "linear") params.set("colour", state.colour);
+  if (state.pool !== "max") params.set("pool", state.pool);
   if (state.temperature !== 1) params.set("t", state.temperature);
   if (state.zoom) params.set("zoom", [state.zoom.q0, state.zoom.q1, state.zoom.k0, state.zoom.k1].join(","));
   for (const extra of urlExtras) for (const [k, v] of Object.entries(extra())) params.set(k, v);
@@ -56,6 +59,7 @@ export function fromURL(search = location.search) {
     key: num("key"),
     sort: p.get("sort") || undefined,
     colour: p.get("colour") || undefined,
+    pool: p.get("pool") || undefined,
     temperature: num("t"),
     zoom: zoom.length === 4 && zoom.every(Number.isInteger) ? { q0: zoom[0], q1: zoom[1], k0: zoom[2], k1: zoom[3] } : null,
   };

@@ -1,7 +1,7 @@
 // Every layer x head as a thumbnail, labelled with its entropy and badged by what the
 // engine measured: previous-token, first-token (sink) and induction-like heads.
 import { el, fmt } from "../dom.js";
-import { getAttentionBin } from "../api.js";
+import { getTile, isAbort } from "../api.js";
 import { hexRGB, maskColours, rgb } from "./colour.js";
 import { t } from "../i18n.js";
 
@@ -14,29 +14,26 @@ export const BADGES = [
   ["ind", "induction", 0.3, "induction-like head", "I"],
 ];
 
-function drawThumb(canvas, slice, head) {
-  const size = slice.size ?? slice.n;
-  canvas.width = size;
-  canvas.height = size;
+// One head of a layer's thumbnail tiles (rows x cols bins, NaN where a bin is all masked),
+// scaled to the head's largest bin and drawn one pixel a bin.
+export function drawThumb(canvas, tile, head) {
+  const { rows, cols } = tile;
+  canvas.width = cols;
+  canvas.height = rows;
   const ctx = canvas.getContext("2d");
-  const img = ctx.createImageData(size, size);
-  const perHead = slice.size ? size * size : slice.causal ? (size * (size + 1)) / 2 : size * size;
-  const base = head * perHead;
+  const img = ctx.createImageData(cols, rows);
+  const base = head * rows * cols;
   let max = 1e-9;
-  for (let i = 0; i < perHead; i++) max = Math.max(max, slice.data[base + i]);
+  for (let i = 0; i < rows * cols; i++) {
+    const v = tile.values[base + i];
+    if (v > max) max = v;
+  }
   const maskRGB = hexRGB(maskColours().fill);
-  let idx = 0;
-  for (let r = 0; r < size; r++) {
-    for (let c = 0; c < size; c++) {
-      const p = (r * size + c) * 4;
-      const masked = slice.causal && c > r;
-      let v = 0;
-      if (!masked) {
-        v = slice.size || !slice.causal ? slice.data[base + r * size + c] : slice.data[base + idx++];
-      }
-      const [R, G, B] = masked ? maskRGB : rgb(Math.sqrt(v / max));
-      img.data[p] = R; img.data[p + 1] = G; img.data[p + 2] = B; img.data[p + 3] = 255;
-    }
+  for (let i = 0; i < rows * cols; i++) {
+    const v = tile.values[base + i];
+    const [R, G, B] = Number.isNaN(v) ? maskRGB : rgb(Math.sqrt(v / max));
+    const p = i * 4;
+    img.data[p] = R; img.data[p + 1] = G; img.data[p + 2] = B; img.data[p + 3] = 255;
   }
   ctx.putImageData(img, 0, 0);
 }
@@ -98,6 +95,8 @@ export class HeadGrid {
 
   render(run, sortKey, selected, model = null) {
     const token = ++this.token; // a newer render cancels thumbnails still loading
+    if (this.controller) this.controller.abort();
+    this.controller = new AbortController();
     this.container.replaceChildren();
     this.canvases.clear();
     this.run = run;
@@ -148,17 +147,22 @@ export class HeadGrid {
       this.canvases.set(`${s.layer}:${s.head}`, canvas);
     }
     this.select(selected.layer, selected.head);
-    this.loadThumbnails(run, token).catch((err) => token === this.token && this.onError(err));
+    this.loadThumbnails(run, token, this.controller.signal)
+      .catch((err) => token === this.token && !isAbort(err) && this.onError(err));
   }
 
-  async loadThumbnails(run, token) {
+  // The same tiles as the heatmap's overview (max-pooled, 8-bit), THUMB x THUMB bins at most,
+  // every head of a layer in one request.
+  async loadThumbnails(run, token, signal) {
+    const n = run.tokens.length;
     for (let layer = 0; layer < run.n_layers; layer++) {
-      const slice = await getAttentionBin(run.run_id, layer, null, run.tokens.length > THUMB ? THUMB : null);
+      const tile = await getTile(run.run_id, { layer, q0: 0, q1: n, k0: 0, k1: n, size: THUMB, pool: "max", format: "bin" }, { signal });
       if (token !== this.token) return;
       for (let head = 0; head < run.n_heads; head++) {
         const canvas = this.canvases.get(`${layer}:${head}`);
-        if (canvas) drawThumb(canvas, slice, head);
+        if (canvas) drawThumb(canvas, tile, head);
       }
+      this.container.dataset.thumbLayers = String(layer + 1);
     }
   }
 

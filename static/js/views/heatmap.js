@@ -98,12 +98,14 @@ export function weightText(exact, approx) {
   return t("heat.tip.exact", { w: Number(exact).toPrecision(4) });
 }
 
-// Our own tooltip (plain text): the two tokens and the weight.
-export function wireHover(div, tip, getState) {
+// Our own tooltip (plain text): the two tokens and the weight; textAt(point) writes it.
+export function wireHover(div, tip, textAt) {
   div.on("plotly_hover", (ev) => {
     const pt = ev.points.find((p) => p.data.type === "heatmap");
     if (!pt) return;
-    tip.textContent = cellText(getState(), pt.y, pt.x);
+    const text = textAt(pt);
+    if (!text) return;
+    tip.textContent = text;
     const box = div.getBoundingClientRect();
     const host = div.parentElement.getBoundingClientRect();
     tip.style.left = `${Math.min(ev.event.clientX - host.left + 14, host.width - 260)}px`;
