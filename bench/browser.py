@@ -64,6 +64,34 @@ HEAD_SWITCH = """async (sel) => {
 }"""
 
 
+# A long run in the explorer: from the analyse response (parsed) to the first overview tile drawn,
+# then zoom steps as a wheel session makes them (each halves the window around one point, down to
+# single labelled cells): from the relayout to the finer tile drawn.
+ANALYSE_TO_OVERVIEW = """async () => {
+  const div = document.querySelector('[data-testid=attention-heatmap]');
+  const before = div.dataset.drawnAt || '';
+  const t0 = performance.now();
+  document.querySelector('[data-testid=analyze-button]').click();
+  while ((div.dataset.drawnAt || '') === before || document.body.dataset.busy) await new Promise(r => setTimeout(r, 2));
+  return {click: Number(div.dataset.drawnAt) - t0, response: Number(div.dataset.drawnAt) - Number(div.dataset.runAt),
+          rows: Number(div.dataset.tileRows), exact: div.dataset.exact, n: Number(div.dataset.n)};
+}"""
+
+ZOOM_STEPS = """async (n) => {
+  const div = document.querySelector('[data-testid=attention-heatmap]');
+  const steps = [];
+  let q = Math.floor(n * 0.7), k = Math.floor(n * 0.4), w = n;
+  while (w > 16) {
+    w = Math.max(16, Math.floor(w / 2));
+    const before = Number(div.dataset.tiles || 0);
+    const t0 = performance.now();
+    window.Plotly.relayout(div, {'xaxis.range': [k - w / 2 - 0.5, k + w / 2 - 0.5], 'yaxis.range': [q + w / 2 - 0.5, q - w / 2 - 0.5]});
+    while (Number(div.dataset.tiles || 0) === before) await new Promise(r => setTimeout(r, 2));
+    steps.push({window: w, ms: Number(div.dataset.drawnAt) - t0, exact: div.dataset.exact});
+  }
+  return steps;
+}"""
+
 GEN_PROMPT = "The history of the city begins"
 
 PROBE = """() => { window.__lag = 0; window.__done = false; let last = performance.now();
@@ -140,6 +168,79 @@ def generation_table(url: str, page: object, n: int, repeats: int) -> str:
     return "\n".join(rows)
 
 
+def long_model(folder: Path) -> Path:
+    """The issue's long-context model, built from a config: Llama shape, 2 layers, hidden 128,
+    4 heads, 2 K/V heads, 32,768 positions, random weights and the bundled tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from tests.conftest import BUNDLED, VOCAB
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
+                                 intermediate_size=256, max_position_embeddings=32_768,
+                                 vocab_size=VOCAB)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(BUNDLED).save_pretrained(folder)
+    return folder
+
+
+def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
+    """In headless Chromium on the explorer at ``url``: analyse ``text`` ``repeats`` times and
+    time the first overview after the analyse response (and after the click), then one zoom
+    session from the overview down to single cells. Medians; the zoom steps' median and max."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url + "/")
+        page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy",
+                               timeout=600_000)
+        page.fill("[data-testid=prompt-input]", text)
+        page.evaluate(PROBE)
+        runs = [page.evaluate(ANALYSE_TO_OVERVIEW) for _ in range(repeats)]
+        n = runs[-1]["n"]
+        page.wait_for_function("() => document.querySelector('[data-testid=head-grid]').dataset.thumbLayers", timeout=600_000)
+        steps = page.evaluate(ZOOM_STEPS, n)
+        lag = page.evaluate("() => { window.__done = true; return window.__lag; }")
+        browser.close()
+    zooms = [s["ms"] for s in steps]
+    log.info("chromium n=%d: response -> overview %s ms; zoom steps %s ms", n, [round(r["response"]) for r in runs],
+             [(s["window"], round(s["ms"])) for s in steps])
+    return {"n": n, "overview_ms": statistics.median(r["response"] for r in runs),
+            "click_ms": statistics.median(r["click"] for r in runs), "zoom_ms": statistics.median(zooms),
+            "zoom_max_ms": max(zooms), "steps": len(steps), "exact_at_end": float(steps[-1]["exact"] == "1"), "lag_ms": lag}
+
+
+def long_table(rows: list[dict[str, float]]) -> str:
+    table = ["| n tokens | analyse response → first overview drawn, median | click Analyse → overview | "
+             "zoom step → finer tile drawn, median (max) over a session to single cells | longest event-loop stall |",
+             "|---|---|---|---|---|"]
+    table += [f"| {r['n']:,.0f} | **{r['overview_ms']:.0f} ms** | {r['click_ms']:.0f} ms | "
+              f"**{r['zoom_ms']:.0f} ms** ({r['zoom_max_ms']:.0f} ms, {r['steps']:.0f} steps) | {r['lag_ms']:.0f} ms |"
+              for r in rows]
+    return "\n".join(table)
+
+
+def long_main(lengths: list[int], repeats: int, write: Path | None) -> None:
+    """--long: the config-built long-context model served alone, one Chromium session per length."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        lm = load_model("long-llama", str(long_model(Path(tmp) / "llama")))
+        engine = make_engine({"long-llama": lm}, "long-llama", cache_bytes=8 << 30, max_tokens=32_768)
+        settings = Settings(models={}, default_model="long-llama", max_body_bytes=8 << 20)
+        rows = []
+        with serve(create_app(settings, engine)) as url:
+            for n in lengths:
+                rows.append(chromium_long(url, prompt_of(lm.tokenizer, n), repeats))
+    text = long_table(rows)
+    sys.stdout.write(text + "\n")
+    if write:
+        write_section(write, "browser-long", text,
+                      f"python bench/browser.py --long {','.join(map(str, lengths))} --repeats {repeats} --write BENCHMARKS.md")
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -147,7 +248,12 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--write", type=Path, default=None)
     p.add_argument("--generate", type=int, default=0, help="also compare generating N tokens in the browser with the API")
+    p.add_argument("--long", default="", help="comma-separated lengths: time the tiled heatmap of the config-built "
+                                               "long-context model instead (overview after the analyse response, zoom steps)")
     args = p.parse_args()
+    if args.long:
+        long_main([int(x) for x in args.long.split(",")], args.repeats, args.write)
+        return
     from playwright.sync_api import sync_playwright
 
     lm = load_model("attnscope-tiny", "bundled:attnscope-tiny")
@@ -172,7 +278,7 @@ def main() -> None:
                 draws.append(page.evaluate(CLICK_TO_DRAW))
                 page.wait_for_function("() => !document.querySelector('[data-testid=analyze-button]').disabled")
                 switches.append(page.evaluate(HEAD_SWITCH, f"[data-testid=head-cell][data-layer='1'][data-head='{rep % 8}']"))
-            assert page.get_by_test_id("token").count() == n
+            assert page.get_by_test_id("tokens").get_attribute("data-total") == str(n)
             row = {"n": n, "draw": statistics.median(draws), "draw_max": max(draws), "switch": statistics.median(switches)}
             log.info("n=%d click->heatmap median %.0f ms (max %.0f), head switch %.0f ms", n, row["draw"], row["draw_max"], row["switch"])
             rows.append(row)

@@ -413,6 +413,7 @@ async function analyse(initial = {}) {
       ? { messages: chatMessages(text), model: modelName, top_k: 10 }
       : { text, model: modelName, top_k: 10 };
     const run = await postJSON("/api/runs", body, { signal: req.controller.signal });
+    $("#heatmap").dataset.runAt = String(performance.now()); // the analyse response, parsed (bench/browser.py)
     if (!latest(req)) return;
     await loadRun(run, initial);
   } catch (err) {
