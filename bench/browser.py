@@ -87,7 +87,8 @@ ZOOM_STEPS = """async (n) => {
     const t0 = performance.now();
     window.Plotly.relayout(div, {'xaxis.range': [k - w / 2 - 0.5, k + w / 2 - 0.5], 'yaxis.range': [q + w / 2 - 0.5, q - w / 2 - 0.5]});
     while (Number(div.dataset.tiles || 0) === before) await new Promise(r => setTimeout(r, 2));
-    steps.push({window: w, ms: Number(div.dataset.drawnAt) - t0, exact: div.dataset.exact});
+    steps.push({window: w, ms: Number(div.dataset.drawnAt) - t0, exact: div.dataset.exact,
+                fetch: Number(div.dataset.tileFetchMs), draw: Number(div.dataset.tileDrawMs)});
   }
   return steps;
 }"""
@@ -200,13 +201,16 @@ def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
         page.evaluate(PROBE)
         runs = [page.evaluate(ANALYSE_TO_OVERVIEW) for _ in range(repeats)]
         n = runs[-1]["n"]
-        page.wait_for_function("() => document.querySelector('[data-testid=head-grid]').dataset.thumbLayers", timeout=600_000)
+        # the head grid's thumbnails and the sparsity scores load after the overview: let them finish
+        page.wait_for_function("() => document.querySelector('[data-testid=head-grid]').dataset.thumbLayers === "
+                               "String(document.querySelector('#layer-picker').options.length) && "
+                               "document.querySelector('[data-testid=head-cell]').dataset.keys90", timeout=600_000)
         steps = page.evaluate(ZOOM_STEPS, n)
         lag = page.evaluate("() => { window.__done = true; return window.__lag; }")
         browser.close()
     zooms = [s["ms"] for s in steps]
-    log.info("chromium n=%d: response -> overview %s ms; zoom steps %s ms", n, [round(r["response"]) for r in runs],
-             [(s["window"], round(s["ms"])) for s in steps])
+    log.info("chromium n=%d: response -> overview %s ms; zoom steps (window, ms, fetch ms, draw ms) %s", n,
+             [round(r["response"]) for r in runs], [(s["window"], round(s["ms"]), round(s["fetch"]), round(s["draw"])) for s in steps])
     return {"n": n, "overview_ms": statistics.median(r["response"] for r in runs),
             "click_ms": statistics.median(r["click"] for r in runs), "zoom_ms": statistics.median(zooms),
             "zoom_max_ms": max(zooms), "steps": len(steps), "exact_at_end": float(steps[-1]["exact"] == "1"), "lag_ms": lag}

@@ -201,7 +201,10 @@ export class TileView {
           const tile = await getTile(run.run_id, { layer, head, q0: w.q0, q1: w.q1 + 1, k0: w.k0, k1: w.k1 + 1, size: TILE, pool },
                                      { signal: controller.signal });
           if (seq !== this.seq) return resolve(null);
+          const fetched = performance.now();
           await drawTile(this.div, tile, run.tokens, view);
+          this.div.dataset.tileFetchMs = (fetched - asked - delay).toFixed(1);
+          this.div.dataset.tileDrawMs = (performance.now() - fetched).toFixed(1);
           if (seq !== this.seq) return resolve(null);
           this.tile = tile;
           this.controller = null;
