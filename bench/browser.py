@@ -234,10 +234,8 @@ def long_main(lengths: list[int], repeats: int, write: Path | None) -> None:
         lm = load_model("long-llama", str(long_model(Path(tmp) / "llama")))
         engine = make_engine({"long-llama": lm}, "long-llama", cache_bytes=8 << 30, max_tokens=32_768)
         settings = Settings(models={}, default_model="long-llama", max_body_bytes=8 << 20)
-        rows = []
         with serve(create_app(settings, engine)) as url:
-            for n in lengths:
-                rows.append(chromium_long(url, prompt_of(lm.tokenizer, n), repeats))
+            rows = [chromium_long(url, prompt_of(lm.tokenizer, n), repeats) for n in lengths]
     text = long_table(rows)
     sys.stdout.write(text + "\n")
     if write:
