@@ -17,6 +17,7 @@ const sliceCache = new Map(); // "run:layer:head" -> binary slice, for this page
 const exactCache = new Map(); // "run:layer:head" -> exact float32 cells, for hover
 const DEFAULT_PROMPT = "I love artificial intelligence";
 let hoverWired = false;
+let lastWheel = -Infinity; // wheel zooms come in bursts: their tile waits for the burst to settle
 
 // A long run (more than EXACT_MAX tokens) is drawn from tiles: an overview first, finer as one zooms.
 const isLong = (run) => run.tokens.length > EXACT_MAX;
@@ -122,6 +123,7 @@ function wireHeatmap(div) {
     selectCell(mid(tile.qEdges, bin[0]), mid(tile.kEdges, bin[1]));
   });
   div.on("plotly_relayout", (ev) => onRelayout(ev));
+  div.addEventListener("wheel", () => { lastWheel = performance.now(); }, { passive: true, capture: true });
   hoverWired = true;
 }
 
@@ -351,7 +353,7 @@ function onRelayout(ev) {
     set({ zoom: all ? null : windowFrom($("#heatmap"), shown()) });
     showZoomInputs();
     toURL();
-    return tiles.show(tileView(), 30);
+    return tiles.show(tileView(), performance.now() - lastWheel < 200 ? 40 : 0); // a drag asks at once
   }
   const n = state.run.tokens.length;
   const zoom = rangesFrom($("#heatmap"), n);
