@@ -91,7 +91,8 @@ def _analyze(args: argparse.Namespace) -> int:
             raise EngineError(f"--top-k {args.top_k} is more than the limit of {settings.max_top_k} "
                               "(ATTNSCOPE_MAX_TOP_K)")
         lm = load_model(name, settings.models[name], settings.placement())
-        engine = Engine({name: lm}, name, RunStore(settings.cache_bytes), settings.max_tokens)
+        engine = Engine({name: lm}, name, RunStore(settings.cache_bytes), settings.max_tokens,
+                  forward_bytes=settings.forward_bytes)
         result = engine.analyse(args.text, name, args.top_k)
     except EngineError as exc:
         sys.stderr.write(f"attnscope: {exc}\n")

@@ -10,7 +10,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from model.errors import AttentionUnavailable, BadInput, EngineError, ModelLoadError, RunNotFound, UnknownModel
+from model.errors import (
+    AttentionUnavailable,
+    BadInput,
+    EngineError,
+    ModelLoadError,
+    RunNotFound,
+    TooLarge,
+    UnknownModel,
+)
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +28,7 @@ STATUS: dict[type[EngineError], int] = {
     BadInput: 422,
     AttentionUnavailable: 422,
     ModelLoadError: 503,
+    TooLarge: 413,
 }
 
 

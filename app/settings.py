@@ -22,8 +22,9 @@ class Settings(BaseSettings):
     # e.g. ATTNSCOPE_MODELS='{"gpt2": "/models/gpt2"}'. Requests pick a *name*.
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     default_model: str = "attnscope-tiny"
-    # tokens per prompt; each model is further capped by its own max positions (and nothing else)
-    max_tokens: int = Field(1024, ge=1)
+    # tokens per prompt; each model is further capped by its own max positions, and every prompt by
+    # admission control (a run that could not be kept under cache_bytes answers 413)
+    max_tokens: int = Field(32_768, ge=1)
     # where the models run: auto (CUDA if present, else MPS, else CPU) | cpu | cuda | cuda:N | mps
     device: str = "auto"
     # auto: the checkpoint's dtype on a GPU, float32 on the CPU; analysis maths is float32 anyway
@@ -32,13 +33,17 @@ class Settings(BaseSettings):
     device_map: Literal["auto"] | None = None
     # with device_map=auto: memory per device, e.g. '{"0": "70GiB", "1": "70GiB", "cpu": "200GiB"}'
     max_memory: dict[str, str] | None = None
-    # total bytes of activation caches kept server-side (least recently used go first)
+    # total bytes of activation caches kept server-side (least recently used go first); a run that
+    # alone would keep more is refused (413) before its forward
     cache_bytes: int = Field(1 << 30, ge=1 << 20)
+    # bytes the forwards in flight may hold at once (their estimated peak, what they keep included);
+    # a forward that alone needs more answers 413, others wait for room
+    forward_bytes: int = Field(4 << 30, ge=1 << 20)
     # attention cells one request may receive (a whole head without ``size``, or a tile's bins);
     # past this, 422 asking for ``size`` or a narrower q0/q1/k0/k1
     max_cells: int = Field(4_000_000, ge=1024)
     # request bodies larger than this answer 413
-    max_body_bytes: int = Field(1 << 20, ge=1024)
+    max_body_bytes: int = Field(4 << 20, ge=1024)
     # next-token candidates a request may ask for (POST /api/runs keeps them at every position,
     # GET /api/runs/{id}/next at one); past this, 422
     max_top_k: int = Field(100, ge=1, le=10_000)

@@ -3,6 +3,7 @@ stream statistics and the logit lens. Pure tensor code; no HTTP, no locking."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,64 +46,121 @@ def induction_pairs(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, k
 
 
-SAMPLE_ROWS = 128
-
-
 def previous_token_weights(pattern: torch.Tensor) -> torch.Tensor:
     """(..., n, n) -> (..., n - 1): the attention from each query i >= 1 to key i - 1."""
     rows = torch.arange(1, pattern.shape[-1], device=pattern.device)
     return pattern[..., rows, rows - 1]
 
 
-def sample_rows(n: int, most: int = SAMPLE_ROWS) -> torch.Tensor:
-    """Evenly spaced query rows (all of them when n <= most), the last one included."""
-    if n <= most:
-        return torch.arange(n)
-    picked: torch.Tensor = torch.unique(torch.linspace(0, n - 1, most).round().long())
-    return picked
+class ScoreAccumulator:
+    """Head scores of one layer, exact over every query row, fed a block of rows at a time.
+
+    ``add(q0, weights)`` takes rows [q0, q0 + r) of every head's weights (H, r, n) over all n
+    keys; nothing of size n x n is ever held. Induction pairs are found per block: key k is
+    an induction target of query i when token k - 1 equals token i and k < i.
+    """
+
+    def __init__(self, n_heads: int, ids: torch.Tensor) -> None:
+        self.ids = ids  # (n,)
+        self.n = int(ids.shape[0])
+        zeros = torch.zeros(n_heads, dtype=torch.float64)
+        self.entropy, self.peak, self.prev, self.first, self.induction = (zeros.clone() for _ in range(5))
+        self.induction_rows = 0
+        # first position of each token id: query i has an earlier copy j (j + 1 < i) iff first[id] + 1 < i
+        cpu = ids.cpu()
+        self._first_seen = torch.full((int(cpu.max()) + 1 if len(cpu) else 1,), len(cpu), dtype=torch.long)
+        self._first_seen.scatter_reduce_(0, cpu, torch.arange(len(cpu)), "amin")
+
+    def add(self, q0: int, weights: torch.Tensor, k0: int = 0) -> None:
+        """weights: (H, r, w) float32 over keys [k0, k0 + w), zeros where masked; keys outside that
+        range have weight 0 for these rows."""
+        w = weights.float()
+        r, width = w.shape[1], w.shape[2]
+        dev = w.device
+        ids = self.ids.to(dev)
+        self.entropy += (-torch.special.xlogy(w, w).sum((-1, -2))).double().cpu()
+        self.peak += w.amax(-1).sum(-1).double().cpu()
+        rows = torch.arange(max(q0, 1), q0 + r, device=dev)  # queries i >= 1
+        prev_ok = (rows - 1 >= k0) & (rows - 1 < k0 + width)
+        if bool(prev_ok.any()):
+            i = rows[prev_ok]
+            self.prev += w[:, i - q0, i - 1 - k0].sum(-1).double().cpu()
+        if k0 == 0 and len(rows):
+            self.first += w[:, rows - q0, 0].sum(-1).double().cpu()
+        keys = torch.arange(k0, k0 + width, device=dev)  # absolute key positions
+        queries = torch.arange(q0, q0 + r, device=dev)
+        before = ids[(keys - 1).clamp_min(0)]  # token k - 1 of each key k
+        follows = ((ids[q0 : q0 + r, None] == before[None, :]) & (keys[None, :] >= 1)
+                   & (keys[None, :] < queries[:, None]))  # (r, w)
+        # every query with an earlier copy of its token (anywhere before it, in or out of this key range)
+        self.induction_rows += int(self._has_copy(q0, r).sum())
+        if bool(follows.any()):
+            per_query = torch.einsum("hrk,rk->hr", w, follows.to(w.dtype))  # (H, r): 0 for rows without copies
+            self.induction += per_query.sum(-1).double().cpu()
+
+    def _has_copy(self, q0: int, r: int) -> torch.Tensor:
+        """(r,) bool: query i's token occurred at some j with j + 1 < i (an induction target exists)."""
+        ids = self.ids.cpu()[q0 : q0 + r]
+        return self._first_seen[ids] + 1 < torch.arange(q0, q0 + r)
+
+    def finish(self, layer: int) -> list[HeadScore]:
+        n, m = self.n, max(self.n - 1, 1)
+        out = []
+        for h in range(len(self.entropy)):
+            induction = float(self.induction[h] / self.induction_rows) if self.induction_rows else None
+            out.append(HeadScore(layer=layer, head=h, entropy=float(self.entropy[h] / n),
+                                 prev_token=float(self.prev[h] / m) if n > 1 else 0.0,
+                                 first_token=float(self.first[h] / m) if n > 1 else 0.0,
+                                 max=float(self.peak[h] / n), induction=induction))
+        return out
 
 
 def head_scores(layer: int, pattern: torch.Tensor, ids: torch.Tensor) -> list[HeadScore]:
-    """Scores of every head of one layer, cheap enough for every run. pattern: (H, n, n).
+    """Scores of every head of one layer from a whole pattern (H, n, n): exact over every row."""
+    acc = ScoreAccumulator(pattern.shape[0], ids)
+    acc.add(0, pattern.float())
+    return acc.finish(layer)
 
-    prev_token, first_token and induction read every query row (they are gathers);
-    entropy and max need whole rows, so for prompts longer than SAMPLE_ROWS they
-    average over that many evenly spaced rows: analysis stays a small fraction of the
-    forward pass at n = 1,024.
+
+class SparsityAccumulator:
+    """How concentrated each head is, exactly over every row, fed a block of rows at a time.
+
+    Keys for 90 %: a row's largest weights are read 64 at a time (``topk``); only a row whose 64
+    largest hold less than the mass is sorted whole.
     """
-    pattern = pattern.float()  # analysis maths in float32, whatever the model's dtype
-    ids = ids.to(pattern.device)
-    n_heads, n, _ = pattern.shape
-    sub = pattern if n <= SAMPLE_ROWS else pattern[:, sample_rows(n).to(pattern.device)]  # (H, S, n)
-    entropy = -torch.special.xlogy(sub, sub).sum(-1).mean(-1)  # (H,)
-    peak = sub.amax(-1).mean(-1)  # (H,)
-    if n > 1:
-        prev = previous_token_weights(pattern).mean(-1)  # (H,)
-        first = pattern[:, 1:, 0].mean(-1)  # (H,)
-    else:
-        prev = first = torch.zeros(n_heads, device=pattern.device)
-    q, k = induction_pairs(ids)
-    induction: list[float | None] = [None] * n_heads
-    if len(q):
-        # sum over all earlier copies of a query's token, then average over those queries
-        per_query = torch.zeros(n_heads, n, device=pattern.device).index_add_(1, q, pattern[:, q, k])  # (H, n)
-        induction = per_query[:, torch.unique(q)].mean(-1).tolist()
-    return [
-        HeadScore(layer=layer, head=h, entropy=float(entropy[h]), prev_token=float(prev[h]),
-                  first_token=float(first[h]), max=float(peak[h]), induction=induction[h])
-        for h in range(n_heads)
-    ]
+
+    def __init__(self, n_heads: int, n: int, mass: float = 0.9) -> None:
+        self.n, self.mass = n, mass
+        self.top1 = torch.zeros(n_heads, dtype=torch.float64)
+        self.top5 = torch.zeros(n_heads, dtype=torch.float64)
+        self.keys = torch.zeros(n_heads, dtype=torch.float64)
+
+    def add(self, weights: torch.Tensor) -> None:
+        """weights: (H, r, n) float32."""
+        w = weights.float()
+        k = min(64, w.shape[-1])
+        top = w.topk(k, dim=-1).values  # (H, r, k) descending
+        cum = top.cumsum(-1)
+        self.top1 += top[..., 0].sum(-1).double().cpu()
+        self.top5 += cum[..., min(5, k) - 1].sum(-1).double().cpu()
+        reached = cum[..., -1] >= self.mass - 1e-6  # (H, r): the 64 largest hold the mass
+        keys = ((cum < self.mass - 1e-6).sum(-1) + 1).double()  # (H, r), right where reached
+        if not bool(reached.all()):
+            rest = w[~reached].sort(dim=-1, descending=True).values.cumsum(-1)  # (m, n)
+            keys[~reached] = ((rest < self.mass - 1e-6).sum(-1) + 1).double()
+        self.keys += keys.sum(-1).cpu()
+
+    def finish(self, layer: int) -> list[HeadSparsity]:
+        return [HeadSparsity(layer=layer, head=h, top1=float(self.top1[h] / self.n),
+                             top5=float(self.top5[h] / self.n), keys_90=float(self.keys[h] / self.n))
+                for h in range(len(self.top1))]
 
 
 def head_sparsity(layer: int, pattern: torch.Tensor, mass: float = 0.9) -> list[HeadSparsity]:
     """How concentrated each head is, exactly, over every query row. pattern: (H, n, n)."""
-    ordered = pattern.float().sort(dim=-1, descending=True).values  # (H, n, n)
-    cum = ordered.cumsum(-1)
-    top1 = ordered[..., 0].mean(-1)
-    top5 = cum[..., min(5, pattern.shape[-1]) - 1].mean(-1)
-    keys = ((cum < mass - 1e-6).sum(-1) + 1).float().mean(-1)  # (H,)
-    return [HeadSparsity(layer=layer, head=h, top1=float(top1[h]), top5=float(top5[h]), keys_90=float(keys[h]))
-            for h in range(pattern.shape[0])]
+    acc = SparsityAccumulator(pattern.shape[0], pattern.shape[-1], mass)
+    acc.add(pattern)
+    return acc.finish(layer)
 
 
 @dataclass(frozen=True)
@@ -116,27 +174,34 @@ class Prediction:
 
 
 def predictions(logits: torch.Tensor, ids: torch.Tensor, k: int, chunk: int = 64) -> list[Prediction]:
-    """Next-token distribution at every position of one forward. logits: (n, V).
+    """Next-token distribution at every position of one forward. logits: (n, V)."""
+    return predictions_by_block(lambda a, b: logits[a:b], logits.shape[0], ids, k, chunk)
 
-    Works on logits and one logsumexp per row rather than a full softmax, a block of
-    rows at a time so that each block stays in cache while it is read three times
-    (logsumexp, top-k, the rank of the true next token).
+
+def predictions_by_block(block_logits: Callable[[int, int], torch.Tensor], n: int, ids: torch.Tensor, k: int,
+                         chunk: int = 64) -> list[Prediction]:
+    """Next-token distribution at every position, the logits of ``chunk`` positions at a time.
+
+    ``block_logits(a, b)`` gives the (b - a, V) logits of positions [a, b) (the model's own,
+    or the LM head applied to the kept final residual): the (n, V) logits are never whole.
+    Works on logits and one logsumexp per row rather than a full softmax, so each block stays
+    in cache while it is read three times (logsumexp, top-k, the rank of the true next token).
     """
-    logits = logits.float()
-    ids = ids.to(logits.device)
-    n = logits.shape[0]
-    k = min(k, logits.shape[-1])
-    nxt = torch.cat([ids[1:], ids[:1]])  # (n,): the last row's "next" is a placeholder, dropped below
     top_ids, top_p, next_p, ranks = [], [], [], []
+    ids = ids.cpu()
+    nxt = torch.cat([ids[1:], ids[:1]])  # (n,): the last row's "next" is a placeholder, dropped below
     for start in range(0, n, chunk):
-        block = logits[start : start + chunk]  # (c, V)
+        block = block_logits(start, min(n, start + chunk)).float()  # (c, V)
+        kk = min(k, block.shape[-1])
         lse = block.logsumexp(-1, keepdim=True)  # (c, 1)
-        top = block.topk(k, dim=-1)
-        target = block.gather(1, nxt[start : start + chunk, None])  # (c, 1)
-        top_ids.append(top.indices)
-        top_p.append((top.values - lse).exp())
-        next_p.append((target - lse).exp()[:, 0])
-        ranks.append((block > target).sum(-1) + 1)
+        top = block.topk(kk, dim=-1)
+        target = block.gather(1, nxt[start : start + chunk, None].to(block.device))  # (c, 1)
+        top_ids.append(top.indices.cpu())
+        top_p.append((top.values - lse).exp().cpu())
+        next_p.append((target - lse).exp()[:, 0].cpu())
+        ranks.append(((block > target).sum(-1) + 1).cpu())
+    if not top_ids:
+        return []
     top_id_list, top_p_list = torch.cat(top_ids).tolist(), torch.cat(top_p).tolist()
     next_list, rank_list, next_ids = torch.cat(next_p).tolist(), torch.cat(ranks).tolist(), nxt.tolist()
     out = []
@@ -185,14 +250,18 @@ def logit_lens(
     """Read residual states as the model reads its last one: ``to_logits`` applies the final
     norm, the LM head and the family's final logit transform ((n, d) -> (n, V) float32).
 
-    Returns top-k (probs, ids), each (S, n, k). Run one stage at a time to keep the
-    (n, V) logits of only one stage in memory.
+    Returns top-k (probs, ids), each (S, n, k). One stage and 256 positions at a time: the
+    logits in memory are (256, V) whatever n is.
     """
     probs_out, ids_out = [], []
     with torch.inference_mode():
         for stage in resid:
-            p = head.logits(stage).softmax(-1)  # (n, V)
-            top = p.topk(k, dim=-1)
-            probs_out.append(top.values)
-            ids_out.append(top.indices)
+            top_p, top_i = [], []
+            for start in range(0, stage.shape[0], 256):  # (256, V) logits at a time, whatever n is
+                p = head.logits(stage[start : start + 256]).softmax(-1)  # (rows, V)
+                top = p.topk(k, dim=-1)
+                top_p.append(top.values)
+                top_i.append(top.indices)
+            probs_out.append(torch.cat(top_p))
+            ids_out.append(torch.cat(top_i))
     return torch.stack(probs_out), torch.stack(ids_out)

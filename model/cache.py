@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import torch
 
 from model.analysis import HeadSparsity
-from model.errors import RunNotFound
+from model.attention import LayerAttention
+from model.budget import mib
+from model.errors import RunNotFound, TooLarge
 from model.names import parse
 from model.results import RunSummary
 
@@ -22,20 +24,23 @@ def tril_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 @dataclass
 class ActivationCache:
-    """Everything one forward produced that the API may hand out later.
+    """Everything one forward produced that the API may hand out later: O(n x d), never n x n.
 
-    Shapes (n tokens, L layers, H heads, d = d_model):
+    Shapes (n tokens, L layers, H heads, Hkv K/V heads, dh = d_head, d = d_model):
 
-    * ``patterns``  list of L tensors (H, n, n) float32, exactly as the model's eager
-      attention produced them (kept without a copy: capture costs no extra pass); the
-      masked future of a causal model holds exact zeros and is dropped when sliced;
+    * ``attention`` L ``LayerAttention`` (``model/attention.py``): post-rotary Q (H, n, dh) and
+      K (Hkv, n, dh) float32, each row's softmax normaliser (H, n), an ALiBi bias (H, n) where the
+      family has one, and the layer's mask function. Any head's weights, any rows, any tile, are
+      rebuilt from these exactly (``head_rows``); the n x n patterns are never kept;
     * ``resid``     L+1 tensors (n, d) float32: entry 0 is the embedding output
       (``blocks.0.hook_resid_pre``), entry i+1 is ``blocks.{i}.hook_resid_post``;
     * ``attn_out``  L tensors (n, d), ``blocks.{i}.hook_attn_out``;
     * ``mlp_out``   L tensors (n, d), ``blocks.{i}.hook_mlp_out``;
-
-    All are the captured tensors themselves, not copies.
     * ``input_ids`` (n,) int64.
+
+    Bytes kept (``nbytes``, what the store counts):
+    4 n [L (H + Hkv) dh + L H (+ L H with ALiBi) + (3L + 1) d] + 8 n + the summary's estimate
+    (``summary_bytes``) + what was attached later (``extra_bytes``).
 
     ``summary`` holds what the run reports besides tensors (tokens, predictions, head
     scores); ``sparsity`` the head sparsity, once asked for. Only the store changes a
@@ -45,7 +50,7 @@ class ActivationCache:
     model: str
     causal: bool
     input_ids: torch.Tensor
-    patterns: list[torch.Tensor]
+    attention: list[LayerAttention]
     resid: list[torch.Tensor]
     attn_out: list[torch.Tensor]
     mlp_out: list[torch.Tensor]
@@ -63,39 +68,39 @@ class ActivationCache:
 
     @property
     def n_layers(self) -> int:
-        return len(self.patterns)
+        return len(self.attention)
 
     @property
     def n_heads(self) -> int:
-        return int(self.patterns[0].shape[0])
+        return self.attention[0].n_heads
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.input_ids, *self.resid, *self.attn_out, *self.mlp_out, *self.patterns]
-        return sum(t.numel() * t.element_size() for t in tensors) + self.summary_bytes + self.extra_bytes
-
-    def packed(self, layer: int, head: int | None = None) -> torch.Tensor:
-        """(H or 1, cells): the visible cells of one layer (or one head), row-major."""
-        pattern = self.patterns[layer] if head is None else self.patterns[layer][head : head + 1]
-        return pack_pattern(pattern, self.causal)
+        tensors = [self.input_ids, *self.resid, *self.attn_out, *self.mlp_out]
+        return (sum(t.numel() * t.element_size() for t in tensors) + sum(a.nbytes for a in self.attention)
+                + self.summary_bytes + self.extra_bytes)
 
     def head_rows(self, layer: int, head: int, q0: int, q1: int, k0: int = 0,
                   k1: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One head's exact weights for queries [q0, q1) x keys [k0, k1), and which cells are visible.
 
-        Returns (weights (r, kw) float32, visible (r, kw) bool).
+        Returns (weights (r, kw) float32, visible (r, kw) bool), rebuilt from the kept Q and K.
         """
-        k1 = self.n if k1 is None else k1
-        weights = self.patterns[layer][head, q0:q1, k0:k1].float()  # (r, kw)
-        if not self.causal:
-            return weights, torch.ones_like(weights, dtype=torch.bool)
-        q = torch.arange(q0, q1, device=weights.device)[:, None]
-        k = torch.arange(k0, k1, device=weights.device)[None, :]
-        return weights, k <= q
+        return self.attention[layer].rows(head, q0, q1, k0, k1)
+
+    def packed(self, layer: int, head: int | None = None) -> torch.Tensor:
+        """(H or 1, cells): the visible cells of one layer (or one head), row-major (small runs)."""
+        pattern = self.pattern(layer) if head is None else self.head_pattern(layer, head)[None]
+        return pack_pattern(pattern, self.causal)
+
+    def head_pattern(self, layer: int, head: int) -> torch.Tensor:
+        """(n, n) one head's whole pattern, zeros where masked (rebuilt: n x n, for small runs)."""
+        weights, _visible = self.head_rows(layer, head, 0, self.n)
+        return weights
 
     def pattern(self, layer: int) -> torch.Tensor:
-        """(H, n, n) dense pattern with exact zeros in the masked future."""
-        return self.patterns[layer]
+        """(H, n, n) a layer's whole pattern with exact zeros where masked (rebuilt, for small runs)."""
+        return self.attention[layer].dense()
 
     def __getitem__(self, name: str) -> torch.Tensor:
         """TransformerLens-style access: ``cache[act_name("pattern", 0)]``."""
@@ -104,6 +109,10 @@ class ActivationCache:
             raise KeyError(name)
         if kind == "pattern":
             return self.pattern(i)
+        if kind == "rot_q":
+            return self.attention[i].q
+        if kind == "rot_k":
+            return self.attention[i].k
         if kind == "resid_pre":
             return self.resid[i]
         if kind == "resid_post":
@@ -112,7 +121,7 @@ class ActivationCache:
             return self.attn_out[i]
         if kind == "mlp_out":
             return self.mlp_out[i]
-        raise KeyError(name)  # captured on request only, never kept with a run
+        raise KeyError(name)
 
 
 def pack_pattern(pattern: torch.Tensor, causal: bool) -> torch.Tensor:
@@ -147,8 +156,12 @@ class RunStore:
             return self._bytes
 
     def add(self, cache: ActivationCache) -> str:
+        """Keep a run (older ones go to make room); a run larger than the whole cap is never kept."""
         run_id = secrets.token_urlsafe(12)
         size = cache.nbytes
+        if size > self.max_bytes:
+            raise TooLarge(f"this run keeps {mib(size)}; the run cache holds at most {mib(self.max_bytes)} "
+                           "(ATTNSCOPE_CACHE_BYTES)")
         with self._lock:
             self._runs[run_id] = cache
             self._bytes += size
@@ -170,7 +183,7 @@ class RunStore:
             self._evict()
 
     def _evict(self) -> None:
-        """Oldest first until under the cap; the newest run always stays. Caller holds the lock."""
+        """Oldest first until under the cap (the newest run fits alone: ``add`` checked). Caller holds the lock."""
         while self._bytes > self.max_bytes and len(self._runs) > 1:
             old_id, old = self._runs.popitem(last=False)
             self._bytes -= old.nbytes

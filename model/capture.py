@@ -10,25 +10,28 @@ instead, which
 
 * computes the attention exactly as the families' own eager code does (scale, then
   soft-cap, then mask, softmax in float32; grouped K/V heads expanded with
-  ``repeat_interleave``, never tiled), a block of query rows at a time, and
-* hands the layer's Q, K and its pattern to the capture that is active for that
-  attention module, if any (``activate`` / ``deactivate``, used by ``model.hooks``).
+  ``repeat_interleave``, never tiled), a block of query rows at a time, never the whole
+  H x n x n weights of a layer, and
+* hands each block's weights (for the head scores), each row's log-sum-exp and then the
+  layer's post-rotary Q and K to the capture that is active for that attention module, if
+  any (``activate`` / ``deactivate``, used by ``model.hooks``).
 
 The mask is registered too (``AttentionMaskInterface``): :class:`LazyMask` keeps what
 transformers would build a mask from (its mask function, offsets, padding) and
 materialises only the rows asked for, with transformers' own ``sdpa_mask``. A layer
 therefore never needs its n x n mask at once, and a kept :class:`AttentionCall`
-can rebuild any rows of any head later (the next issue's recompute-on-demand).
+can rebuild any rows of any head later (``model.attention``).
 
 Families whose attention does not go through the interface (gpt_neo, bloom, falcon)
 are loaded with eager attention and captured from their attention module's output
-instead (``ArchSpec.capture == "module"``).
+instead (``ArchSpec.capture == "module"``): their Q and K are read from the module's own
+projections (``model.module_qk``) and the weights recomputed after the forward.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -36,9 +39,10 @@ import torch
 from torch import nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.utils.output_capturing import _active_collector
 
 IMPLEMENTATION = "attnscope"
-ROW_CHUNK = 256  # query rows per block: a block's scores are (H, ROW_CHUNK, n) float32
+BLOCK_CELLS = 1 << 21  # heads x rows x keys of one block of attention weights (8 MiB of float32)
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,35 @@ class LazyMask:
             return torch.ones(1, q1 - q0, self.kv_length, dtype=torch.bool, device=args["device"])
         rows: torch.Tensor = mask[:, 0]  # (B, 1, rows, kv) -> (B, rows, kv)
         return rows
+
+    @property
+    def kv_offset(self) -> int:
+        return int(self.kwargs.get("kv_offset", 0))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors it holds (a padding mask, if any)."""
+        return sum(v.numel() * v.element_size() for v in self.kwargs.values() if isinstance(v, torch.Tensor))
+
+    def whole(self, n: int) -> LazyMask:
+        """The same mask function over a whole sequence of n positions (queries and keys from 0).
+
+        What a recorded generation keeps: its steps saw the sequence a row at a time, with only
+        the cached keys; the assembled run sees all of it. A padding mask cannot be extended and
+        is refused (captures are a batch of one, never padded).
+        """
+        padding = self.kwargs.get("attention_mask")
+        if isinstance(padding, torch.Tensor) and not bool(padding.all()):
+            raise ValueError("a padded sequence cannot be kept as one run")
+        kwargs = {**self.kwargs, "q_length": n, "kv_length": n, "kv_offset": 0, "attention_mask": None}
+        return LazyMask(kwargs=kwargs, q_length=n, kv_length=n, q_offset=0)
+
+    @staticmethod
+    def over(n: int, mask_function: Callable[..., bool], device: torch.device) -> LazyMask:
+        """A mask over n positions from a transformers mask function (families read from their module)."""
+        kwargs: dict[str, Any] = {"batch_size": 1, "q_length": n, "kv_length": n, "kv_offset": 0,
+                                  "mask_function": mask_function, "attention_mask": None, "device": device}
+        return LazyMask(kwargs=kwargs, q_length=n, kv_length=n, q_offset=0)
 
 
 def _lazy_mask(**kwargs: Any) -> LazyMask:
@@ -91,38 +124,39 @@ def mask_rows(mask: Any, q0: int, q1: int, kv: int, device: torch.device) -> tor
 
 @dataclass(frozen=True)
 class AttentionCall:
-    """What one layer's attention saw: enough to recompute any head's pattern exactly."""
+    """How one layer's attention turns Q and K into weights: enough to recompute any head exactly."""
 
     scaling: float
     softcap: float | None
     sliding_window: int | None
     groups: int  # query heads per K/V head
-    mask: Any  # LazyMask, a 4-D tensor, or None
+    mask: LazyMask
 
 
-def scores(
-    q: torch.Tensor,  # (..., H, r, dh) post-rotary queries of the rows asked for
-    k: torch.Tensor,  # (..., Hkv, kv, dh) post-rotary keys
-    call: AttentionCall,
-    allowed: torch.Tensor | None,  # (..., r, kv) bool (shared by the heads), or None = every key
-) -> torch.Tensor:
-    """(..., H, r, kv) float32 attention weights: scale, soft-cap, mask, softmax (the eager order)."""
-    k = k.float().repeat_interleave(call.groups, dim=-3)  # (..., H, kv, dh): head h reads K/V head h // groups
-    logits = torch.matmul(q.float(), k.transpose(-1, -2)) * call.scaling  # (..., H, r, kv)
-    if call.softcap is not None:
-        logits = torch.tanh(logits / call.softcap) * call.softcap
-    if allowed is not None:
-        logits = logits.masked_fill(~allowed.unsqueeze(-3), float("-inf"))
-    probs = logits.softmax(-1)
-    # a row with no visible key (cannot happen for a causal row) would be NaN: make it zero
-    return probs.nan_to_num(0.0)
+def visible_span(allowed: torch.Tensor) -> tuple[int, int]:
+    """(..., r, kv) bool -> [lo, hi): the keys any of these rows may see (a causal block skips its
+    future, a sliding window its distant past)."""
+    cols = allowed.reshape(-1, allowed.shape[-1]).any(0).nonzero()
+    if len(cols) == 0:
+        return 0, allowed.shape[-1]
+    return int(cols[0]), int(cols[-1]) + 1
+
+
+def block_rows(batch: int, n_heads: int, kv: int, cells: int = BLOCK_CELLS) -> int:
+    """Query rows per block so that a block's weights hold about ``cells`` numbers."""
+    return max(1, cells // max(1, batch * n_heads * kv))
 
 
 class CaptureSink(Protocol):
     """Receives one layer's attention during a captured forward."""
 
-    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, pattern: torch.Tensor,
-                  call: AttentionCall) -> None: ...
+    def attention_block(self, layer: int, q0: int, k0: int, weights: torch.Tensor, allowed: torch.Tensor,
+                        lse: torch.Tensor, call: AttentionCall) -> None:
+        """Rows [q0, q0 + r) of the forward's queries over keys [k0, k0 + w) (every key they see):
+        weights (H, r, w), allowed (r, w), lse (H, r)."""
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, call: AttentionCall) -> None:
+        """After the last block: q (H, q_len, dh), k (Hkv, kv_len, dh) post-rotary."""
 
 
 _ACTIVE: dict[int, tuple[CaptureSink, int]] = {}  # id(attention module) -> (sink, layer)
@@ -147,9 +181,14 @@ def active_count() -> int:
         return len(_ACTIVE)
 
 
-def row_blocks(n: int, chunk: int = ROW_CHUNK) -> Iterator[tuple[int, int]]:
-    for q0 in range(0, n, chunk):
-        yield q0, min(n, q0 + chunk)
+def wants_weights(kwargs: dict[str, Any]) -> bool:
+    """Did the caller ask the model for ``output_attentions``? Some families pass the flag to the
+    attention function; the others record the attention module's output through transformers'
+    output collector, which then expects "attentions"."""
+    if kwargs.get("output_attentions"):
+        return True
+    collected = _active_collector.get()
+    return isinstance(collected, dict) and "attentions" in collected
 
 
 def attnscope_attention(
@@ -162,12 +201,18 @@ def attnscope_attention(
     dropout: float = 0.0,
     softcap: float | None = None,
     sliding_window: int | None = None,
-    **_kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The eager attention of every interface family, with the capture on the side.
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The eager attention of every interface family, a block of query rows at a time.
 
-    Returns (output (B, q, H, dv) in the value's dtype, weights (B, H, q, kv) in the
-    query's dtype), as transformers' eager functions do. A captured forward has B = 1.
+    Each block's weights are computed exactly as the families' eager code does (scale, then
+    soft-cap, then mask, softmax in float32; grouped K/V heads expanded with
+    ``repeat_interleave``, never tiled), multiplied into the values, handed to the active
+    capture (if any) with their log-sum-exp, and dropped: the layer never holds its H x n x n
+    weights at once. Returns (output (B, q, H, dv) in the value's dtype, None): like SDPA, it
+    returns no weights — a kept run rebuilds them from Q and K (``model.attention``) — unless
+    the caller asked the model for ``output_attentions``: then (B, H, q, kv) in the query's dtype,
+    as eager attention returns them.
     """
     batch, n_heads, q_len, d_head = query.shape
     kv_len = key.shape[2]
@@ -178,19 +223,45 @@ def attnscope_attention(
         groups=n_heads // key.shape[1],
         mask=attention_mask,
     )
-    v = value.repeat_interleave(call.groups, dim=1)  # (B, H, kv, dv)
-    weights = torch.empty(batch, n_heads, q_len, kv_len, dtype=torch.float32, device=query.device)
-    for q0, q1 in row_blocks(q_len):
-        allowed = mask_rows(attention_mask, q0, q1, kv_len, query.device)  # (B or 1, r, kv)
-        weights[:, :, q0:q1] = scores(query[:, :, q0:q1], key, call, allowed)  # (B, H, r, kv)
-    output = torch.matmul(weights.to(value.dtype), v)  # (B, H, q, dv)
     target = _ACTIVE.get(id(module))  # a plain dict read: atomic under the GIL
+    if target is not None and batch != 1:
+        raise ValueError("attnscope captures one sequence at a time (a batch of 1)")
+    k = key.float().repeat_interleave(call.groups, dim=1)  # (B, H, kv, dh): head h reads K/V head h // groups
+    v = value.repeat_interleave(call.groups, dim=1)  # (B, H, kv, dv)
+    output = torch.empty(batch, n_heads, q_len, value.shape[-1], dtype=value.dtype, device=value.device)
+    every = None  # the whole weights, only when the caller asked for them
+    if wants_weights(kwargs):
+        every = torch.empty(batch, n_heads, q_len, kv_len, dtype=query.dtype, device=query.device)
+    step = block_rows(batch, n_heads, kv_len)
+    for q0 in range(0, q_len, step):
+        q1 = min(q_len, q0 + step)
+        allowed = mask_rows(attention_mask, q0, q1, kv_len, query.device)  # (B or 1, r, kv)
+        lo, hi = (0, kv_len) if allowed is None else visible_span(allowed)  # keys any of these rows sees
+        if allowed is not None:
+            allowed = allowed[..., lo:hi]
+        logits = torch.matmul(query[:, :, q0:q1].float(), k[:, :, lo:hi].transpose(-1, -2))  # (B, H, r, w)
+        logits.mul_(call.scaling)
+        if call.softcap is not None:
+            logits = torch.tanh(logits.div_(call.softcap)).mul_(call.softcap)
+        if allowed is not None:
+            logits.masked_fill_(~allowed.unsqueeze(1), float("-inf"))
+        lse = logits.logsumexp(-1)  # (B, H, r)
+        weights = logits.sub_(lse.unsqueeze(-1)).exp_()  # (B, H, r, w) float32, in place
+        if not bool(torch.isfinite(lse).all()):
+            weights.nan_to_num_(0.0)  # a row with no visible key (cannot happen for a causal row): zeros
+        output[:, :, q0:q1] = torch.matmul(weights.to(value.dtype), v[:, :, lo:hi])
+        if every is not None:
+            every[:, :, q0:q1].zero_()
+            every[:, :, q0:q1, lo:hi] = weights
+        if target is not None:
+            sink, layer = target
+            seen = allowed[0] if allowed is not None else torch.ones(q1 - q0, hi - lo, dtype=torch.bool,
+                                                                      device=query.device)
+            sink.attention_block(layer, q0, lo, weights[0], seen, lse[0], call)
     if target is not None:
-        if batch != 1:
-            raise ValueError("attnscope captures one sequence at a time (a batch of 1)")
         sink, layer = target
-        sink.attention(layer, query[0].detach(), key[0].detach(), weights[0], call)
-    return output.transpose(1, 2), weights.to(query.dtype)
+        sink.attention(layer, query[0].detach(), key[0].detach(), call)
+    return output.transpose(1, 2), every
 
 
 _REGISTER_LOCK = threading.Lock()

@@ -14,11 +14,12 @@ from dataclasses import dataclass, replace
 import torch
 
 from model import analysis, probes
+from model.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
 from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
-from model.hooks import run_with_cache
+from model.hooks import RESIDUAL, Captures, run_with_cache
 from model.loading import LMHead, LoadedModel
-from model.names import LOGITS, act_name
+from model.names import act_name
 from model.results import (
     ActualNext,
     LensPosition,
@@ -32,6 +33,7 @@ from model.results import (
 from model.tokens import TextAssembler, Token, ids_tensor, token_map, tokenize
 
 log = logging.getLogger(__name__)
+DEFAULT_FORWARD_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class RunResult:
 
 
 class Engine:
-    def __init__(self, models: dict[str, LoadedModel], default: str, store: RunStore, max_tokens: int) -> None:
+    def __init__(self, models: dict[str, LoadedModel], default: str, store: RunStore, max_tokens: int,
+                 forward_bytes: int = DEFAULT_FORWARD_BYTES) -> None:
         if default not in models:
             raise UnknownModel(default, list(models))
         # the configured name is the model's name everywhere (runs, API, logs)
@@ -51,6 +54,7 @@ class Engine:
         self.default = default
         self.store = store
         self.max_tokens = max_tokens
+        self.budget = MemoryBudget(forward_bytes)
         for lm in self.models.values():
             probes.check_attention(lm)  # a model whose attention returns no weights never serves
 
@@ -99,48 +103,63 @@ class Engine:
         lm = self.model(model)
         t0 = time.perf_counter()
         text, tokens = self.chat_tokens(lm, messages)
-        t1 = time.perf_counter()
-        with lm.lock:
-            acts = run_with_cache(lm, ids_tensor(tokens))
-        t2 = time.perf_counter()
-        return self.store_run(lm, text, tokens, acts, top_k,
-                              {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}, t0)
+        return self._analyse(lm, text, tokens, top_k, t0)
 
     def analyse(self, text: str, model: str | None = None, top_k: int = 10) -> RunResult:
         lm = self.model(model)
         t0 = time.perf_counter()
         tokens = self.tokenize(lm, text)
-        ids = ids_tensor(tokens)  # (n,)
-        t1 = time.perf_counter()
-        with lm.lock:
-            acts = run_with_cache(lm, ids)
-        t2 = time.perf_counter()
-        return self.store_run(lm, text, tokens, acts, top_k,
-                              {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}, t0)
+        return self._analyse(lm, text, tokens, top_k, t0)
 
-    def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: dict[str, torch.Tensor],
-                  top_k: int, timing: dict[str, float], t0: float) -> RunResult:
-        """Score and keep one run's activations (from one forward, or a recorded generation)."""
+    def admit(self, lm: LoadedModel, n: int, top_k: int) -> Estimate:
+        """What a run of n tokens will keep and need; 413 (TooLarge) when it could never be kept."""
+        est = estimate(lm, n, top_k)
+        admit(est, self.store.max_bytes)
+        return est
+
+    def _analyse(self, lm: LoadedModel, text: str, tokens: list[Token], top_k: int, t0: float) -> RunResult:
+        ids = ids_tensor(tokens)  # (n,)
+        est = self.admit(lm, len(tokens), top_k)
+        t1 = time.perf_counter()
+        with self.budget.reserve(est.peak), lm.lock:
+            acts = run_with_cache(lm, ids, RESIDUAL, scores=True)
+            t2 = time.perf_counter()
+            preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids, top_k)
+            return self.store_run(lm, text, tokens, acts, preds, top_k,
+                                  {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}, t0)
+
+    def predictions(self, lm: LoadedModel, final_resid: torch.Tensor, ids: torch.Tensor,
+                    top_k: int) -> list[PositionPrediction]:
+        """Every position's next-token candidates: the LM head over the kept final residual, 64 rows at
+        a time (the model's own logits, never all n x vocab at once). Caller holds ``lm.lock``."""
+        head = lm.lm_head()
+        if head is None:
+            return []
+        with torch.inference_mode():
+            preds = analysis.predictions_by_block(lambda a, b: head.logits(final_resid[a:b]), final_resid.shape[0],
+                                                  ids, top_k)
+        return named_predictions(lm, preds)
+
+    def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: Captures,
+                  preds: list[PositionPrediction], top_k: int, timing: dict[str, float], t0: float) -> RunResult:
+        """Keep one run's activations (from one forward, or a recorded generation) with its scores."""
         t2 = time.perf_counter()
         ids = ids_tensor(tokens)
-        heads = [score for layer in range(lm.info.n_layers)
-                 for score in analysis.head_scores(layer, acts[act_name("pattern", layer)], ids)]
-        preds = []
-        if LOGITS in acts:
-            preds = named_predictions(lm, analysis.predictions(acts[LOGITS], ids, top_k))
+        if acts.head_scores is None:
+            raise ValueError("store_run needs the head scores of the forward (run_with_cache(..., scores=True))")
+        heads = acts.head_scores
         t3 = time.perf_counter()
         summary = RunSummary(model=lm.info.name, tokens=list(tokens), predictions=preds, heads=heads,
                              timing_ms={**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)})
-        # the summary's Python objects count against the byte cap too (estimated: ~0.5 kB a
-        # token, ~0.3 kB a predicted candidate, ~0.6 kB a head)
-        summary_bytes = 500 * len(tokens) + 300 * sum(len(p.top) + 1 for p in preds) + 600 * len(heads)
-        cache = build_cache(lm, ids, acts, summary, text, summary_bytes)
+        k = min(top_k, lm.info.vocab_size)
+        cache = build_cache(lm, ids, acts, summary, text, summary_bytes(len(tokens), len(preds), k, len(heads)))
         run_id = self.store.add(cache)
-        log.info("run %s: %s, %d tokens, %.0f ms", run_id, lm.info.name, len(tokens), 1e3 * (t3 - t0))
+        log.info("run %s: %s, %d tokens, %s kept, %.0f ms", run_id, lm.info.name, len(tokens), mib(cache.nbytes),
+                 1e3 * (t3 - t0))
         return RunResult(run_id=run_id, cache=cache)
 
     def store_generation(self, lm: LoadedModel, prompt: str, prompt_tokens: list[Token], new_ids: list[int],
-                         acts: dict[str, torch.Tensor], top_k: int = 10) -> RunResult:
+                         acts: Captures, top_k: int = 10) -> RunResult:
         """A recorded generation as a normal run over prompt + generated text."""
         t0 = time.perf_counter()
         asm = TextAssembler(lm.tokenizer)
@@ -152,7 +171,10 @@ class Engine:
             tokens.append(Token(index=len(tokens), id=tid, text=p.display, start=len(text), end=len(text) + len(owned),
                                 special=p.special, partial=p.partial))
             text += owned
-        return self.store_run(lm, text, tokens, acts, top_k, {"recorded_steps": float(len(new_ids))}, t0)
+        self.admit(lm, len(tokens), top_k)
+        with lm.lock:
+            preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids_tensor(tokens), top_k)
+        return self.store_run(lm, text, tokens, acts, preds, top_k, {"recorded_steps": float(len(new_ids))}, t0)
 
     def run(self, run_id: str) -> ActivationCache:
         return self.store.get(run_id)
@@ -215,7 +237,12 @@ class Engine:
         cache = self.store.get(run_id)
         if cache.sparsity is not None:
             return cache.sparsity
-        heads = [s for layer in range(cache.n_layers) for s in analysis.head_sparsity(layer, cache.pattern(layer))]
+        heads = []
+        for layer, kept in enumerate(cache.attention):
+            acc = analysis.SparsityAccumulator(kept.n_heads, kept.n)
+            for _q0, _q1, weights, _visible in kept.blocks():
+                acc.add(weights)  # (H, r, n): every row, exactly, never the whole n x n
+            heads += acc.finish(layer)
 
         def attach() -> bool:
             if cache.sparsity is not None:  # another request attached it meanwhile
@@ -228,7 +255,7 @@ class Engine:
         return heads
 
 
-def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: dict[str, torch.Tensor], summary: RunSummary,
+def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: Captures, summary: RunSummary,
                 text: str, summary_bytes: int) -> ActivationCache:
     """Keep references to the captured tensors: no copy, no dtype conversion."""
     n_layers = lm.info.n_layers
@@ -236,7 +263,7 @@ def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: dict[str, torch.Tensor
         model=lm.info.name,
         causal=lm.info.causal,
         input_ids=ids,
-        patterns=[acts[act_name("pattern", i)] for i in range(n_layers)],
+        attention=acts.layers,
         resid=[acts[act_name("resid_pre", 0)]] + [acts[act_name("resid_post", i)] for i in range(n_layers)],
         attn_out=[acts[act_name("attn_out", i)] for i in range(n_layers)],
         mlp_out=[acts[act_name("mlp_out", i)] for i in range(n_layers)],

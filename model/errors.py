@@ -28,3 +28,7 @@ class AttentionUnavailable(EngineError):
 
 class ModelLoadError(EngineError):
     """A configured model could not be loaded."""
+
+
+class TooLarge(EngineError):
+    """What a request would keep or need is more than this server allows (413)."""

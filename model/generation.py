@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.hooks import hooked
+from model.hooks import RESIDUAL, Captures, Filter, hooked, last_logits_only
 from model.loading import LoadedModel
 from model.recording import Recorder
 from model.tokens import TextAssembler, token_strings
@@ -59,7 +59,8 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
 class GenerationSession:
     """Holds the KV cache between steps. Each step takes the model's lock itself."""
 
-    def __init__(self, lm: LoadedModel, prompt_ids: torch.Tensor, params: SamplingParams, record: bool = False) -> None:
+    def __init__(self, lm: LoadedModel, prompt_ids: torch.Tensor, params: SamplingParams, record: bool = False,
+                 names: Filter = RESIDUAL) -> None:
         self.lm = lm
         self.params = params
         self.ids = prompt_ids.clone()  # (n,)
@@ -68,18 +69,20 @@ class GenerationSession:
         self.steps = 0
         self.eos = lm.tokenizer.eos_token_id
         self.recorder = Recorder() if record else None
+        self.names = names  # what a recording captures by name (the residual stream; attention as Q and K)
         self.assembler = TextAssembler(lm.tokenizer)  # the generated ids as text, token by token
 
     def _forward(self, new_ids: torch.Tensor) -> torch.Tensor:
         """Feed the tokens the cache has not seen; returns the next-token logits (V,)."""
         ids = new_ids[None, :].to(self.lm.input_device)  # (1, q)
+        extra = last_logits_only(self.lm)
         with self.lm.lock, torch.inference_mode():
             if self.recorder is None:
-                out = self.lm.model(input_ids=ids, cache=self.cache, use_cache=True)
+                out = self.lm.model(input_ids=ids, cache=self.cache, use_cache=True, **extra)
             else:
-                with hooked(self.lm) as acts:
-                    out = self.lm.model(input_ids=ids, cache=self.cache, use_cache=True)
-                self.recorder.add(acts, out.logits[0])
+                with hooked(self.lm, self.names) as acts:
+                    out = self.lm.model(input_ids=ids, cache=self.cache, use_cache=True, **extra)
+                self.recorder.add(acts)
         self.cache = out.cache
         logits: torch.Tensor = out.logits[0, -1]  # (V,)
         return logits.float().cpu()  # sampling runs on the CPU with its own generator
@@ -127,10 +130,12 @@ class GenerationSession:
                     top=list(zip(top_ids, strings, top.values.tolist(), strict=True)),
                     ms=1e3 * (time.perf_counter() - t0))
 
-    def finish_recording(self) -> dict[str, torch.Tensor]:
+    def finish_recording(self, scores: bool = True) -> Captures:
         """Feed the last sampled token too, so the record covers every token; returns the
-        activations of the whole text under run_with_cache's names."""
+        activations of the whole text under run_with_cache's names, each layer's kept
+        attention and (``scores``) every head's scores."""
         assert self.recorder is not None, "this session does not record"
         if self.recorder.n < len(self.ids):
             self._forward(self.ids[-1:])
-        return self.recorder.assemble()
+        with self.lm.lock, torch.inference_mode():
+            return self.recorder.assemble(self.lm, self.ids if scores else None)

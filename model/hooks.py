@@ -15,44 +15,121 @@ Granite).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from model import capture
+from model import attention, capture, module_qk
+from model.analysis import HeadScore, ScoreAccumulator
+from model.attention import LayerAttention
 from model.capture import AttentionCall, LazyMask
 from model.errors import AttentionUnavailable
 from model.loading import LoadedModel
+from model.module_qk import ModuleQK
 from model.names import KINDS, LOGITS, act_name, kind_of
 
 Filter = Callable[[str], bool]
 
 
-class Captures(dict[str, torch.Tensor]):
-    """Activations by name, plus what each layer's attention saw (``calls``), filled during forwards."""
+def RESIDUAL(name: str) -> bool:
+    """The residual stream's names (what a run keeps by name; its attention is kept as Q and K)."""
+    return kind_of(name) in ("resid_pre", "attn_out", "mlp_out", "resid_post")
 
-    def __init__(self, wanted: Filter) -> None:
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """One forward's attention of one layer: its queries, the keys it added, and how it scores them."""
+
+    q: torch.Tensor  # (H, r, dh) float32 post-rotary, the forward's r queries
+    k: torch.Tensor  # (Hkv, r, dh) float32 post-rotary, the r keys this forward added
+    lse: torch.Tensor | None  # (H, r) row normalisers, when the forward computed them
+    scaling: float
+    softcap: float | None
+    groups: int
+    bias: torch.Tensor | None  # (H, keys so far) per-key logit bias (ALiBi)
+    mask: LazyMask  # the forward's own mask (its shape is not kept: LazyMask.whole rebuilds it)
+
+
+class Captures(dict[str, torch.Tensor]):
+    """Activations by name, plus each layer's attention record (``records``), filled during forwards.
+
+    With ``scores`` set (ids given), a full forward through the capture point also accumulates
+    every head's scores from each block of weights as it passes (``accumulators``).
+    """
+
+    def __init__(self, wanted: Filter, ids: torch.Tensor | None = None) -> None:
         super().__init__()
         self.wanted = wanted
+        self.records: dict[int, LayerRecord] = {}
         self.calls: dict[int, AttentionCall] = {}
+        self.ids = ids
+        self.accumulators: dict[int, ScoreAccumulator] = {}
+        self._lse: dict[int, list[torch.Tensor]] = {}
+        self.layers: list[LayerAttention] = []  # filled by run_with_cache / finish
+        self.head_scores: list[HeadScore] | None = None
 
-    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, pattern: torch.Tensor,
-                  call: AttentionCall) -> None:
-        """The capture point's callback (model.capture): q (H, r, dh), k (Hkv, kv, dh), pattern (H, r, kv)."""
+    def attention_block(self, layer: int, q0: int, k0: int, weights: torch.Tensor, allowed: torch.Tensor,
+                        lse: torch.Tensor, call: AttentionCall) -> None:
+        """The capture point's callback for rows [q0, q0 + r) over keys [k0, k0 + w): weights (H, r, w),
+        lse (H, r)."""
+        self._lse.setdefault(layer, []).append(lse.float())
+        whole = (isinstance(call.mask, LazyMask) and call.mask.q_offset == 0 and call.mask.kv_offset == 0
+                 and call.mask.kv_length == call.mask.q_length)
+        if self.ids is not None and whole and call.mask.kv_length == self.ids.shape[0]:
+            if layer not in self.accumulators:
+                self.accumulators[layer] = ScoreAccumulator(weights.shape[0], self.ids)
+            self.accumulators[layer].add(q0, weights, k0)
+
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, call: AttentionCall) -> None:
+        """The capture point's callback after a layer's last block: q (H, r, dh), k (Hkv, kv, dh)."""
         self.calls[layer] = call
-        offset = int(call.mask.kwargs.get("kv_offset", 0)) if isinstance(call.mask, LazyMask) else 0
-        if self.wanted(name := act_name("pattern", layer)):
-            if offset:  # a sliding-window cache kept only the last keys: put them at their positions
-                pattern = torch.nn.functional.pad(pattern, (offset, 0))
-            self[name] = pattern
-        if self.wanted(name := act_name("rot_q", layer)):
-            self[name] = q.float()
-        if self.wanted(name := act_name("rot_k", layer)):
-            self[name] = k.float()
+        r = q.shape[1]
+        mask = call.mask if isinstance(call.mask, LazyMask) else None
+        if mask is None:
+            raise AttentionUnavailable(f"layer {layer}: the model built its own attention mask "
+                                       f"({type(call.mask).__name__}); attnscope needs transformers' mask interface")
+        self.records[layer] = LayerRecord(q=q.float(), k=k[:, k.shape[1] - r :].float(),
+                                          lse=torch.cat(self._lse.pop(layer, []), dim=1), scaling=call.scaling,
+                                          softcap=call.softcap, groups=call.groups, bias=None, mask=mask)
+
+    def module_attention(self, layer: int, qk: ModuleQK) -> None:
+        """A module-read family's Q and K (model.module_qk), from the attention module's input."""
+        self.records[layer] = LayerRecord(q=qk.q.detach(), k=qk.k.detach(), lse=None, scaling=qk.scaling,
+                                          softcap=None, groups=qk.groups, bias=qk.bias,
+                                          mask=LazyMask.over(qk.q.shape[1], qk.mask_function, qk.q.device))
+
+
+def assemble(forwards: list[Captures], n_layers: int,
+             scores: Callable[[int], Callable[[int, torch.Tensor], None] | None] | None = None
+             ) -> list[LayerAttention]:
+    """Each layer's kept attention over all the positions these forwards saw, in order.
+
+    One forward over a prompt, or a recorded generation's prefill and steps: queries and new
+    keys are concatenated, the mask is the forward's own over the whole sequence, the ALiBi
+    bias the last forward's (it covers every key). Row normalisers come from the forwards when
+    each computed them, else from one sweep (that also feeds ``scores(layer)``, if given).
+    """
+    layers = []
+    for i in range(n_layers):
+        recs = [f.records[i] for f in forwards]
+        q = torch.cat([r.q for r in recs], dim=1)  # (H, n, dh)
+        k = torch.cat([r.k for r in recs], dim=1)  # (Hkv, n, dh)
+        n = q.shape[1]
+        lse = None if any(r.lse is None for r in recs) else torch.cat([r.lse for r in recs if r.lse is not None], 1)
+        bias = recs[-1].bias
+        if bias is not None and bias.shape[-1] != n:
+            raise ValueError(f"layer {i}: an ALiBi bias over {bias.shape[-1]} keys for {n} positions")
+        first = recs[0]
+        layers.append(attention.build(q, k, scaling=first.scaling, softcap=first.softcap, groups=first.groups,
+                                      bias=bias, mask=first.mask.whole(n), lse=lse,
+                                      scores=scores(i) if scores is not None else None))
+    return layers
 
 
 def _first(output: Any) -> torch.Tensor:
@@ -82,15 +159,11 @@ def _add_hooks(lm: LoadedModel, store: Captures) -> list[RemovableHandle]:
 
         return hook
 
-    def save_pattern(name: str) -> Callable[..., None]:
-        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
-            weights = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if weights is None:
-                raise AttentionUnavailable(
-                    f"{name}: the attention module returned no weights; attnscope needs the eager "
-                    "attention implementation (attn_implementation='eager')"
-                )
-            store[name] = weights[0].detach().float()  # (H, q, kv)
+    def read_qk(layer: int) -> Callable[..., None]:
+        reader = module_qk.READERS[lm.model.config.model_type]
+
+        def hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            store.module_attention(layer, reader(module, args, kwargs))
 
         return hook
 
@@ -104,8 +177,8 @@ def _add_hooks(lm: LoadedModel, store: Captures) -> list[RemovableHandle]:
     for i, block in enumerate(lm.blocks):
         if wanted(name := act_name("resid_pre", i)):
             handles.append(block.register_forward_pre_hook(save_input(name), with_kwargs=True))
-        if spec.capture == "module" and wanted(name := act_name("pattern", i)):
-            handles.append(block.get_submodule(spec.attn).register_forward_hook(save_pattern(name)))
+        if spec.capture == "module":
+            handles.append(block.get_submodule(spec.attn).register_forward_pre_hook(read_qk(i), with_kwargs=True))
         if wanted(name := act_name("attn_out", i)):
             handles.append(block.get_submodule(spec.attn_out).register_forward_hook(
                 save_output(name, factor=scale)))
@@ -127,13 +200,15 @@ def _filter(names: Iterable[str] | Filter | None) -> Filter:
 
 
 @contextmanager
-def hooked(lm: LoadedModel, names: Iterable[str] | Filter | None = None) -> Iterator[Captures]:
-    """Hooks live only inside the ``with``: every forward run there fills the dict.
+def hooked(lm: LoadedModel, names: Iterable[str] | Filter | None = None,
+           ids: torch.Tensor | None = None) -> Iterator[Captures]:
+    """Hooks live only inside the ``with``: every forward run there fills the dict and ``records``.
 
-    With the KV cache a step's forward sees one new query: its pattern is then
-    (heads, 1, keys) and its residual tensors (1, d_model).
+    With the KV cache a step's forward sees one new query: its record then holds one query
+    and one new key per layer, and its residual tensors are (1, d_model). ``ids`` (n,) asks a
+    full forward through the capture point to accumulate head scores as it goes.
     """
-    store = Captures(_filter(names))
+    store = Captures(_filter(names), ids)
     attention_modules = [block.get_submodule(lm.spec.attn) for block in lm.blocks]
     handles: list[RemovableHandle] = []
     try:
@@ -147,27 +222,68 @@ def hooked(lm: LoadedModel, names: Iterable[str] | Filter | None = None) -> Iter
             handle.remove()
 
 
+def publish(store: Captures, n_layers: int) -> None:
+    """Put what was asked for by name from the kept layers: dense patterns (small runs), Q and K."""
+    for i, layer in enumerate(store.layers[:n_layers]):
+        if store.wanted(name := act_name("pattern", i)):
+            store[name] = layer.dense()  # (H, n, n)
+        if store.wanted(name := act_name("rot_q", i)):
+            store[name] = layer.q
+        if store.wanted(name := act_name("rot_k", i)):
+            store[name] = layer.k
+
+
+def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None) -> tuple[
+        list[LayerAttention], list[HeadScore] | None]:
+    """The kept attention of these forwards and, when ``ids`` are given, every head's scores
+    (exact over all rows: from the forward's own blocks where it had them, else from one sweep)."""
+    n_layers = lm.info.n_layers
+    missing = [i for i in range(n_layers) if any(i not in f.records for f in forwards)]
+    if missing:
+        raise AttentionUnavailable(
+            f"{act_name('pattern', missing[0])}: the attention never reached attnscope's capture point (the "
+            f"model runs {lm.model.config._attn_implementation!r} attention); attnscope needs "
+            f"attn_implementation={lm.spec.attn_implementation!r}")
+    inline = forwards[0].accumulators if len(forwards) == 1 else {}
+    swept: dict[int, ScoreAccumulator] = {}
+
+    def feed(layer: int) -> Callable[[int, torch.Tensor], None] | None:
+        if ids is None or layer in inline:
+            return None
+        swept[layer] = ScoreAccumulator(lm.info.n_heads, ids)
+        return swept[layer].add
+
+    layers = assemble(forwards, n_layers, feed)
+    if ids is None:
+        return layers, None
+    return layers, [s for i in range(n_layers) for s in (inline[i] if i in inline else swept[i]).finish(i)]
+
+
+def last_logits_only(lm: LoadedModel) -> dict[str, int]:
+    """``logits_to_keep=1`` where the model takes it: the (n, vocab) logits are never built whole."""
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(lm.model.forward).parameters else {}
+
+
 def run_with_cache(
     lm: LoadedModel,
     input_ids: torch.Tensor,  # (n,)
     names: Iterable[str] | Filter | None = None,
+    scores: bool = False,
 ) -> Captures:
-    """One forward over all positions; returns the captured activations by name.
+    """One forward over all positions; returns the captured activations by name, each layer's
+    kept attention (``layers``) and, with ``scores``, every head's scores (``head_scores``).
 
     ``names`` keeps only what was asked for (a list of names or a predicate), like
-    TransformerLens' ``names_filter``. The caller holds ``lm.lock``.
+    TransformerLens' ``names_filter``; a pattern asked for by name is rebuilt whole from the
+    kept Q and K (small runs only: it is n x n). The caller holds ``lm.lock``.
     """
     wanted = _filter(names)
-    with hooked(lm, wanted) as store, torch.inference_mode():
-        out = lm.model(input_ids=input_ids[None, :].to(lm.input_device), use_cache=False)
-    missing = [name for i in range(lm.info.n_layers) if wanted(name := act_name("pattern", i))
-               and name not in store]
-    if missing:
-        raise AttentionUnavailable(
-            f"{missing[0]}: the attention never reached attnscope's capture point (the model runs "
-            f"{lm.model.config._attn_implementation!r} attention); attnscope needs attn_implementation="
-            f"{lm.spec.attn_implementation!r}"
-        )
+    ids = input_ids.to(lm.input_device)
+    extra = {} if wanted(LOGITS) else last_logits_only(lm)
+    with hooked(lm, wanted, ids if scores else None) as store, torch.inference_mode():
+        out = lm.model(input_ids=ids[None, :], use_cache=False, **extra)
+        store.layers, store.head_scores = finish(lm, [store], ids if scores else None)
+        publish(store, lm.info.n_layers)
     logits = getattr(out, "logits", None)
     if logits is not None and wanted(LOGITS):
         store[LOGITS] = logits[0].float()  # (n, vocab)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from model.arch import PositionEncoding
+from model.attention import LayerAttention
 from model.errors import BadInput
 from model.loading import LoadedModel, input_embeddings, output_embeddings, position_embeddings
 
@@ -72,17 +73,17 @@ def value_contributions(lm: LoadedModel, ids: torch.Tensor, layer: int) -> torch
     return norms
 
 
-def contribution_gaps(lm: LoadedModel, ids: torch.Tensor, patterns: list[torch.Tensor], position: int,
+def contribution_gaps(lm: LoadedModel, ids: torch.Tensor, layers: list[LayerAttention], position: int,
                       causal: bool) -> list[dict[str, Any]]:
     """Per head at one query: the total-variation distance between the attention weights and
     each source's share of what the head adds (weight x ‖v W_O‖, normalised). 0 means the
     weights already tell the whole story; larger means weight and contribution disagree.
-    patterns: per layer (H, n, n). Caller holds the lock."""
+    layers: a run's kept attention, one row of each head rebuilt. Caller holds the lock."""
     visible = position + 1 if causal else ids.shape[0]
     out: list[dict[str, Any]] = []
-    for layer, pattern in enumerate(patterns):
+    for layer, kept in enumerate(layers):
         norms = value_contributions(lm, ids, layer)[:, :visible]  # (H, visible)
-        weights = pattern[:, position, :visible].float()  # (H, visible)
+        weights = kept.weights(position, position + 1)[0][:, 0, :visible].float()  # (H, visible)
         added = weights * norms
         share = added / added.sum(-1, keepdim=True).clamp_min(1e-12)
         gap = 0.5 * (weights - share).abs().sum(-1)  # (H,)
@@ -332,13 +333,19 @@ def hidden_similarity(a_ids: list[int], a_resid: list[torch.Tensor], b_ids: list
     return out
 
 
-def attention_differences(a_patterns: list[torch.Tensor], b_patterns: list[torch.Tensor]) -> list[dict[str, Any]]:
+def attention_differences(a_layers: list[LayerAttention], b_layers: list[LayerAttention]) -> list[dict[str, Any]]:
     """Per head: the mean |A - B| of two runs' attention, position by position, over the query
-    rows both runs have (cells past a row's end are zero in both). patterns: per layer (H, n, n)."""
+    rows both runs have (cells past a row's end are zero in both). Rebuilt a block of rows at a
+    time from each run's kept Q and K: never a whole n x n."""
     out: list[dict[str, Any]] = []
-    for layer, (pa, pb) in enumerate(zip(a_patterns, b_patterns, strict=True)):
-        n = min(pa.shape[-1], pb.shape[-1])
-        diff = (pa[:, :n, :n].float() - pb[:, :n, :n].float()).abs()  # (H, n, n)
-        rows = diff.sum(-1).mean(-1) / 2  # (H,): total-variation distance per row, averaged
+    for layer, (la, lb) in enumerate(zip(a_layers, b_layers, strict=True)):
+        n = min(la.n, lb.n)
+        total = torch.zeros(la.n_heads, dtype=torch.float64)
+        step = min(la.block_rows(), lb.block_rows())
+        for q0 in range(0, n, step):
+            q1 = min(n, q0 + step)
+            wa, wb = la.weights(q0, q1)[0][..., :n], lb.weights(q0, q1)[0][..., :n]  # (H, r, n)
+            total += (wa - wb).abs().sum(-1).sum(-1).double().cpu()
+        rows = total / max(n, 1) / 2  # (H,): total-variation distance per row, averaged
         out.extend({"layer": layer, "head": h, "diff": float(rows[h])} for h in range(rows.shape[0]))
     return out

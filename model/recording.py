@@ -1,9 +1,11 @@
 """Record every step of a KV-cache generation and assemble it into one ordinary run.
 
-Each forward of a generation sees only the tokens the cache has not seen: the
-prefill sees the prompt (its patterns are (H, n, n)), each later step one token
-(patterns (H, 1, t + 1)). Stacking those rows gives exactly the (H, N, N) pattern a
-fresh forward over the whole text would give; the tests check it.
+Each forward of a generation sees only the tokens the cache has not seen: the prefill sees
+the prompt, each later step one token. Every forward's capture keeps its queries and the
+keys it added (``model.hooks.LayerRecord``): O(n x d) per step, like a run. Concatenated,
+they are exactly the Q and K one fresh forward over the whole text would keep, and any
+row of any head is rebuilt from them with the layer's mask over the whole sequence; the
+tests check the assembled run against a fresh forward.
 """
 
 from __future__ import annotations
@@ -12,18 +14,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model.names import LOGITS, act_name, kind_of
+from model import attention
+from model.hooks import Captures, finish, publish
+from model.loading import LoadedModel
+from model.names import act_name, kind_of
 
 
 @dataclass
 class Recorder:
-    chunks: list[dict[str, torch.Tensor]] = field(default_factory=list)
-    logits: list[torch.Tensor] = field(default_factory=list)  # (rows, V) per forward
+    chunks: list[Captures] = field(default_factory=list)
 
-    def add(self, acts: dict[str, torch.Tensor], logits: torch.Tensor | None) -> None:
-        self.chunks.append(dict(acts))
-        if logits is not None:
-            self.logits.append(logits.float())
+    def add(self, acts: Captures) -> None:
+        self.chunks.append(acts)
 
     @property
     def n(self) -> int:
@@ -31,27 +33,26 @@ class Recorder:
 
     def new_rows(self, layer: int, head: int) -> list[list[float]]:
         """The rows of one head computed by the latest forward (visible keys only)."""
-        pattern = self.chunks[-1][act_name("pattern", layer)][head]  # (rows, keys)
-        keys = pattern.shape[-1]
-        first = keys - pattern.shape[0]
-        return [pattern[r, : first + r + 1].tolist() for r in range(pattern.shape[0])]
+        recs = [c.records[layer] for c in self.chunks]
+        last = recs[-1]
+        r = last.q.shape[1]
+        k = torch.cat([rec.k for rec in recs], dim=1)  # (Hkv, t, dh): every key so far
+        t = k.shape[1]
+        bias = None if last.bias is None else last.bias[head : head + 1, :t]
+        z = attention.logits(last.q[head : head + 1], k, [head], last.groups, 0, t, last.scaling, last.softcap,
+                             bias)[0]  # (r, t)
+        allowed = recs[0].mask.whole(t).rows(t - r, t)[0]  # (r, t)
+        weights = z.masked_fill(~allowed, float("-inf")).softmax(-1).nan_to_num(0.0)
+        return [weights[i, : t - r + i + 1].tolist() for i in range(r)]
 
-    def assemble(self) -> dict[str, torch.Tensor]:
-        """The activations under run_with_cache's names, over all N recorded positions."""
-        n = self.n
-        out: dict[str, torch.Tensor] = {}
-        for name in self.chunks[0]:
-            parts = [c[name] for c in self.chunks]
-            if kind_of(name) == "pattern":
-                heads = parts[0].shape[0]
-                full = torch.zeros(heads, n, n, device=parts[0].device)
-                row = 0
-                for p in parts:  # (H, rows, keys): keys = every position up to the last row
-                    full[:, row : row + p.shape[1], : p.shape[2]] = p
-                    row += p.shape[1]
-                out[name] = full
-            else:
-                out[name] = torch.cat(parts, dim=0)  # (N, d)
-        if self.logits:
-            out[LOGITS] = torch.cat(self.logits, dim=0)  # (N, V)
+    def assemble(self, lm: LoadedModel, ids: torch.Tensor | None = None) -> Captures:
+        """The activations over all N recorded positions, under run_with_cache's names, with each
+        layer's kept attention (``layers``) and, given the N token ids, the head scores."""
+        first = self.chunks[0]
+        out = Captures(first.wanted)
+        for name in first:
+            if kind_of(name) not in ("pattern", "rot_q", "rot_k"):
+                out[name] = torch.cat([c[name] for c in self.chunks], dim=0)  # (N, d)
+        out.layers, out.head_scores = finish(lm, self.chunks, ids)
+        publish(out, lm.info.n_layers)
         return out

@@ -103,3 +103,21 @@ FAMILIES: list[Family] = [
 ]
 DECODERS = [f for f in FAMILIES if f.causal]
 ENCODERS = [f for f in FAMILIES if not f.causal]
+
+
+LONG_POSITIONS = 32_768
+
+
+def long_llama(seed: int = 0) -> PreTrainedModel:
+    """The long-context model of issue 15: Llama-shaped (rotary), 2 layers, hidden 128, 4 heads, 2 K/V
+    heads, 32,768 positions, random weights drawn as ``Family.build`` draws them, float32, eval mode."""
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model("llama", num_hidden_layers=2, hidden_size=128, intermediate_size=256,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=LONG_POSITIONS,
+                                  vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return model.eval()

@@ -14,8 +14,9 @@ from tests.conftest import make_engine
 
 
 def test_lru_evicts_oldest_and_says_expired(tiny_models: dict[str, LoadedModel]) -> None:
-    engine = make_engine({"m": tiny_models["gpt2"]}, "m", cache_bytes=1)
+    engine = make_engine({"m": tiny_models["gpt2"]}, "m")
     first = engine.analyse("one two three")
+    engine.store.max_bytes = first.cache.nbytes * 3 // 2  # room for one run of about this size, not two
     engine.run(first.run_id)
     second = engine.analyse("four five six")
     with pytest.raises(RunNotFound) as err:
@@ -39,9 +40,10 @@ def test_lru_keeps_recently_used(tiny_models: dict[str, LoadedModel]) -> None:
 
 
 def test_expired_run_is_404_over_http(tiny_models: dict[str, LoadedModel]) -> None:
-    engine = make_engine({"m": tiny_models["gpt2"]}, "m", cache_bytes=1)
+    engine = make_engine({"m": tiny_models["gpt2"]}, "m")
     with TestClient(create_app(Settings(models={}, default_model="m"), engine)) as client:
         old = client.post("/api/runs", json={"text": "first prompt"}).json()["run_id"]
+        engine.store.max_bytes = engine.run(old).nbytes * 3 // 2
         client.post("/api/runs", json={"text": "second prompt"})
         r = client.get(f"/api/runs/{old}/residual")
         assert r.status_code == 404 and r.json()["message"] == "run expired, analyse again"

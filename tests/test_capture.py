@@ -183,15 +183,25 @@ def test_sparsity_counts_diffuse_rows_exactly() -> None:
     assert s.keys_90 == pytest.approx(180, abs=1) and s.top5 == pytest.approx(5 / n)
 
 
-def test_long_prompt_scores_sample_rows_but_gathers_exactly() -> None:
+def test_long_prompt_scores_are_exact_over_every_row() -> None:
     n = 600
     p = torch.rand(2, n, n).tril()
     p = p / p.sum(-1, keepdim=True)
-    (a, _b) = analysis.head_scores(0, p, torch.arange(n))
+    ids = torch.randint(0, 20, (n,))
+    (a, _b) = analysis.head_scores(0, p, ids)
     rows = torch.arange(1, n)
     assert a.prev_token == pytest.approx(p[0, rows, rows - 1].mean().item(), rel=1e-5)
-    exact_entropy = -torch.special.xlogy(p[0], p[0]).sum(-1).mean().item()
-    assert a.entropy == pytest.approx(exact_entropy, rel=0.05)
+    assert a.entropy == pytest.approx(-torch.special.xlogy(p[0], p[0]).sum(-1).mean().item(), rel=1e-5)
+    assert a.max == pytest.approx(p[0].amax(-1).mean().item(), rel=1e-5)
+    acc = analysis.ScoreAccumulator(2, ids)  # fed in uneven row blocks: the same numbers
+    for q0 in range(0, n, 77):
+        acc.add(q0, p[:, q0 : q0 + 77])
+    blocked = acc.finish(0)[0]
+    for field in ("entropy", "prev_token", "first_token", "max", "induction"):
+        assert getattr(blocked, field) == pytest.approx(getattr(a, field), rel=1e-6), field
+    (s,) = analysis.head_sparsity(0, p[:1])
+    sorted_rows = p[0].sort(-1, descending=True).values.cumsum(-1)
+    assert s.keys_90 == pytest.approx(((sorted_rows < 0.9 - 1e-6).sum(-1) + 1).float().mean().item(), rel=1e-6)
 
 
 def test_predictions_rank_and_prob() -> None:

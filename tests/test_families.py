@@ -18,7 +18,7 @@ from model.engine import Engine
 from model.generation import GenerationSession, SamplingParams
 from model.hooks import Captures, run_with_cache
 from model.loading import LoadedModel, wrap_model
-from model.names import act_name
+from model.names import act_name, kind_of
 from model.tokens import ids_tensor, tokenize
 from tests.conftest import make_engine
 from tests.families import DECODERS, ENCODERS, FAMILIES, Family
@@ -219,9 +219,18 @@ def test_recorded_generation_equals_a_fresh_forward(family: Family) -> None:
         session.step()
     recorded = session.finish_recording()
     with b.lm.lock:
-        fresh = run_with_cache(b.lm, session.ids)
+        fresh = run_with_cache(b.lm, session.ids, scores=True)
     for name, expected in fresh.items():
-        torch.testing.assert_close(recorded[name], expected, atol=1e-4, rtol=1e-4, msg=name)
+        if kind_of(name) in ("resid_pre", "attn_out", "mlp_out", "resid_post"):
+            torch.testing.assert_close(recorded[name], expected, atol=1e-4, rtol=1e-4, msg=name)
+    for i, (got, want) in enumerate(zip(recorded.layers, fresh.layers, strict=True)):  # what a run keeps: O(n d)
+        torch.testing.assert_close(got.q, want.q, atol=1e-4, rtol=1e-4, msg=f"layer {i} Q")
+        torch.testing.assert_close(got.k, want.k, atol=1e-4, rtol=1e-4, msg=f"layer {i} K")
+        torch.testing.assert_close(got.lse, want.lse, atol=1e-4, rtol=1e-4, msg=f"layer {i} row normalisers")
+        torch.testing.assert_close(got.dense(), want.dense(), atol=1e-4, rtol=1e-4, msg=f"layer {i} pattern")
+    assert recorded.head_scores is not None and fresh.head_scores is not None
+    for got_s, want_s in zip(recorded.head_scores, fresh.head_scores, strict=True):
+        assert got_s.entropy == pytest.approx(want_s.entropy, abs=1e-4) and got_s.max == pytest.approx(want_s.max, abs=1e-4)
 
 
 @pytest.mark.parametrize("family", ENCODERS, ids=lambda f: f.id)

@@ -18,7 +18,7 @@ from app.main import create_app
 from app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-LONG = " ".join(["word"] * 200)  # 200 tokens: one run's patterns alone are 2 x 4 x 200² x 4 B = 1.3 MB
+LONG = " ".join(["word"] * 200)  # 200 tokens: more than test_max_tokens' limit
 
 
 def app_client(tiny_dirs: dict[str, Path], **settings: Any) -> TestClient:
@@ -98,10 +98,17 @@ def test_cache_bytes(tiny_dirs: dict[str, Path]) -> None:
         assert client.get("/api/health").json()["run_cache_max_bytes"] == 1 << 20
         first = client.post("/api/runs", json={"text": "short"}).json()["run_id"]
         assert client.get(f"/api/runs/{first}").status_code == 200
-        client.post("/api/runs", json={"text": LONG})  # over the cap alone: only the newest run stays
+        big = client.post("/api/runs", json={"text": " ".join(["word"] * 240)})  # keeps ~1.2 MiB alone: refused
+        assert big.status_code == 413
+        assert "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)" in big.json()["message"]
+        assert client.get(f"/api/runs/{first}").status_code == 200  # refused before its forward: nothing evicted
+        for _ in range(3):  # ~0.6 MiB each: the older go
+            last = client.post("/api/runs", json={"text": " ".join(["word"] * 120)}).json()["run_id"]
         r = client.get(f"/api/runs/{first}")
         assert r.status_code == 404 and "expired" in r.json()["message"]
-        assert client.get("/api/health").json()["runs"] == 1
+        health = client.get("/api/health").json()
+        assert health["runs"] == 1 and health["run_cache_bytes"] <= 1 << 20
+        assert client.get(f"/api/runs/{last}").status_code == 200
     with app_client(tiny_dirs) as roomy:  # the default 1 GiB keeps both
         first = roomy.post("/api/runs", json={"text": "short"}).json()["run_id"]
         roomy.post("/api/runs", json={"text": LONG})

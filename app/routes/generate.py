@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import EngineDep, GateDep, SettingsDep
+from app.routes.runs import DEFAULT_TOP_K
 from app.schemas import ErrorOut, GenerateRequest
 from model.errors import BadInput
 from model.generation import GenerationSession, SamplingParams
@@ -69,6 +70,8 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
             raise BadInput(f"watch layer/head out of range: layers 0..{lm.info.n_layers - 1}, "
                            f"heads 0..{lm.info.n_heads - 1}")
         watch = (layer, head)
+    if body.record:  # the recorded run is kept like an analysed one: refuse now what could never be kept
+        engine.admit(lm, len(tokens) + body.max_new_tokens, DEFAULT_TOP_K)
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
                             top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop_at_eos=body.stop_at_eos)
     session = GenerationSession(lm, ids_tensor(tokens), params, record=body.record)

@@ -44,7 +44,7 @@ def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, hea
     with gate.enter(lm.info.name), lm.lock:
         norms = lessons.value_contributions(lm, cache.input_ids, layer)[head]  # (n,)
     visible = position + 1 if cache.causal else cache.n
-    weights = cache.pattern(layer)[head, position, :visible]
+    weights = cache.head_rows(layer, head, position, position + 1, 0, visible)[0][0]  # (visible,)
     return ContributionsOut(layer=layer, head=head, position=position, weights=weights.tolist(),
                             value_norms=norms[:visible].tolist(), contributions=(weights * norms[:visible]).tolist())
 
@@ -56,9 +56,8 @@ def contribution_gaps(run_id: str, engine: EngineDep, gate: GateDep, position: I
     if not 0 <= position < cache.n:
         raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
     lm = engine.model(cache.model)
-    patterns = [cache.pattern(layer) for layer in range(cache.n_layers)]
     with gate.enter(lm.info.name), lm.lock:
-        heads = lessons.contribution_gaps(lm, cache.input_ids, patterns, position, cache.causal)
+        heads = lessons.contribution_gaps(lm, cache.input_ids, cache.attention, position, cache.causal)
     return ContributionGapsOut(position=position, heads=[HeadGap(**h) for h in heads])
 
 
@@ -120,8 +119,7 @@ def compare(a: str, b: str, engine: EngineDep) -> CompareOut:
         raise BadInput("both runs must come from the same model")
     texts = [t.text for t in run_a.summary.tokens]
     pairs = lessons.hidden_similarity(run_a.input_ids.tolist(), run_a.resid, run_b.input_ids.tolist(), run_b.resid)
-    heads = lessons.attention_differences([run_a.pattern(i) for i in range(run_a.n_layers)],
-                                          [run_b.pattern(i) for i in range(run_b.n_layers)])
+    heads = lessons.attention_differences(run_a.attention, run_b.attention)
     stages = ["embed"] + [f"block {i}" for i in range(run_a.n_layers)]
     return CompareOut(a=a, b=b, stages=stages, heads=[HeadDiff(**h) for h in heads],
                       tokens=[CompareToken(a=p["a"], b=p["b"], cos=p["cos"], cos_by_stage=p["cos_by_stage"],

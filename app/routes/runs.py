@@ -33,6 +33,7 @@ from model import analysis
 from model.analysis import HeadScore
 from model.cache import ActivationCache
 from model.errors import BadInput
+from model.export import to_safetensors
 from model.results import LogitLens, PositionPrediction
 from model.tiles import MASKED_U8, RowsFn, TileSpec, tile, u8_tile
 from model.tokens import Token
@@ -304,20 +305,37 @@ def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
 
 
 @router.get("/runs/{run_id}/export", responses=ERRORS,
-            summary="The whole run as one JSON file: summary, model, text and every head's attention rows",
-            description="Attention keeps full float32 precision: `attention[layer][head]` is base64 of the "
-                        "head's visible cells as little-endian float32, row-major as in the attention "
-                        "endpoint's binary form (causal row i holds keys 0..i). "
-                        "`attnscope export RUN.json --layer L --head H --svg out.svg` turns it into a figure.")
-def export_run(run_id: str, engine: EngineDep) -> Response:
+            summary="The whole run as one file: JSON with every head's rows (short runs), or what the run keeps "
+                    "(safetensors)",
+            description="`format=json` (default): summary, model, text and every head's attention; attention "
+                        "keeps full float32 precision: `attention[layer][head]` is base64 of the head's visible "
+                        "cells as little-endian float32, row-major as in the attention endpoint's binary form "
+                        "(causal row i holds keys 0..i). `attnscope export RUN.json --layer L --head H --svg "
+                        "out.svg` turns it into a figure. Its cells grow with n²: above ATTNSCOPE_MAX_CELLS the "
+                        "JSON export is refused (422). `format=safetensors`: what the run keeps, O(n·d) — each "
+                        "layer's post-rotary Q and K, row normalisers, ALiBi bias, visible key ranges and the "
+                        "residual stream, with the summary as metadata; `model.export.KeptRun.load(path)."
+                        "pattern(layer, head)` rebuilds any head exactly (README: What a run keeps).")
+def export_run(run_id: str, engine: EngineDep, settings: SettingsDep,
+               format: Literal["json", "safetensors"] = "json") -> Response:
     cache = engine.run(run_id)
     lm = engine.model(cache.model)
     run = RUN_JSON.dump_python(run_body(run_id, cache), mode="json")
-    payload = {"format": "attnscope-run/2", "run_id": run_id, "text": cache.text,
+    summary = {"format": "attnscope-run/2", "run_id": run_id, "text": cache.text,
                "model_info": asdict(lm.info), "causal": cache.causal,
-               **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms")},
-               "attention_encoding": "f32-le-base64",
-               "attention": [[f32_base64(cells) for cells in cache.packed(layer)]
+               **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms")}}
+    if format == "safetensors":
+        body = to_safetensors(cache, {k: v for k, v in summary.items() if k != "predictions"})
+        return Response(body, media_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.safetensors"'})
+    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
+    cells = visible * cache.n_heads * cache.n_layers
+    if cells > settings.max_cells:
+        raise BadInput(f"the JSON export of this run would hold {cells:,} attention cells, more than this server's "
+                       f"limit of {settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): export format=safetensors instead "
+                       "(what the run keeps, from which model.export rebuilds any head)")
+    payload = {**summary, "attention_encoding": "f32-le-base64",
+               "attention": [[f32_base64(head_cells) for head_cells in cache.packed(layer)]
                              for layer in range(cache.n_layers)]}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.json"'})

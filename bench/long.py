@@ -1,0 +1,195 @@
+"""Long prompts in bounded memory (issue 15): capture vs a plain SDPA forward, bytes kept vs dense
+patterns, peak RSS, and the time to a tile, on config-built models (random weights, no download).
+
+    python bench/long.py            # writes the "long" section of BENCHMARKS.md
+
+Rows: the long-context Llama of tests/families.py (2 layers, hidden 128, 4 heads, 2 K/V heads,
+32,768 positions) at n = 1k, 4k, 16k, 32k, and a GPT-2-small-shaped model (12 x 12 heads,
+d_model 768, 1,024 positions) at 256 and 1,024. Per row:
+
+* SDPA: one plain forward of the same model with ``attn_implementation="sdpa"`` (last logits only);
+* capture: the engine's forward through attnscope's capture point with exact head scores over
+  every row (``run_with_cache(..., scores=True)``), and ``analyse`` (that + predictions at every
+  position + keeping the run) end to end;
+* kept: the run's ``nbytes`` against every head's dense float32 pattern (L x H x n² x 4 B);
+* peak RSS: the process's high-water mark during the analyse (reset through /proc/self/clear_refs);
+* overview: a whole head pooled to 256 x 256 bins (max), through the API's tile code;
+  exact tile: 256 x 256 single cells from the middle of the run;
+* browser: Chromium's time from the analyse response to the first overview drawn — the column is
+  filled by ``BROWSER_TIMING`` (set by bench/browser.py's long-run benchmark, issue 15's browser
+  part); "—" where nothing set it.
+
+The machine is shared (a training job owns one of its two cores): its load average is recorded
+beside the table. Timings are wall-clock medians; nothing here is asserted by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
+
+from app.memory import rss_bytes, tune_malloc  # noqa: E402
+from app.routes.runs import head_tiles  # noqa: E402
+from bench.report import write_section  # noqa: E402
+from model.hooks import RESIDUAL, run_with_cache  # noqa: E402
+from model.loading import LoadedModel, wrap_model  # noqa: E402
+from model.tiles import TileSpec  # noqa: E402
+from tests.conftest import make_engine  # noqa: E402
+from tests.families import LONG_POSITIONS, long_llama  # noqa: E402
+from tests.tinytok import tiny_tokenizer  # noqa: E402
+
+log = logging.getLogger("bench.long")
+MIB = 1 << 20
+# (model key, n) -> ms from the analyse response to the first overview drawn in Chromium; set by the
+# browser benchmark that drives the explorer on the same runs (issue 15's browser part)
+BROWSER_TIMING: dict[tuple[str, int], float] = {}
+BrowserHook = Callable[[str, int], float | None]
+
+
+def gpt2_small() -> GPT2LMHeadModel:
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=12, n_head=12, n_embd=768, n_positions=1024, vocab_size=50257)
+    return GPT2LMHeadModel(config).eval()
+
+
+def load_average() -> str:
+    try:
+        return " / ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+def reset_peak_rss() -> bool:
+    """Reset the kernel's VmHWM (Linux: write 5 to /proc/self/clear_refs)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def timed(fn: Callable[[], object], repeats: int) -> float:
+    """Median wall-clock ms of ``repeats`` calls."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def text_of(n: int) -> str:
+    gen = torch.Generator().manual_seed(n)
+    alphabet = "abcdefghij klmnopqrstuvwxyz,."
+    return "".join(alphabet[i] for i in torch.randint(len(alphabet), (n,), generator=gen).tolist())
+
+
+def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[str, str]:
+    model = lm.model
+    engine = make_engine({key: lm}, key, cache_bytes=8 << 30, max_tokens=n)
+    text = text_of(n)
+    ids = torch.tensor(lm.tokenizer(text)["input_ids"])
+    assert len(ids) == n, (len(ids), n)
+    repeats = 3 if n <= 4096 else 1
+
+    def sdpa() -> None:
+        model.set_attn_implementation("sdpa")
+        try:
+            with torch.inference_mode():
+                model(input_ids=ids[None], use_cache=False, logits_to_keep=1)
+        finally:
+            model.set_attn_implementation(lm.spec.attn_implementation)
+
+    def capture() -> None:
+        with lm.lock:
+            run_with_cache(lm, ids, RESIDUAL, scores=True)
+
+    sdpa()  # warm-up of both paths (allocator, kernels)
+    capture()
+    sdpa_ms = timed(sdpa, repeats)
+    capture_ms = timed(capture, repeats)
+    reset_peak_rss()
+    before = rss_bytes() or 0
+    t0 = time.perf_counter()
+    result = engine.analyse(text, key, top_k=10)
+    analyse_ms = 1e3 * (time.perf_counter() - t0)
+    peak = peak_rss()
+    cache = result.cache
+    dense = cache.n_layers * cache.n_heads * n * n * 4
+    layer, head = cache.n_layers - 1, cache.n_heads - 1
+    overview_ms = timed(lambda: head_tiles(cache, layer, [head], TileSpec(0, n, 0, n, size=256, pool="max")),
+                        repeats)
+    mid = n // 2
+    exact = TileSpec(mid, min(n, mid + 256), max(0, mid - 128), min(n, mid + 128), size=None, pool="max")
+    exact_ms = timed(lambda: head_tiles(cache, layer, [head], exact), repeats)
+    drawn = browser(key, n) if browser is not None else BROWSER_TIMING.get((key, n))
+    log.info("%s n=%d: sdpa %.0f ms, capture %.0f ms, kept %.1f MiB", key, n, sdpa_ms, capture_ms, cache.nbytes / MIB)
+    return {
+        "model": key, "n": f"{n:,}", "SDPA forward": f"{sdpa_ms:,.0f} ms", "capture forward": f"{capture_ms:,.0f} ms",
+        "capture / SDPA": f"{capture_ms / sdpa_ms:.2f}x", "analyse (whole)": f"{analyse_ms:,.0f} ms",
+        "kept": f"{cache.nbytes / MIB:,.1f} MiB", "dense fp32 patterns": f"{dense / MIB:,.0f} MiB",
+        "kept / dense": f"1/{dense / cache.nbytes:,.0f}",
+        "peak RSS": "—" if peak is None else f"{peak / MIB:,.0f} MiB (from {before / MIB:,.0f})",
+        "overview 256² (max)": f"{overview_ms:,.0f} ms", "exact 256² tile": f"{exact_ms:,.1f} ms",
+        "Chromium: response → overview": "—" if drawn is None else f"{drawn:,.0f} ms",
+    }
+
+
+def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> list[dict[str, str]]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lengths", default="1024,4096,16384,32768", help="n for the long-context Llama")
+    parser.add_argument("--gpt2-lengths", default="256,1024", help="n for the GPT-2-small-shaped model")
+    parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    tune_malloc()
+    load_start = load_average()
+    rows = []
+    llama = wrap_model("long-llama", long_llama(), tiny_tokenizer(), source="config:long-llama")
+    assert llama.info.max_positions == LONG_POSITIONS
+    rows += [row("long-llama", llama, int(n), browser) for n in args.lengths.split(",") if n]
+    del llama
+    gpt2 = wrap_model("gpt2-small-shape", gpt2_small(), tiny_tokenizer(), source="config:gpt2-small")
+    rows += [row("gpt2-small-shape", gpt2, int(n), browser) for n in args.gpt2_lengths.split(",") if n]
+    columns = list(rows[0])
+    table = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+                      + ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows])
+    body = (f"Load average (1/5/15 min) at the start: {load_start}; at the end: {load_average()} — a 2-core "
+            "machine shared with a training job that owns one core, so times are upper bounds.\n"
+            "long-llama: Llama shape, 2 layers, d_model 128, 4 heads, 2 K/V heads, 32,768 positions; "
+            "gpt2-small-shape: 12 layers x 12 heads, d_model 768. Both float32 on the CPU, random weights. "
+            "'capture forward' is the forward through attnscope's capture point with exact head scores; "
+            "'analyse' adds next-token predictions at every position (top-10) and keeping the run. "
+            "'Chromium' is filled by the browser benchmark (issue 15, browser part).\n\n" + table)
+    command = "python bench/long.py" + ("" if argv is None else " " + " ".join(argv))
+    if not args.no_write:
+        write_section(args.out, "long", body, command)
+    sys.stdout.write(body + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
