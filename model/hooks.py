@@ -94,7 +94,10 @@ class Captures(dict[str, torch.Tensor]):
         if mask is None:
             raise AttentionUnavailable(f"layer {layer}: the model built its own attention mask "
                                        f"({type(call.mask).__name__}); attnscope needs transformers' mask interface")
-        self.records[layer] = LayerRecord(q=q.float(), k=k[:, k.shape[1] - r :].float(),
+        added = k[:, k.shape[1] - r :].float()  # the keys this forward added (a KV cache holds the rest)
+        if r < k.shape[1]:
+            added = added.clone()  # not a view that would keep the whole cache's keys alive
+        self.records[layer] = LayerRecord(q=q.float(), k=added,
                                           lse=torch.cat(self._lse.pop(layer, []), dim=1), scaling=call.scaling,
                                           softcap=call.softcap, groups=call.groups, bias=None, mask=mask)
 
