@@ -29,7 +29,7 @@ ALLOWED = {
     "Causal", "Mask", "d_model", "d_head", "hidden", "representation", "residual", "stream", "Residual", "Stream", "Hidden", "Representation", "LM", "Head",
     "logit", "logits", "softmax", "Transformer", "Block", "Blocks", "Encoder", "Decoder", "only", "RNN", "RoPE",
     "QK", "KV", "Q", "K", "V", "W_O", "v", "x", "h", "h_t", "x_t", "t", "n", "k", "i", "p", "cos", "E", "X",
-    "attnscope", "PNG", "SVG", "JSON", "ALiBi",
+    "attnscope", "PNG", "SVG", "JSON", "ALiBi", "KL", "ln",
 }
 
 # Every string a reader can see or hover, and the token text among it, from the live page.
@@ -40,7 +40,7 @@ COLLECT = r"""() => {
   for (let n = walker.nextNode(); n; n = walker.nextNode()) {
     const p = n.parentElement;
     if (!p || p.closest("script, style, textarea, .js-plotly-plot") || !p.checkVisibility()) continue;
-    add(p.closest(".mono, option, .stream, .t") ? tokens : texts, n.textContent);
+    add(p.closest(".mono, option, .stream, .t, .example") ? tokens : texts, n.textContent);
   }
   for (const e of document.querySelectorAll("[title], [aria-label], [placeholder], [data-title]")) {
     if (e.closest(".stream, .token")) continue;
@@ -85,15 +85,38 @@ def ui_words() -> set[str]:
     return words
 
 
-def english_ui_words(found: dict[str, list[str]], *_unused: object) -> dict[str, list[str]]:
-    """{word: [where it was seen]} for every English UI word outside token text."""
+def model_words(base_url: str) -> set[str]:
+    """The words of the served models' own identifiers (name, architecture, family, dtype,
+    device): data the page shows, not words of the interface."""
+    import httpx
+
+    words: set[str] = set()
+    for m in httpx.get(f"{base_url}/api/models", timeout=30).json()["models"]:
+        for field in ("name", "architecture", "family", "dtype", "device"):
+            words.update(w.lower() for w in WORD.findall(str(m[field])))
+    return words
+
+
+def english_ui_words(found: dict[str, list[str]], base_url: str | None = None, *_unused: object,
+                     strict: bool = False) -> dict[str, list[str]]:
+    """{word: [where it was seen]} for every English UI word outside token text.
+
+    By default a word counts when the English catalogue uses it; ``strict`` counts every Latin
+    word (so that a string never put in the catalogue is caught too). Either way the seed's
+    terms, symbols, token text and the models' own identifiers are allowed."""
     token_words = {w.lower() for s in found["tokens"] for w in WORD.findall(s.replace("␣", " "))}
+    data = model_words(base_url) if base_url else set()
     vocabulary = ui_words()
     bad: dict[str, list[str]] = {}
+    own_name = catalogue("zh")["lang.switch"]  # the switch names the other language in its own words
     for text in found["texts"]:
+        if text.strip() == own_name:
+            continue
         cleaned = re.sub(r"‹[0-9a-f ]+›|%\{[^}]*\}|<[^>]*>", " ", text.replace("␣", " "))  # bytes, plotly fields and tags
         for w in WORD.findall(cleaned):
-            if len(w) == 1 or MATH.fullmatch(w) or w in ALLOWED or w.lower() in token_words or w.lower() not in vocabulary:
+            if len(w) == 1 or MATH.fullmatch(w) or w in ALLOWED or w.lower() in token_words or w.lower() in data:
+                continue
+            if not strict and w.lower() not in vocabulary:
                 continue
             bad.setdefault(w, []).append(text[:80])
     return bad

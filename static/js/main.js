@@ -57,7 +57,7 @@ function end(req) {
 function busy(req) {
   const box = $("#busy");
   box.hidden = !req;
-  box.textContent = !req ? "" : req.kind === "generate" ? "generating…" : "running the model…";
+  box.textContent = !req ? "" : req.kind === "generate" ? t("x.gen.busy") : t("x.busy");
   document.body.dataset.busy = req ? req.kind : "";
   updateGenerate();
 }
@@ -66,12 +66,12 @@ function busy(req) {
 function updateGenerate() {
   const picked = state.models.find((m) => m.name === $("#model-picker").value) || state.model;
   let why = "";
-  if (picked && !picked.has_lm_head) why = `${picked.name} is an encoder without an LM head: it reads text but cannot generate it.`;
-  else if (current && current.kind === "analyse") why = "Generate waits until the model has finished analysing.";
-  else if (current && current.kind === "generate") why = "Generating… pressing Analyse or an example stops it.";
+  if (picked && !picked.has_lm_head) why = t("x.gen.why_encoder", { model: picked.name });
+  else if (current && current.kind === "analyse") why = t("x.gen.why_analysing");
+  else if (current && current.kind === "generate") why = t("x.gen.why_generating");
   const button = $("#generate");
   button.disabled = Boolean(why);
-  button.title = why || "generate token by token, recording every step";
+  button.title = why || t("x.gen.title");
   $("#gen-count").disabled = Boolean(why) && !(current && current.kind === "generate");
   $("#gen-why").textContent = why;
   $("#gen-why").hidden = !why;
@@ -476,13 +476,18 @@ async function loadSparsity(run) {
 
 // ---- generate -------------------------------------------------------------------------------
 
+// The generation's last word, kept as a catalogue key and its values so that a language
+// switch rewrites it.
+let lastStatus = null;
 function hideStatus() {
+  lastStatus = null;
   $("#gen-status").hidden = true;
   $("#gen-continue").hidden = true;
 }
 
-function showStatus(message, offerContinue = false) {
-  $("#gen-status span").textContent = message;
+function showStatus(key, vars = {}, offerContinue = false) {
+  lastStatus = { key, vars, offerContinue };
+  $("#gen-status span").textContent = t(key, vars);
   $("#gen-status").hidden = false;
   $("#gen-continue").hidden = !offerContinue;
 }
@@ -519,7 +524,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     draws += 1;
     div.dataset.liveRows = String(rows.length);
     div.dataset.liveDraws = String(draws);
-    $("#busy").textContent = `generating… ${steps} of ${asked} tokens`;
+    $("#busy").textContent = t("x.gen.progress", { steps, asked });
   };
   try {
     const r = await postStream("/api/generate", body, { signal: req.controller.signal });
@@ -547,15 +552,14 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     await loadRun(run, { layer, head, pos: run.tokens.length - 1, steps });
     div.dataset.liveDraws = String(draws);
     if (done && done.stop === "eos") {
-      showStatus(`Stopped at end-of-text after ${done.n_new} of ${asked} tokens: the model ended its text there ` +
-        "(the token strip marks <|endoftext|>; it is not written into the prompt).", true);
+      showStatus("x.gen.eos", { n: done.n_new, asked }, true);
     } else if (done) {
-      showStatus(`Generated ${done.n_new} tokens, the number asked for${stopAtEos ? "" : " (end-of-text did not stop it)"}.`);
+      showStatus(stopAtEos ? "x.gen.length" : "x.gen.length_no_eos", { n: done.n_new });
     }
     $("#gen-status").dataset.stop = done ? done.stop : "";
   } catch (err) {
     if (isAbort(err) || !latest(req)) {
-      showStatus(`Generation stopped after ${steps} tokens: a newer request replaced it.`);
+      showStatus("x.gen.replaced", { n: steps });
       $("#gen-status").dataset.stop = "client";
     } else {
       report(err);
@@ -599,6 +603,9 @@ const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).ca
 async function repaint(fillModels) {
   fillModels();
   showError(lastError);
+  busy(current);
+  if (lastStatus) showStatus(lastStatus.key, lastStatus.vars, lastStatus.offerContinue);
+  tools.labels();
   if (!state.run) return;
   fillSelect($("#layer-picker"), state.run.n_layers, "common.layer", state.layer);
   fillSelect($("#head-picker"), state.run.n_heads, "common.head", state.head);
@@ -611,13 +618,13 @@ async function repaint(fillModels) {
   drawNextSoon();
   if (!$("#timeline-box").hidden) await showStep(Number($("#timeline").value));
   else await drawHead();
-  tools.labels();
   tools.draw();
 }
 
 async function init() {
   const [{ models }] = await Promise.all([getJSON("/api/models"), initLanguage()]);
   set({ models });
+  tools.labels(); // built before the language was chosen
   const picker = $("#model-picker");
   const fillModels = () => {
     const keep = picker.value;

@@ -4,39 +4,40 @@ import { postJSON } from "../api.js";
 import { el, fmt, showToken } from "../dom.js";
 import { SCALE } from "../views/colour.js";
 import { DIVERGING, label, plot, symmetric, tokenTicks } from "./common.js";
+import { t } from "../i18n.js";
 
 export async function render(body, ctx) {
   const { run, pos } = ctx;
   const L = run.n_layers;
   const H = run.n_heads;
   const off = new Set((ctx.params.ablate || "").split(",").filter((s) => /^\d+\.\d+$/.test(s)));
-  const mode = el("select", { "data-testid": "ablation-mode" }, el("option", { value: "zero", text: "zero" }), el("option", { value: "mean", text: "mean" }));
+  const mode = el("select", { "data-testid": "ablation-mode" }, el("option", { value: "zero", text: t("abl.zero") }), el("option", { value: "mean", text: t("abl.mean") }));
   if (ctx.params.mode === "mean") mode.value = "mean";
   const toggles = el("div", { class: "ablate-grid", style: `grid-template-columns: auto repeat(${H}, 1fr)` });
-  toggles.append(el("span"), ...Array.from({ length: H }, (_, h) => el("span", { class: "muted", text: `h${h}` })));
+  toggles.append(el("span"), ...Array.from({ length: H }, (_, h) => el("span", { class: "muted", text: `H${h}` })));
   for (let l = 0; l < L; l++) {
     toggles.append(el("span", { class: "muted", text: `L${l}` }));
     for (let h = 0; h < H; h++) {
       const key = `${l}.${h}`;
-      const b = el("button", { type: "button", class: "ablate-toggle", "data-testid": `ablate-${l}-${h}`, title: `layer ${l} head ${h}`,
-        "aria-pressed": String(off.has(key)), text: off.has(key) ? "off" : "on" });
+      const b = el("button", { type: "button", class: "ablate-toggle", "data-testid": `ablate-${l}-${h}`, title: t("common.layer_head", { layer: l, head: h }),
+        "aria-pressed": String(off.has(key)), text: t(off.has(key) ? "abl.off" : "abl.on") });
       b.addEventListener("click", () => {
         if (off.has(key)) off.delete(key); else off.add(key);
         b.setAttribute("aria-pressed", String(off.has(key)));
-        b.textContent = off.has(key) ? "off" : "on";
+        b.textContent = t(off.has(key) ? "abl.off" : "abl.on");
         update().catch((e) => ctx.error(e.message));
       });
       toggles.append(b);
     }
   }
-  const scanButton = el("button", { type: "button", "data-testid": "ablation-scan-button", text: "Scan every head" });
+  const scanButton = el("button", { type: "button", "data-testid": "ablation-scan-button", text: t("abl.scan") });
   const next = el("div", { class: "chart tool-chart short", "data-testid": "ablation-next" });
   const kl = el("div", { class: "chart tool-chart strip", "data-testid": "ablation-kl" });
   const scanDiv = el("div", { class: "chart tool-chart", "data-testid": "ablation-scan" });
   const note = el("p", { class: "legend", "data-testid": "ablation-note" });
   const panel = el("div", { "data-testid": "ablation-panel", class: "ablation-panel" },
-    el("div", { class: "tool-controls" }, "Mode ", mode, " ", scanButton,
-      el("span", { class: "muted", text: " toggle heads off below; position " + pos + " " + showToken(run.tokens[pos].text) })),
+    el("div", { class: "tool-controls" }, t("abl.mode"), mode, " ", scanButton,
+      el("span", { class: "muted", text: t("abl.hint", { pos, token: showToken(run.tokens[pos].text) }) })),
     toggles, note, next, kl, scanDiv);
   body.replaceChildren(panel);
 
@@ -51,23 +52,23 @@ export async function render(body, ctx) {
     const top = p.top.slice().reverse();
     const names = top.map((c, i) => `${top.length - i}. ${label(c.token)}`);
     await plot(next, [
-      { type: "bar", orientation: "h", name: "before", x: top.map((c) => c.prob_before), y: names,
-        hovertemplate: "%{y}: %{x:.3f} before<extra></extra>", marker: { color: "#bdbdbd" } },
-      { type: "bar", orientation: "h", name: "after", x: top.map((c) => c.prob), y: names,
-        hovertemplate: "%{y}: %{x:.3f} after<extra></extra>", marker: { color: "#2171b5" } }],
-    { barmode: "group", legend: { orientation: "h", y: -0.25 }, margin: { l: 110, r: 10, t: 30, b: 50 },
-      xaxis: { rangemode: "tozero", title: { text: "probability" } },
-      title: { text: `next token after position ${pos}`, font: { size: 12 } } });
+      { type: "bar", orientation: "h", name: t("abl.before"), x: top.map((c) => c.prob_before), y: names,
+        hovertemplate: t("abl.hover_before"), marker: { color: "#bdbdbd" } },
+      { type: "bar", orientation: "h", name: t("abl.after"), x: top.map((c) => c.prob), y: names,
+        hovertemplate: t("abl.hover_after"), marker: { color: "#2171b5" } }],
+    { barmode: "group", legend: { orientation: "h", yref: "container", y: 0, yanchor: "bottom" }, margin: { l: 110, r: 10, t: 30, b: 70 },
+      xaxis: { rangemode: "tozero", title: { text: t("x.next.x") } },
+      title: { text: t("abl.next_title", { pos }), font: { size: 12 } } });
     const ticks = tokenTicks(run.tokens);
     await plot(kl, [{ type: "heatmap", z: [res.positions.map((q) => q.kl)], y: ["KL"], colorscale: SCALE, zmin: 0,
-      hovertemplate: "position %{x}: KL %{z:.4f} nats<extra></extra>", colorbar: { thickness: 8 } }],
-    { margin: { l: 40, r: 10, t: 24, b: 60 }, xaxis: ticks, title: { text: "KL(original ‖ ablated) per position, nats", font: { size: 12 } } });
+      hovertemplate: t("abl.kl_hover"), colorbar: { thickness: 8, nticks: 3 } }],
+    { margin: { l: 40, r: 10, t: 24, b: 60 }, xaxis: ticks, title: { text: t("abl.kl_title"), font: { size: 12 } } });
     kl.dataset.max = String(Math.max(...res.positions.map((q) => q.kl)));
     panel.dataset.heads = String(heads.length);
     const a = p.actual_next;
-    note.textContent = heads.length === 0 ? "No head is ablated: the distribution is the model's own (KL 0)." :
-      `${heads.length} head(s) ablated (${mode.value}). KL at position ${pos}: ${fmt(p.kl, 4)} nats.` +
-      (a ? ` The prompt's next token ${showToken(a.token)}: p ${fmt(a.prob_before, 3)} → ${fmt(a.prob_after, 3)}.` : "");
+    note.textContent = heads.length === 0 ? t("abl.none") :
+      t("abl.note", { n: heads.length, mode: t(`abl.${mode.value}`), pos, kl: fmt(p.kl, 4) }) +
+      (a ? t("abl.next_prob", { token: showToken(a.token), before: fmt(a.prob_before, 3), after: fmt(a.prob_after, 3) }) : "");
   }
 
   async function scan() {
@@ -76,10 +77,10 @@ export async function render(body, ctx) {
       const res = await postJSON(`/api/runs/${encodeURIComponent(run.run_id)}/ablate/scan`, { position: pos, mode: mode.value });
       const z = res.effects.map((row, l) => [...row, res.mlp[l]]);
       const m = symmetric(z);
-      await plot(scanDiv, [{ type: "heatmap", z, x: [...Array.from({ length: H }, (_, h) => `head ${h}`), "MLP"],
-        y: Array.from({ length: L }, (_, l) => `layer ${l}`), colorscale: DIVERGING, zmin: -m, zmax: m, xgap: 1, ygap: 1,
+      await plot(scanDiv, [{ type: "heatmap", z, x: [...Array.from({ length: H }, (_, h) => t("common.head", { i: h })), t("tool.mlp")],
+        y: Array.from({ length: L }, (_, l) => t("common.layer", { i: l })), colorscale: DIVERGING, zmin: -m, zmax: m, xgap: 1, ygap: 1,
         hovertemplate: "%{y} · %{x}: Δ ln p = %{z:.3f}<extra></extra>" }],
-      { yaxis: { autorange: "reversed" }, title: { text: `Δ ln p(${label(res.token.token)}) at position ${pos} when one head (or MLP) is ablated (${res.mode})`, font: { size: 12 } } });
+      { yaxis: { autorange: "reversed" }, title: { text: t("abl.scan_title", { token: label(res.token.token), pos, mode: t(`abl.${res.mode}`) }), font: { size: 12 } } });
       scanDiv.dataset.token = String(res.token.id);
       scanDiv.dataset.cells = String(z.length * z[0].length);
       scanDiv.on("plotly_click", (ev) => {

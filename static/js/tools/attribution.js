@@ -3,11 +3,12 @@
 import { getJSON } from "../api.js";
 import { el, fmt, plotlyText, showToken } from "../dom.js";
 import { DIVERGING, plot, symmetric } from "./common.js";
+import { t } from "../i18n.js";
 
 function candidates(run, pos) {
   const pred = run.predictions[pos];
   const seen = new Map();
-  if (pred && pred.actual_next) seen.set(pred.actual_next.id, `${showToken(pred.actual_next.token)} (the prompt's next token)`);
+  if (pred && pred.actual_next) seen.set(pred.actual_next.id, t("attr.prompt_next", { token: showToken(pred.actual_next.token) }));
   for (const c of pred ? pred.top : []) if (!seen.has(c.id)) seen.set(c.id, `${showToken(c.token)} (p=${fmt(c.prob, 3)})`);
   return [...seen].map(([id, text]) => el("option", { value: String(id), text }));
 }
@@ -15,13 +16,13 @@ function candidates(run, pos) {
 export async function render(body, ctx) {
   const { run, pos } = ctx;
   const tokenPick = el("select", { "data-testid": "attribution-token" }, ...candidates(run, pos));
-  const minusPick = el("select", { "data-testid": "attribution-token-b" }, el("option", { value: "", text: "nothing" }), ...candidates(run, pos));
+  const minusPick = el("select", { "data-testid": "attribution-token-b" }, el("option", { value: "", text: t("attr.nothing") }), ...candidates(run, pos));
   if (ctx.params.token && [...tokenPick.options].some((o) => o.value === ctx.params.token)) tokenPick.value = ctx.params.token;
   const chart = el("div", { class: "chart tool-chart", "data-testid": "attribution-heatmap" });
   const summary = el("p", { class: "legend", "data-testid": "attribution-summary" });
   body.replaceChildren(
-    el("div", { class: "tool-controls" }, "Logit of ", tokenPick, " minus ", minusPick,
-      el("span", { class: "muted", text: ` at position ${pos} ${showToken(run.tokens[pos].text)}` })),
+    el("div", { class: "tool-controls" }, t("attr.logit_of"), tokenPick, t("attr.minus"), minusPick,
+      el("span", { class: "muted", text: t("attr.at", { pos, token: showToken(run.tokens[pos].text) }) })),
     chart, summary);
 
   async function draw() {
@@ -30,29 +31,28 @@ export async function render(body, ctx) {
     const a = await getJSON(`/api/runs/${encodeURIComponent(run.run_id)}/attribution?${params}`);
     const L = run.n_layers;
     const H = run.n_heads;
-    const cols = [...Array.from({ length: H }, (_, h) => `head ${h}`), "attn bias", "MLP"];
+    const cols = [...Array.from({ length: H }, (_, h) => t("common.head", { i: h })), t("attr.bias"), t("tool.mlp")];
     const z = Array.from({ length: L }, () => new Array(H + 2).fill(null));
     let embed = 0;
     let finalBias = 0;
-    for (const t of a.terms) {
-      if (t.kind === "head") z[t.layer][t.head] = t.value;
-      else if (t.kind === "bias" && t.layer !== null) z[t.layer][H] = t.value;
-      else if (t.kind === "mlp") z[t.layer][H + 1] = t.value;
-      else if (t.kind === "embed") embed = t.value;
-      else finalBias = t.value;
+    for (const term of a.terms) {
+      if (term.kind === "head") z[term.layer][term.head] = term.value;
+      else if (term.kind === "bias" && term.layer !== null) z[term.layer][H] = term.value;
+      else if (term.kind === "mlp") z[term.layer][H + 1] = term.value;
+      else if (term.kind === "embed") embed = term.value;
+      else finalBias = term.value;
     }
     const m = symmetric(z.map((r) => r.filter((v) => v !== null)));
     const what = a.token_b ? `logit(${showToken(a.token.token)}) − logit(${showToken(a.token_b.token)})` : `logit(${showToken(a.token.token)})`;
-    await plot(chart, [{ type: "heatmap", z, x: cols, y: Array.from({ length: L }, (_, i) => `layer ${i}`),
+    await plot(chart, [{ type: "heatmap", z, x: cols, y: Array.from({ length: L }, (_, i) => t("common.layer", { i })),
       colorscale: DIVERGING, zmin: -m, zmax: m, xgap: 1, ygap: 1,
       hovertemplate: "%{y} · %{x}: %{z:.3f}<extra></extra>", colorbar: { title: { text: "logit" } } }],
-    { title: { text: plotlyText(`direct contributions to ${what}`), font: { size: 12 } }, yaxis: { autorange: "reversed" } });
-    chart.dataset.sum = String(a.terms.reduce((s, t) => s + t.value, 0));
+    { title: { text: plotlyText(t("attr.title", { what })), font: { size: 12 } }, yaxis: { autorange: "reversed" } });
+    chart.dataset.sum = String(a.terms.reduce((s, term) => s + term.value, 0));
     chart.dataset.logit = String(a.logit);
     chart.dataset.error = String(a.error);
-    summary.textContent = `${what} = ${fmt(a.logit, 3)} = embeddings ${fmt(embed, 3)} + heads + biases + MLPs + final norm shift ` +
-      `${fmt(finalBias, 3)} (float residue ${a.error.toExponential(1)}). The final norm's scale at this position is frozen, so ` +
-      "the terms add up. Click a head to select it." + (a.final_transform ? ` Note: ${a.final_transform}.` : "");
+    summary.textContent = t("attr.summary", { what, logit: fmt(a.logit, 3), embed: fmt(embed, 3), shift: fmt(finalBias, 3),
+      residue: a.error.toExponential(1) }) + (a.final_transform ? t("attr.note", { note: a.final_transform }) : "");
   }
   await draw();
   chart.on("plotly_click", (ev) => {

@@ -4,6 +4,7 @@ import { getAttentionBin, postJSON, rowOf } from "../api.js";
 import { el, fmt } from "../dom.js";
 import { SCALE } from "../views/colour.js";
 import { DIVERGING, plot, tokenTicks } from "./common.js";
+import { t } from "../i18n.js";
 
 function dense(slice) {
   const z = [];
@@ -18,7 +19,7 @@ function dense(slice) {
 function draw(div, z, tokens, title, diff = false) {
   const ticks = tokenTicks(tokens, 32);
   return plot(div, [{ type: "heatmap", z, colorscale: diff ? DIVERGING : SCALE, zmin: diff ? -1 : 0, zmax: 1,
-    hovertemplate: "query %{y} → key %{x}: %{z:.3f}<extra></extra>", showscale: diff }],
+    hovertemplate: t("cmp.hover"), showscale: diff }],
   { title: { text: title, font: { size: 12 } }, xaxis: ticks, yaxis: { ...ticks, autorange: "reversed", tickangle: 0 },
     margin: { l: 70, r: 10, t: 30, b: 70 } });
 }
@@ -27,13 +28,13 @@ export async function render(body, ctx) {
   const { run } = ctx;
   const other = el("input", { type: "text", class: "patch-input", "data-testid": "compare-prompt", spellcheck: "false" });
   other.value = ctx.params.compare ?? ctx.prompt().replace(/\b(\w+) (\w+)\b/, "$2 $1");
-  const go = el("button", { type: "button", "data-testid": "compare-run", text: "Compare" });
+  const go = el("button", { type: "button", "data-testid": "compare-run", text: t("cmp.run") });
   const a = el("div", { class: "chart tool-chart square", "data-testid": "compare-a" });
   const b = el("div", { class: "chart tool-chart square", "data-testid": "compare-b" });
   const d = el("div", { class: "chart tool-chart square", "data-testid": "compare-diff" });
   const note = el("p", { class: "legend", "data-testid": "compare-note" });
   const box = el("div", { class: "compare-charts", "data-testid": "head-compare" }, a, b, d);
-  body.replaceChildren(el("div", { class: "tool-controls" }, `Layer ${ctx.layer} head ${ctx.head} on this prompt and on `, other, go), note, box);
+  body.replaceChildren(el("div", { class: "tool-controls" }, t("cmp.head", { layer: ctx.layer, head: ctx.head }), other, go), note, box);
 
   async function compare() {
     go.disabled = true;
@@ -46,16 +47,15 @@ export async function render(body, ctx) {
       const n = Math.min(sa.n, sb.n);
       const zd = Array.from({ length: n }, (_, i) => Array.from({ length: n }, (_, j) =>
         (za[i][j] === null || zb[i][j] === null ? null : zb[i][j] - za[i][j])));
-      await draw(a, za, run.tokens, `A: this prompt · L${ctx.layer} H${ctx.head}`);
-      await draw(b, zb, runB.tokens, `B: the other prompt · L${ctx.layer} H${ctx.head}`);
+      await draw(a, za, run.tokens, t("cmp.a", { layer: ctx.layer, head: ctx.head }));
+      await draw(b, zb, runB.tokens, t("cmp.b", { layer: ctx.layer, head: ctx.head }));
       await draw(d, zd, runB.tokens.slice(0, n), "B − A", true);
       let biggest = 0;
       for (const row of zd) for (const v of row) if (v !== null) biggest = Math.max(biggest, Math.abs(v));
       box.dataset.n = String(n);
       box.dataset.maxDiff = String(biggest);
-      note.textContent = (sa.n === sb.n ? `Both prompts have ${n} tokens.` :
-        `The prompts have ${sa.n} and ${sb.n} tokens: the difference covers the first ${n} positions.`) +
-        ` Largest change in a weight: ${fmt(biggest, 3)}.`;
+      note.textContent = (sa.n === sb.n ? t("cmp.same", { n }) : t("cmp.differ", { a: sa.n, b: sb.n, n })) +
+        t("cmp.largest", { d: fmt(biggest, 3) });
     } catch (err) {
       ctx.error(err.message);
     } finally {

@@ -4,6 +4,7 @@ import { getJSON } from "../api.js";
 import { el } from "../dom.js";
 import { SCALE } from "../views/colour.js";
 import { label, plot, tokenTicks } from "./common.js";
+import { t } from "../i18n.js";
 
 const MAX_POSITIONS = 64;
 
@@ -16,14 +17,15 @@ export async function render(body, ctx) {
   const hi = Math.min(n, lo + MAX_POSITIONS);
   const xs = Array.from({ length: hi - lo }, (_, i) => lo + i);
   const chart = el("div", { class: "chart tool-chart tall", "data-testid": "logit-lens" });
-  body.replaceChildren(el("p", { class: "legend", text: `Positions ${lo}–${hi - 1} of ${n}: the top next-token guess after each ` +
-    "block (cell text) and its probability (colour). Rows: embeddings, then each block; the last row is the model's output." }), chart);
+  body.replaceChildren(el("p", { class: "legend", text: t("lens.help", { lo, hi: hi - 1, n }) }), chart);
+  // the stage names in the page's language (the server's labels are English)
+  const stages = lens.layers.map((l) => (l.layer < 0 ? t("tool.embed") : t("common.block", { i: l.layer })));
   const z = lens.layers.map((l) => xs.map((i) => l.positions[i].top[0].prob));
   const text = lens.layers.map((l) => xs.map((i) => label(l.positions[i].top[0].token)));
   const ticks = tokenTicks(run.tokens.slice(lo, hi));
-  await plot(chart, [{ type: "heatmap", x: xs, y: lens.layers.map((l) => l.label), z, text, texttemplate: "%{text}",
+  await plot(chart, [{ type: "heatmap", x: xs, y: stages, z, text, texttemplate: "%{text}",
     textfont: { size: 9 }, colorscale: SCALE, zmin: 0, zmax: 1,
-    hovertemplate: "%{y} · position %{x}: %{text} (p=%{z:.3f})<extra></extra>" }],
+    hovertemplate: t("lens.hover") }],
   { xaxis: { tickvals: ticks.tickvals.map((i) => i + lo), ticktext: ticks.ticktext, tickangle: -50 },
     shapes: pos >= lo && pos < hi ? [{ type: "rect", x0: pos - 0.5, x1: pos + 0.5, y0: -0.5, y1: lens.layers.length - 0.5, line: { color: "#8b1f8f", width: 2 } }] : [] });
   chart.dataset.stages = String(lens.layers.length);

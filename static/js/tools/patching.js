@@ -3,6 +3,7 @@
 import { postJSON } from "../api.js";
 import { el, fmt, plotlyText, showToken } from "../dom.js";
 import { DIVERGING, plot, tokenTicks } from "./common.js";
+import { t } from "../i18n.js";
 
 const EXAMPLE = {
   clean: "When Mary and John went to the store, John gave a drink to",
@@ -27,7 +28,7 @@ export async function render(body, ctx) {
   const corrupted = field("corrupted", "patch-corrupted");
   const answer = field("answer", "patch-answer");
   const wrong = field("wrong", "patch-wrong");
-  const go = el("button", { type: "button", "data-testid": "patch-run", text: "Patch" });
+  const go = el("button", { type: "button", "data-testid": "patch-run", text: t("patch.run") });
   const summary = el("p", { class: "legend", "data-testid": "patch-summary" });
   const charts = el("div", { class: "patch-charts", "data-testid": "patch-heatmap" });
   const resid = el("div", { class: "chart tool-chart", "data-testid": "patch-resid" });
@@ -37,10 +38,9 @@ export async function render(body, ctx) {
   charts.append(resid, attn, mlp, heads);
   body.replaceChildren(
     el("div", { class: "patch-form" },
-      el("label", {}, "clean ", clean), el("label", {}, "corrupted ", corrupted),
-      el("label", {}, "answer ", answer), el("label", {}, "wrong ", wrong), go),
-    el("p", { class: "legend", text: "Same token count; answer and wrong are one token each (mind the leading space). " +
-      "Each cell: (patched − corrupted) / (clean − corrupted) of logit(answer) − logit(wrong) at the last position." }),
+      el("label", {}, t("patch.clean"), clean), el("label", {}, t("patch.corrupted"), corrupted),
+      el("label", {}, t("patch.answer"), answer), el("label", {}, t("patch.wrong"), wrong), go),
+    el("p", { class: "legend", text: t("patch.help") }),
     summary, charts);
 
   async function run() {
@@ -56,17 +56,17 @@ export async function render(body, ctx) {
       const ticks = tokenTicks(tokens);
       const axis = { xaxis: ticks };
       const L = res.attn_out.length;
-      const layers = Array.from({ length: L }, (_, l) => `layer ${l}`);
-      await heatmap(resid, res.resid, xs, ["embed", ...layers.map((_, l) => `after block ${l}`)], "residual stream (stage × position)", axis);
-      await heatmap(attn, res.attn_out, xs, layers, "attention output (layer × position)", axis);
-      await heatmap(mlp, res.mlp_out, xs, layers, "MLP output (layer × position)", axis);
-      await heatmap(heads, res.heads, res.heads[0].map((_, h) => `head ${h}`), layers, "each head's output at every position (layer × head)");
+      const layers = Array.from({ length: L }, (_, l) => t("common.layer", { i: l }));
+      await heatmap(resid, res.resid, xs, [t("tool.embed"), ...layers.map((_, l) => t("patch.after_block", { i: l }))], t("patch.t_resid"), axis);
+      await heatmap(attn, res.attn_out, xs, layers, t("patch.t_attn"), axis);
+      await heatmap(mlp, res.mlp_out, xs, layers, t("patch.t_mlp"), axis);
+      await heatmap(heads, res.heads, res.heads[0].map((_, h) => t("common.head", { i: h })), layers, t("patch.t_heads"));
       heads.on("plotly_click", (ev) => ctx.selectHead(ev.points[0].pointIndex[0], ev.points[0].pointIndex[1]));
       charts.dataset.stages = String(res.resid.length);
       charts.dataset.positions = String(tokens.length);
-      summary.textContent = `${res.model}: logit(${showToken(res.answer.token)}) − logit(${showToken(res.wrong.token)}) at position ` +
-        `${res.position} is ${fmt(res.clean.metric, 3)} on the clean prompt and ${fmt(res.corrupted.metric, 3)} on the corrupted one; ` +
-        `the prompts first differ at position ${res.first_difference} (${showToken(tokens[res.first_difference].text)}). ${res.forwards} batched forwards.`;
+      summary.textContent = t("patch.summary", { model: res.model, answer: showToken(res.answer.token), wrong: showToken(res.wrong.token),
+        pos: res.position, clean: fmt(res.clean.metric, 3), corrupted: fmt(res.corrupted.metric, 3), diff: res.first_difference,
+        token: showToken(tokens[res.first_difference].text), forwards: res.forwards });
     } catch (err) {
       ctx.error(err.message);
     } finally {

@@ -139,7 +139,7 @@ export class HeadGrid {
         type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",
         title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
         dataset: { testid: "head-cell", layer: String(s.layer), head: String(s.head) },
-        "aria-label": `layer ${s.layer} head ${s.head}, entropy ${fmt(s.entropy, 2)}`,
+        "aria-label": t("x.grid.cell_aria", { layer: s.layer, head: s.head, entropy: fmt(s.entropy, 2) }),
         tabindex: "-1",
         onclick: () => this.onSelect(s.layer, s.head),
       }, canvas, el("span", { class: "lbl", text: byPosition ? fmt(s.entropy, 2) : `L${s.layer}H${s.head} ${fmt(s.entropy, 1)}` }), badges);
