@@ -164,7 +164,11 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
     parser.add_argument("--gpt2-lengths", default="256,1024", help="n for the GPT-2-small-shaped model")
     parser.add_argument("--out", type=Path, default=ROOT / "BENCHMARKS.md")
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (1 here: with a training job on one of two cores, two threads wait for "
+                             "each other at every op and both paths run 4-5x slower)")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     tune_malloc()
     load_start = load_average()
