@@ -7,11 +7,15 @@ redraw). Median of R tries per n.
 
 With --generate N it also compares generation in the browser with the API: the same recorded
 request (N tokens, sampled with seed 0, the watched head's rows streamed) read by a plain
-HTTP client, and by the page through *Generate & record*, which draws the growing heatmap at
-most once per animation frame. Tokens per second count the streamed tokens from the request
-to the last token event; "drawn" adds the recorded run fetched and drawn. Meanwhile the page's
-responsiveness is probed: the longest event-loop stall (a 20 ms timer's lateness) and the
-slowest round trip of a script call from Playwright.
+HTTP client, and by the page through *Generate & record*, which paints the new rows of the
+growing heatmap at most once per animation frame. API and browser runs alternate, so that each
+ratio compares two runs under the same load (the load average is reported). Tokens per second
+count the streamed tokens from the request to the last token event; "drawn" adds the recorded
+run fetched and drawn. Meanwhile the page's responsiveness is probed, separately while tokens
+stream and during the final redraw: the longest event-loop stall (a 20 ms timer's lateness),
+the longest blocking part of a long animation frame (the Long Animation Frames API, which also
+names the scripts), the slowest round trip of a script call and of a real mouse click from
+Playwright, and the click's input-to-paint time inside the page (Event Timing).
 
     python bench/browser.py --write BENCHMARKS.md
     python bench/browser.py --lengths 0 --generate 128 --write BENCHMARKS.md
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -95,10 +100,19 @@ ZOOM_STEPS = """async (n) => {
 
 GEN_PROMPT = "The history of the city begins"
 
-PROBE = """() => { window.__lag = 0; window.__done = false; let last = performance.now();
-  const tick = () => { const now = performance.now(); window.__lag = Math.max(window.__lag, now - last - 20); last = now;
+PROBE = """() => { window.__lag = []; window.__done = false; let last = performance.now();
+  const tick = () => { const now = performance.now(); window.__lag.push([now, now - last - 20]); last = now;
                        if (!window.__done) setTimeout(tick, 20); };
-  setTimeout(tick, 20); }"""
+  setTimeout(tick, 20);
+  // what blocks the page: long animation frames (their blocking part and the scripts in them) and
+  // how long a click takes from the input to the next paint (Event Timing)
+  window.__loaf = []; window.__events = [];
+  new PerformanceObserver((l) => { for (const e of l.getEntries()) window.__loaf.push({ start: e.startTime, dur: e.duration,
+      block: e.blockingDuration, scripts: e.scripts.map((x) => `${x.invoker} ${Math.round(x.duration)} ms`) }); })
+    .observe({ type: 'long-animation-frame' });
+  new PerformanceObserver((l) => { for (const e of l.getEntries()) if (/click|pointer|mouse/.test(e.name))
+      window.__events.push({ start: e.startTime, name: e.name, dur: e.duration, delay: e.processingStart - e.startTime }); })
+    .observe({ type: 'event', durationThreshold: 16 }); }"""
 
 
 def api_generation(url: str, n: int) -> tuple[float, int, float]:
@@ -120,52 +134,88 @@ def api_generation(url: str, n: int) -> tuple[float, int, float]:
     return last - t0, count, server_ms / 1e3
 
 
-def browser_generation(page: object, n: int) -> dict[str, float]:
+def browser_generation(page: object, n: int) -> dict[str, object]:
+    """One *Generate & record* of n tokens in the page, probed meanwhile: every 100 ms either a
+    script call (page.evaluate's round trip) or a real mouse click on a heading (Playwright's
+    round trip, and the page's own input-to-paint time for it)."""
     page.fill("[data-testid=prompt-input]", GEN_PROMPT)
     page.click("[data-testid=analyze-button]")
     page.wait_for_function("() => !document.body.dataset.busy && document.querySelector('[data-testid=attention-heatmap]').dataset.n")
     page.fill("[data-testid=generate-count]", str(n))
     page.fill("[data-testid=generate-temperature]", "1")
     # the page's own request, with end-of-text not stopping it, so that both sides stream n tokens
-    page.evaluate("""() => { const orig = window.fetch; window.fetch = (u, o = {}) => {
+    page.evaluate("""() => { if (window.__patched) return; window.__patched = true; const orig = window.fetch; window.fetch = (u, o = {}) => {
         if (String(u).endsWith('/api/generate')) { const b = JSON.parse(o.body); b.stop_at_eos = false; o = {...o, body: JSON.stringify(b)}; }
         return orig(u, o); }; }""")
+    box = page.locator("section.panel h2").first.bounding_box()
+    target = (box["x"] + 8, box["y"] + box["height"] / 2)  # the Tokens heading: a click that changes nothing
     page.evaluate(PROBE)
     t0 = page.evaluate("() => { window.__t0 = performance.now(); document.querySelector('[data-testid=generate-button]').click(); return window.__t0; }")
     page.evaluate("""() => { const d = document.querySelector('[data-testid=attention-heatmap]');
         new MutationObserver(() => { window.__lastToken = performance.now(); }).observe(d, {attributes: true, attributeFilter: ['data-live-tokens']}); }""")
-    trips = []
+    trips: list[float] = []
+    clicks: list[float] = []
+    k = 0
     while not page.evaluate("() => !document.querySelector('#timeline-box').hidden"):
         s = time.perf_counter()
-        page.evaluate("() => performance.now()")
-        trips.append(1e3 * (time.perf_counter() - s))
+        if k % 2:
+            page.mouse.click(*target)
+            clicks.append(1e3 * (time.perf_counter() - s))
+        else:
+            page.evaluate("() => performance.now()")
+            trips.append(1e3 * (time.perf_counter() - s))
+        k += 1
         time.sleep(0.1)
     got = page.evaluate("""() => { window.__done = true; const d = document.querySelector('[data-testid=attention-heatmap]').dataset;
         return {tokens: Number(d.liveTokens), draws: Number(d.liveDraws), last: window.__lastToken, end: performance.now(), lag: window.__lag,
-                server: Number(d.liveServerMs) / 1e3}; }""")
-    return {"tokens": got["tokens"], "draws": got["draws"], "server_s": got["server"], "stream_s": (got["last"] - t0) / 1e3, "total_s": (got["end"] - t0) / 1e3,
-            "lag_ms": got["lag"], "trip_max_ms": max(trips) if trips else 0.0,
-            "trip_p95_ms": statistics.quantiles(trips, n=20)[-1] if len(trips) >= 20 else max(trips, default=0.0)}
+                server: Number(d.liveServerMs) / 1e3, loaf: window.__loaf.filter((e) => e.start > window.__t0),
+                events: window.__events.filter((e) => e.start > window.__t0)}; }""")
+    last = got["last"]
+
+    def worst(rows: list, at: str, value: str, before: bool) -> float:
+        vals = [r[value] for r in rows if (r[at] <= last) == before]
+        return max(vals, default=0.0)
+
+    lag = [{"at": a, "lag": v} for a, v in got["lag"] if a > t0]
+    loaf = got["loaf"]
+    final = [e for e in loaf if e["start"] > last]
+    return {"tokens": got["tokens"], "draws": got["draws"], "server_s": got["server"], "stream_s": (last - t0) / 1e3,
+            "total_s": (got["end"] - t0) / 1e3,
+            "lag_stream_ms": worst(lag, "at", "lag", True), "lag_final_ms": worst(lag, "at", "lag", False),
+            "block_stream_ms": worst(loaf, "start", "block", True), "block_final_ms": worst(loaf, "start", "block", False),
+            "final_frame": max(final, key=lambda e: e["block"], default=None),
+            "click_paint_ms": max((e["dur"] for e in got["events"]), default=0.0),
+            "trip_max_ms": max(trips, default=0.0), "click_max_ms": max(clicks, default=0.0), "probes": len(trips) + len(clicks)}
 
 
 def generation_table(url: str, page: object, n: int, repeats: int) -> str:
+    """API and browser runs interleaved (API, browser, API, browser, ...), so that each ratio
+    compares two runs under the same load; the load average is reported beside them."""
     api_generation(url, 8)  # warm-up
-    api = [api_generation(url, n) for _ in range(repeats)]
-    ui = [browser_generation(page, n) for _ in range(repeats)]
+    load_before = os.getloadavg()[0]
+    api, ui = [], []
+    for _ in range(repeats):
+        api.append(api_generation(url, n))
+        ui.append(browser_generation(page, n))
+    load_after = os.getloadavg()[0]
+    ratios = [(r["tokens"] / r["stream_s"]) / (c / s) for (s, c, _), r in zip(api, ui, strict=True)]
     api_rate = statistics.median(c / s for s, c, _ in api)
-    api_server = statistics.median(c / srv for _, c, srv in api)
-    ui_server = statistics.median(r["tokens"] / r["server_s"] for r in ui)
     ui_rate = statistics.median(r["tokens"] / r["stream_s"] for r in ui)
     ui_total = statistics.median(r["tokens"] / r["total_s"] for r in ui)
-    log.info("generation n=%d: API %.1f tok/s, browser %.1f tok/s streamed (%.2fx), %.1f tok/s drawn", n, api_rate, ui_rate,
-             ui_rate / api_rate, ui_total)
-    rows = ["| tokens | API (HTTP client) | browser, streamed and drawn live | browser ÷ API | incl. the recorded run drawn | "
-            "redraws | longest event-loop stall | slowest script call (p95) | server's own step rate: API run / browser run |",
-            "|---|---|---|---|---|---|---|---|---|"]
-    rows.append(f"| {n} | {api_rate:.1f} tok/s | {ui_rate:.1f} tok/s | **{ui_rate / api_rate:.2f}x** | {ui_total:.1f} tok/s | "
-                f"{statistics.median(r['draws'] for r in ui):.0f} for {statistics.median(r['tokens'] for r in ui):.0f} tokens | "
-                f"{max(r['lag_ms'] for r in ui):.0f} ms | {max(r['trip_max_ms'] for r in ui):.0f} ms "
-                f"({max(r['trip_p95_ms'] for r in ui):.0f} ms) | {api_server:.1f} / {ui_server:.1f} tok/s |")
+    api_server = statistics.median(c / srv for _, c, srv in api)
+    ui_server = statistics.median(r["tokens"] / r["server_s"] for r in ui)
+    worst = max(ui, key=lambda r: r["block_final_ms"])
+    log.info("generation n=%d: API %.1f tok/s, browser %.1f tok/s streamed, ratios %s; load %.1f -> %.1f; worst final frame %s",
+             n, api_rate, ui_rate, [f"{x:.2f}" for x in ratios], load_before, load_after, worst["final_frame"])
+    ms = lambda key: f"{max(r[key] for r in ui):.0f} ms"  # noqa: E731 - a column formatter
+    rows = ["| tokens | API (HTTP client) | browser, streamed and drawn live | browser ÷ API, each pair (median) | incl. the recorded run drawn | "
+            "redraws | longest stall while streaming (timer / blocking frame) | longest stall in the final redraw (timer / blocking frame) | "
+            "slowest script call | slowest click: round trip / input to paint | server's own step rate: API / browser runs | load average |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows.append(f"| {n} | {api_rate:.1f} tok/s | {ui_rate:.1f} tok/s | {' '.join(f'{x:.2f}' for x in ratios)} (**{statistics.median(ratios):.2f}x**) | "
+                f"{ui_total:.1f} tok/s | {statistics.median(r['draws'] for r in ui):.0f} for {statistics.median(r['tokens'] for r in ui):.0f} tokens | "
+                f"{ms('lag_stream_ms')} / {ms('block_stream_ms')} | {ms('lag_final_ms')} / {ms('block_final_ms')} | {ms('trip_max_ms')} | "
+                f"{ms('click_max_ms')} / {ms('click_paint_ms')} | {api_server:.1f} / {ui_server:.1f} tok/s | {load_before:.1f} → {load_after:.1f} |")
     return "\n".join(rows)
 
 
@@ -250,6 +300,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--write", type=Path, default=None)
     p.add_argument("--generate", type=int, default=0, help="also compare generating N tokens in the browser with the API")
+    p.add_argument("--gen-repeats", type=int, default=3, help="API / browser pairs for --generate")
     p.add_argument("--long", default="", help="comma-separated lengths: time the tiled heatmap of the config-built "
                                                "long-context model instead (overview after the analyse response, zoom steps)")
     args = p.parse_args()
@@ -284,7 +335,7 @@ def main() -> None:
             row = {"n": n, "draw": statistics.median(draws), "draw_max": max(draws), "switch": statistics.median(switches)}
             log.info("n=%d click->heatmap median %.0f ms (max %.0f), head switch %.0f ms", n, row["draw"], row["draw_max"], row["switch"])
             rows.append(row)
-        gen_table = generation_table(url, page, args.generate, max(1, args.repeats // 2)) if args.generate else ""
+        gen_table = generation_table(url, page, args.generate, max(1, args.gen_repeats)) if args.generate else ""
         browser.close()
     table = ["| n tokens | click Analyse → heatmap drawn, median (max) | click another head → redrawn, median |",
              "|---|---|---|"]

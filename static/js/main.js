@@ -5,7 +5,7 @@ import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
 import { cellText, drawHeatmap, rangesFrom, tickBudget, ticks, wireHover } from "./views/heatmap.js";
 import { HeadGrid } from "./views/headgrid.js";
-import { drawLive } from "./views/live.js";
+import { LiveHeatmap } from "./views/live.js";
 import { drawFocusBars, drawFocusLines, focusNote } from "./views/focus.js";
 import { EXACT_MAX, TileView, binOf, binText, poolingText, windowFrom } from "./views/tiled.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
@@ -78,6 +78,14 @@ function updateGenerate() {
 }
 
 // ---- drawing --------------------------------------------------------------------------------
+
+// Hand the page back to the browser between two pieces of long work, so that a click, a script
+// call or a frame is answered in between; each piece is marked ("attnscope:<name>" when it
+// starts) for the Performance panel, bench/browser.py and the tests.
+async function pause(name) {
+  await new Promise((resolve) => setTimeout(resolve, 0));
+  performance.mark(`attnscope:${name}`);
+}
 
 function fillSelect(select, count, key, value) {
   select.replaceChildren(...Array.from({ length: count }, (_, i) => el("option", { value: String(i), text: t(key, { i }) })));
@@ -180,7 +188,10 @@ async function drawHead() {
   $("#pool-box").hidden = true;
   const key = `${run.run_id}:${layer}:${head}`;
   const slice = await cached(sliceCache, key, () => getAttentionBin(run.run_id, layer, head));
-  if (state.run !== run || state.layer !== layer || state.head !== head) return; // a newer choice won
+  const stale = () => state.run !== run || state.layer !== layer || state.head !== head; // a newer choice won
+  if (stale()) return;
+  await pause("heatmap"); // the slice's bytes were decoded in this task: the heatmap gets its own
+  if (stale()) return;
   state.slice = slice;
   state.exact = null;
   cached(exactCache, key, () => getAttentionF32(run.run_id, layer, head)).then((exact) => {
@@ -199,6 +210,8 @@ async function drawHead() {
   $("#layer-picker").value = String(layer);
   $("#head-picker").value = String(head);
   showZoomInputs();
+  await pause("focus");
+  if (state.slice !== slice) return;
   drawFocus();
   readout();
   toURL();
@@ -449,7 +462,14 @@ async function loadRun(run, initial = {}) {
   $("#timeline-box").hidden = true;
   updateGenerate();
   await drawHead();
+  await pause("grid");
   if (state.run !== run) return;
+  grid.render(run, state.sort, { layer, head }, model);
+  await pause("next");
+  if (state.run !== run) return;
+  drawNextSoon();
+  loadSparsity(run);
+  tools.update("run", state);
   if (initial.steps) {
     const tl = $("#timeline");
     tl.max = String(initial.steps);
@@ -457,10 +477,6 @@ async function loadRun(run, initial = {}) {
     $("#timeline-value").textContent = t("x.timeline.all", { n: initial.steps });
     $("#timeline-box").hidden = false; // shown once the full run is drawn
   }
-  grid.render(run, state.sort, { layer, head }, model);
-  drawNextSoon();
-  loadSparsity(run);
-  tools.update("run", state);
 }
 
 async function loadSparsity(run) {
@@ -492,11 +508,16 @@ function showStatus(key, vars = {}, offerContinue = false) {
   $("#gen-continue").hidden = !offerContinue;
 }
 
+// ms between two redraws of the live view at least: ten a second look continuous, and the CPU
+// is left to the stream (bench/browser.py: the browser's share of it slows the server's steps)
+const LIVE_GAP = 100;
 let lastGeneration = null; // the request body, so that "continue past end-of-text" can repeat it
 
 // Generate with the KV cache, recording every step: the heatmap fills row by row as tokens
-// stream in — redrawn at most once per animation frame, so the page keeps up with the stream
-// and stays responsive — then the recording becomes an ordinary run with a timeline.
+// stream in — redrawn at most once per animation frame (and ten times a second), painting only
+// the new rows, so the page keeps up with the stream and stays responsive — then the recording
+// becomes an ordinary run with a timeline, drawn in pieces (pause) with the page answering
+// between them.
 async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
   if (text !== null) $("#prompt").value = text;
   if (!state.run || state.run.text !== $("#prompt").value || state.run.model !== $("#model-picker").value) await analyse();
@@ -513,18 +534,30 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
   const rows = [];
   const tokens = state.run.tokens.slice();
   const div = $("#heatmap");
-  let frame = 0, draws = 0, steps = 0, serverMs = 0, done = null, runId = null;
+  let frame = 0, timer = 0, lastDraw = -Infinity, draws = 0, painted = 0, steps = 0, serverMs = 0, done = null, runId = null;
   const liveBox = $("#live");
+  // sized once for the whole generation; each redraw paints only the rows that arrived since
+  const live = new LiveHeatmap($("#live-canvas"), tokens.length + asked, state.colour);
   const draw = () => {
     frame = 0;
+    lastDraw = performance.now();
     if (!latest(req) || !rows.length) return;
     liveBox.hidden = false;
-    drawLive($("#live-canvas"), rows, state.colour);
+    painted += live.draw(rows);
     $("#live-caption").textContent = t("x.recording", { layer, head, rows: rows.length, steps });
     draws += 1;
     div.dataset.liveRows = String(rows.length);
     div.dataset.liveDraws = String(draws);
+    div.dataset.livePainted = String(painted); // rows painted, over all redraws: each row once
     $("#busy").textContent = t("x.gen.progress", { steps, asked });
+  };
+  // one redraw per animation frame at most, and none sooner than LIVE_GAP ms after the last:
+  // the tokens that arrive meanwhile share the next one
+  const schedule = () => {
+    if (frame || timer) return;
+    const wait = lastDraw + LIVE_GAP - performance.now();
+    if (wait <= 0) frame = requestAnimationFrame(draw);
+    else timer = setTimeout(() => { timer = 0; frame = requestAnimationFrame(draw); }, wait);
   };
   try {
     const r = await postStream("/api/generate", body, { signal: req.controller.signal });
@@ -541,9 +574,10 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
       }
       if (ev.event === "run") runId = ev.data.run_id;
       if (ev.event === "done") done = ev.data;
-      if (!frame) frame = requestAnimationFrame(draw); // one redraw per frame at most
+      schedule();
     }
     cancelAnimationFrame(frame);
+    clearTimeout(timer);
     if (!latest(req)) return;
     draw(); // the last rows, before the full heatmap replaces the live view
     const run = await getJSON(`/api/runs/${encodeURIComponent(runId)}`, { signal: req.controller.signal });
@@ -566,6 +600,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     }
   } finally {
     cancelAnimationFrame(frame);
+    clearTimeout(timer);
     if (latest(req) || !current || current.kind !== "generate") liveBox.hidden = true;
     end(req);
   }

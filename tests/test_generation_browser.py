@@ -1,0 +1,60 @@
+"""Generation in the browser keeps the page answering (issue 12), asserted by structure, never
+by timing: while tokens stream, every row of the live view is painted once (a redraw costs the
+new rows only) and redraws never outnumber animation frames; when the stream ends, the
+recorded run is drawn in pieces, and the page's event loop runs between every two of them (a
+task queued when a piece starts runs before the next piece starts)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.browser
+READY = "() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy"
+FINAL_PIECES = ["attnscope:heatmap", "attnscope:focus", "attnscope:grid", "attnscope:next"]
+
+# Every "attnscope:*" mark queues a task; the task records the newest mark when it runs.
+PROBE = """() => {
+  window.__probes = []; window.__marks = []; window.__frames = 0; window.__stopFrames = false;
+  const mark = performance.mark.bind(performance);
+  performance.mark = (name, ...rest) => {
+    if (name.startsWith('attnscope:')) {
+      window.__marks.push(name);
+      const at = window.__marks.length - 1;
+      setTimeout(() => window.__probes.push([at, window.__marks.length - 1]), 0);
+    }
+    return mark(name, ...rest);
+  };
+  const tick = () => { window.__frames++; if (!window.__stopFrames) requestAnimationFrame(tick); };
+  requestAnimationFrame(tick);
+}"""
+
+
+def generate(page: object, count: int) -> dict:
+    page.get_by_test_id("generate-count").fill(str(count))
+    page.get_by_test_id("generate-temperature").fill("1")
+    page.evaluate(PROBE)
+    page.get_by_test_id("generate-button").click()
+    page.wait_for_function("() => !document.querySelector('#timeline-box').hidden", timeout=120_000)
+    page.wait_for_function(READY, timeout=60_000)
+    return page.evaluate("""() => { window.__stopFrames = true; const d = document.querySelector('[data-testid=attention-heatmap]').dataset;
+        return { marks: window.__marks, probes: window.__probes, frames: window.__frames, draws: Number(d.liveDraws),
+                 rows: Number(d.liveRows), painted: Number(d.livePainted), tokens: Number(d.liveTokens), n: Number(d.n) }; }""")
+
+
+def test_live_view_paints_each_row_once_and_the_final_redraw_yields_between_pieces(page: object, base_url: str) -> None:
+    page.goto(f"{base_url}/?text=The%20history%20of%20the%20city%20begins")
+    page.wait_for_function(READY, timeout=60_000)
+    got = generate(page, 24)
+    assert got["tokens"] >= 1
+    # the live view: every streamed row painted exactly once over all redraws, at most one a frame
+    assert got["painted"] == got["rows"] == got["n"] - 1 or got["painted"] == got["rows"] == got["n"]
+    assert 1 <= got["draws"] <= got["frames"]
+    # the recorded run, drawn in pieces: heatmap, focus, grid, the rest — in this order
+    marks = got["marks"]
+    assert all(name in marks for name in FINAL_PIECES), marks
+    last = [len(marks) - 1 - marks[::-1].index(name) for name in FINAL_PIECES]
+    assert last == sorted(last), marks
+    # between every two pieces the page ran other tasks: each probe ran before the next mark
+    ran = dict(got["probes"])
+    assert len(ran) == len(marks), got["probes"]
+    assert all(ran[i] == i for i in range(len(marks))), (marks, got["probes"])
