@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.capture import LazyMask
+from model.capture import LazyMask, visible_span
 
 CHUNK_CELLS = 1 << 21  # weights per head x rows x keys block while a whole layer is swept (8 MiB float32)
 
@@ -66,18 +66,25 @@ class LayerAttention:
 
     def rows(self, head: int, q0: int, q1: int, k0: int = 0, k1: int | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head's exact weights over queries [q0, q1) x keys [k0, k1): (weights, visible), each (r, kw)."""
+        """One head's exact weights over queries [q0, q1) x keys [k0, k1): (weights, visible), each (r, kw).
+
+        Only the keys some of these rows see are computed (a causal tile skips its future)."""
         k1 = self.n if k1 is None else k1
         allowed = self.visible(q0, q1, k0, k1)  # (r, kw)
-        z = self.logits([head], q0, q1, k0, k1)[0]  # (r, kw)
-        weights = (z - self.lse[head, q0:q1, None]).exp().masked_fill(~allowed, 0.0)
-        return weights.nan_to_num(0.0), allowed
+        weights = torch.zeros(allowed.shape, dtype=torch.float32, device=self.q.device)
+        lo, hi = visible_span(allowed)
+        z = self.logits([head], q0, q1, k0 + lo, k0 + hi)[0]  # (r, hi - lo)
+        weights[:, lo:hi] = (z - self.lse[head, q0:q1, None]).exp().masked_fill(~allowed[:, lo:hi], 0.0)
+        return weights.nan_to_num_(0.0), allowed
 
     def weights(self, q0: int, q1: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Every head's weights for queries [q0, q1) over all keys: ((H, r, n) float32, visible (r, n))."""
         allowed = self.visible(q0, q1, 0, self.n)
-        z = self.logits(slice(None), q0, q1, 0, self.n)  # (H, r, n)
-        return (z - self.lse[:, q0:q1, None]).exp().masked_fill(~allowed, 0.0).nan_to_num(0.0), allowed
+        out = torch.zeros((self.n_heads, *allowed.shape), dtype=torch.float32, device=self.q.device)
+        lo, hi = visible_span(allowed)
+        z = self.logits(slice(None), q0, q1, lo, hi)  # (H, r, hi - lo)
+        out[..., lo:hi] = (z - self.lse[:, q0:q1, None]).exp().masked_fill(~allowed[:, lo:hi], 0.0)
+        return out.nan_to_num_(0.0), allowed
 
     def block_rows(self, cells: int = CHUNK_CELLS) -> int:
         return max(1, cells // max(1, self.n * self.n_heads))

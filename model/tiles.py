@@ -24,7 +24,7 @@ import torch
 Pool = Literal["max", "mean"]
 # (q0, q1) -> (weights (q1 - q0, k1 - k0) float32, visible (q1 - q0, k1 - k0) bool), keys fixed by the caller
 RowsFn = Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]
-CELL_BUDGET = 1 << 22  # weights materialised at once while a tile is pooled (16 MiB of float32)
+CELL_BUDGET = 1 << 20  # weights materialised at once while a tile is pooled (4 MiB of float32)
 
 
 @dataclass(frozen=True)
