@@ -24,8 +24,7 @@ from tests.conftest import BUNDLED, VOCAB, make_engine
 
 pytestmark = pytest.mark.browser
 log = logging.getLogger(__name__)
-# tokens of the one long run: 2,048 while a run keeps dense patterns (16k would keep 8 GiB); 16,384 once runs keep O(n·d)
-N = int(os.environ.get("ATTNSCOPE_LONG_TEST_N", "2048"))
+N = int(os.environ.get("ATTNSCOPE_LONG_TEST_N", "16384"))  # tokens of the one long run
 HEAT = "document.querySelector('[data-testid=attention-heatmap]')"
 TEXT = ("the history of the city begins with a small river crossing where traders met and the market grew "
         "into a town whose walls and bridges still stand today while new roads reach the hills")
@@ -89,6 +88,7 @@ def long_page(browser: object, long_url: str) -> Iterator[object]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     watch = ConsoleWatch(page)
+    page.console_watch = watch
     page.goto(long_url + "/")
     page.wait_for_function(f"() => {HEAT}.dataset.drawnAt && !document.body.dataset.busy", timeout=120_000)
     page.evaluate(PROBE)
@@ -203,6 +203,35 @@ def test_token_strip_is_virtual_and_selection_works(long_page: object) -> None:
         page.keyboard.press("ArrowUp")
     page.wait_for_function(f"() => document.querySelector('[data-testid=token][data-index=\"{n - 5}\"].selected')")
     shot(page, "long-strip-1400")
+
+
+def test_exports_what_the_run_keeps(long_page: object, tmp_path: Path) -> None:
+    """The JSON export (every head's n x n cells) is refused in words that name the other button;
+    the safetensors export is what the run keeps, and any head rebuilds from it exactly."""
+    from model.export import KeptRun
+
+    page = long_page
+    page.get_by_test_id("export-json").click()
+    error = page.get_by_test_id("error-message")
+    error.wait_for()
+    assert "attention cells" in error.text_content() and "Run data (safetensors)" in error.text_content()
+    refused = [e for e in page.console_watch.errors if "status of 422" in e]
+    assert len(refused) == 1  # Chromium logs the refused request; that one is expected
+    page.console_watch.errors.remove(refused[0])
+    with page.expect_download() as kept:
+        page.get_by_test_id("export-kept").click()
+    assert kept.value.suggested_filename.endswith(".safetensors")
+    path = tmp_path / kept.value.suggested_filename
+    kept.value.save_as(path)
+    run = KeptRun.load(path)
+    n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+    assert run.n == n
+    # the exact row token focus shows, rebuilt from the file
+    row = page.evaluate(f"() => fetch('/api/runs/' + {HEAT}.dataset.run + '/attention?layer=1&head=3&q0={n - 1}&q1={n}&format=json')"
+                        ".then(r => r.json()).then(t => t.cells[0][0])")
+    rebuilt = run.pattern(1, 3, n - 1, n)[0]
+    assert torch.allclose(rebuilt, torch.tensor(row, dtype=torch.float32), atol=1e-6)
+    page.evaluate("() => { document.querySelector('[data-testid=error-message]').hidden = true; }")
 
 
 def test_thumbnails_come_from_tiles(long_page: object) -> None:

@@ -110,6 +110,9 @@ const SERVER_ERRORS = [
   [/^(Failed to fetch|NetworkError|Load failed)/, "err.network"],
   [/^the model is not loaded yet/, "err.loading"],
   [/^unknown model '([^']*)'/, "err.unknown_model"],
+  [/^this prompt's run would keep ([\d,]+ MiB) \(([\d,]+) tokens; its forward peaks near ([\d,]+ MiB)\); the run cache holds at most ([\d,]+ MiB)/, "err.run_too_big"],
+  [/^this prompt's forward would need ([\d,]+ MiB) at its peak; forwards in flight may use at most ([\d,]+ MiB)/, "err.forward_too_big"],
+  [/^this prompt's forward would need ([\d,]+ MiB); the server is busy/, "err.forward_busy"],
 ];
 
 // A server message in the reader's language: a known message is translated; any other keeps

@@ -720,8 +720,24 @@ async function init() {
   $("#heatmap").addEventListener("keydown", heatmapKeys);
   $("#export-json").addEventListener("click", safely(async () => {
     if (!state.run) return;
-    const blob = await getBlob(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
+    showError("");
+    let blob;
+    try {
+      blob = await getBlob(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
+    } catch (err) { // a long run's JSON (every head's n x n cells) is refused: say so, and what to press instead
+      const m = err.status === 422 && String(err.message).match(/would hold ([\d,]+) attention cells, more than this server's limit of ([\d,]+)/);
+      if (!m) throw err;
+      $("#error").textContent = t("x.export.json_refused", { cells: m[1], limit: m[2] });
+      $("#error").hidden = false;
+      return;
+    }
     download(`attnscope-run-${state.run.run_id}.json`, blob);
+  }));
+  // what the run keeps (O(n·d)), from which any head is rebuilt exactly: the export of a run of any length
+  $("#export-kept").addEventListener("click", safely(async () => {
+    if (!state.run) return;
+    const blob = await getBlob(`/api/runs/${encodeURIComponent(state.run.run_id)}/export?format=safetensors`);
+    download(`attnscope-run-${state.run.run_id}.safetensors`, blob);
   }));
   window.addEventListener("unhandledrejection", (ev) => { report(ev.reason); ev.preventDefault(); });
   updateGenerate();
