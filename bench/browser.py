@@ -43,7 +43,7 @@ from app.main import create_app  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from model.loading import load_model  # noqa: E402
+from model.loading import LoadedModel, load_model  # noqa: E402
 from tests.browser import ARGS, CHROMIUM  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
 from tests.servers import serve  # noqa: E402
@@ -219,22 +219,6 @@ def generation_table(url: str, page: object, n: int, repeats: int) -> str:
     return "\n".join(rows)
 
 
-def long_model(folder: Path) -> Path:
-    """The issue's long-context model, built from a config: Llama shape, 2 layers, hidden 128,
-    4 heads, 2 K/V heads, 32,768 positions, random weights and the bundled tokenizer."""
-    import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-
-    from tests.conftest import BUNDLED, VOCAB
-
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=4, num_key_value_heads=2,
-                                 intermediate_size=256, max_position_embeddings=32_768,
-                                 vocab_size=VOCAB)).save_pretrained(folder)
-    AutoTokenizer.from_pretrained(BUNDLED).save_pretrained(folder)
-    return folder
-
-
 def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
     """In headless Chromium on the explorer at ``url``: analyse ``text`` ``repeats`` times and
     time the first overview after the analyse response (and after the click), then one zoom
@@ -276,16 +260,23 @@ def long_table(rows: list[dict[str, float]]) -> str:
     return "\n".join(table)
 
 
-def long_main(lengths: list[int], repeats: int, write: Path | None) -> None:
-    """--long: the config-built long-context model served alone, one Chromium session per length."""
-    import tempfile
+def chromium_for(key: str, lm: LoadedModel, text: str, repeats: int = 2) -> dict[str, float]:
+    """bench/long.py's browser hook: serve ``lm`` alone and time the explorer on ``text``."""
+    engine = make_engine({key: lm}, key, cache_bytes=8 << 30, max_tokens=lm.info.max_positions)
+    settings = Settings(models={}, default_model=key, max_body_bytes=8 << 20)
+    with serve(create_app(settings, engine)) as url:
+        return chromium_long(url, text, repeats)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        lm = load_model("long-llama", str(long_model(Path(tmp) / "llama")))
-        engine = make_engine({"long-llama": lm}, "long-llama", cache_bytes=8 << 30, max_tokens=32_768)
-        settings = Settings(models={}, default_model="long-llama", max_body_bytes=8 << 20)
-        with serve(create_app(settings, engine)) as url:
-            rows = [chromium_long(url, prompt_of(lm.tokenizer, n), repeats) for n in lengths]
+
+def long_main(lengths: list[int], repeats: int, write: Path | None) -> None:
+    """--long: bench/long.py's long-context Llama (and prompts), served alone, one Chromium session per length."""
+    from bench.long import text_of
+    from model.loading import wrap_model
+    from tests.families import long_llama
+    from tests.tinytok import tiny_tokenizer
+
+    lm = wrap_model("long-llama", long_llama(), tiny_tokenizer(), source="config:long-llama")
+    rows = [chromium_for("long-llama", lm, text_of(n), repeats) for n in lengths]
     text = long_table(rows)
     sys.stdout.write(text + "\n")
     if write:

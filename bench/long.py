@@ -15,9 +15,9 @@ d_model 768, 1,024 positions) at 256 and 1,024. Per row:
 * peak RSS: the process's high-water mark during the analyse (reset through /proc/self/clear_refs);
 * overview: a whole head pooled to 256 x 256 bins (max), through the API's tile code;
   exact tile: 256 x 256 single cells from the middle of the run;
-* browser: Chromium's time from the analyse response to the first overview drawn — the column is
-  filled by ``BROWSER_TIMING`` (set by bench/browser.py's long-run benchmark, issue 15's browser
-  part); "—" where nothing set it.
+* browser (``--browser``): in headless Chromium on the explorer serving the same model, the time from
+  the analyse response to the first overview drawn, and a zoom session's steps from the overview
+  down to single labelled cells (bench/browser.py's ``chromium_for``); "—" without ``--browser``.
 
 The machine is shared (a training job owns one of its two cores): its load average is recorded
 beside the table. Timings are wall-clock medians; nothing here is asserted by the tests.
@@ -52,10 +52,9 @@ from tests.tinytok import tiny_tokenizer  # noqa: E402
 
 log = logging.getLogger("bench.long")
 MIB = 1 << 20
-# (model key, n) -> ms from the analyse response to the first overview drawn in Chromium; set by the
-# browser benchmark that drives the explorer on the same runs (issue 15's browser part)
-BROWSER_TIMING: dict[tuple[str, int], float] = {}
-BrowserHook = Callable[[str, int], float | None]
+# (model key, model, prompt) -> Chromium's timings of the explorer on that prompt (bench/browser.py's
+# chromium_for): "overview_ms" from the analyse response to the first overview, "zoom_ms" / "zoom_max_ms"
+BrowserHook = Callable[[str, LoadedModel, str], dict[str, float]]
 
 
 def gpt2_small() -> GPT2LMHeadModel:
@@ -145,7 +144,7 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
     mid = n // 2
     exact = TileSpec(mid, min(n, mid + 256), max(0, mid - 128), min(n, mid + 128), size=None, pool="max")
     exact_ms = timed(lambda: head_tiles(cache, layer, [head], exact), repeats)
-    drawn = browser(key, n) if browser is not None else BROWSER_TIMING.get((key, n))
+    drawn = browser(key, lm, text) if browser is not None else None
     log.info("%s n=%d: sdpa %.0f ms, capture %.0f ms, kept %.1f MiB", key, n, sdpa_ms, capture_ms, cache.nbytes / MIB)
     return {
         "model": key, "n": f"{n:,}", "SDPA forward": f"{sdpa_ms:,.0f} ms", "capture forward": f"{capture_ms:,.0f} ms",
@@ -154,7 +153,9 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
         "kept / dense": f"{cache.nbytes / dense:.4f} (1/{dense / cache.nbytes:,.1f})",
         "peak RSS": "—" if peak is None else f"{peak / MIB:,.0f} MiB (from {before / MIB:,.0f})",
         "overview 256² (max)": f"{overview_ms:,.0f} ms", "exact 256² tile": f"{exact_ms:,.1f} ms",
-        "Chromium: response → overview": "—" if drawn is None else f"{drawn:,.0f} ms",
+        "Chromium: response → overview": "—" if drawn is None else f"{drawn['overview_ms']:,.0f} ms",
+        "Chromium: zoom step, median (max)": "—" if drawn is None else
+        f"{drawn['zoom_ms']:,.0f} ms ({drawn['zoom_max_ms']:,.0f} ms)",
     }
 
 
@@ -167,8 +168,13 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads (1 here: with a training job on one of two cores, two threads wait for "
                              "each other at every op and both paths run 4-5x slower)")
+    parser.add_argument("--browser", action="store_true", help="also time the explorer in Chromium on each run")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.browser and browser is None:
+        from bench.browser import chromium_for
+
+        browser = chromium_for
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     tune_malloc()
     load_start = load_average()
@@ -188,7 +194,9 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
             "gpt2-small-shape: 12 layers x 12 heads, d_model 768. Both float32 on the CPU, random weights. "
             "'capture forward' is the forward through attnscope's capture point with exact head scores; "
             "'analyse' adds next-token predictions at every position (top-10) and keeping the run. "
-            "'Chromium' is filled by the browser benchmark (issue 15, browser part).\n\n" + table)
+            "'Chromium' (with --browser): the explorer in headless Chromium on the same prompt — from the analyse "
+            "response to the first overview tile drawn, and each zoom step (a drag-sized zoom halving the window, "
+            "from the overview down to 16 x 16 single cells) to its finer tile drawn.\n\n" + table)
     command = "python bench/long.py" + ("" if argv is None else " " + " ".join(argv))
     if not args.no_write:
         write_section(args.out, "long", body, command)
