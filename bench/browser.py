@@ -270,11 +270,14 @@ def chromium_for(key: str, lm: LoadedModel, text: str, repeats: int = 2) -> dict
 
 def long_main(lengths: list[int], repeats: int, write: Path | None) -> None:
     """--long: bench/long.py's long-context Llama (and prompts), served alone, one Chromium session per length."""
+    import torch
+
     from bench.long import text_of
     from model.loading import wrap_model
     from tests.families import long_llama
     from tests.tinytok import tiny_tokenizer
 
+    torch.set_num_threads(1)  # as bench/long.py: with a training job on one of two cores, one thread is faster
     lm = wrap_model("long-llama", long_llama(), tiny_tokenizer(), source="config:long-llama")
     rows = [chromium_for("long-llama", lm, text_of(n), repeats) for n in lengths]
     text = long_table(rows)
