@@ -220,7 +220,7 @@ def test_exports_what_the_run_keeps(long_page: object, tmp_path: Path) -> None:
     refused = [e for e in page.console_watch.errors if "status of 422" in e]
     assert len(refused) == 1  # Chromium logs the refused request; that one is expected
     page.console_watch.errors.remove(refused[0])
-    with page.expect_download() as kept:
+    with page.expect_download(timeout=180_000) as kept:  # the file is what the run keeps: tens of MiB
         page.get_by_test_id("export-kept").click()
     assert kept.value.suggested_filename.endswith(".safetensors")
     path = tmp_path / kept.value.suggested_filename
