@@ -1,4 +1,4 @@
-"""Train the bundled decoder: a byte-level BPE tokenizer and a small GPT-2, on CPU.
+"""Train the bundled decoder: a byte-level BPE tokenizer and a small Llama-shaped model, on CPU.
 
 A plain PyTorch loop in the spirit of nanoGPT's train.py: AdamW, linear warm-up then
 cosine decay, gradient clipping, a fixed seed, a held-out split, a progress bar, and a
@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from tqdm import tqdm
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
 from model.analysis import previous_token_weights
 
@@ -206,7 +206,7 @@ def heldout_windows(data: torch.Tensor, seq: int, count: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, data: torch.Tensor, seq: int,
+def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, data: torch.Tensor, seq: int,
              count: int = 8) -> tuple[float, float]:
     """(mean loss in nats per token, bits per UTF-8 byte) on held-out windows."""
     model.eval()
@@ -222,7 +222,7 @@ def evaluate(model: GPT2LMHeadModel, tokenizer: PreTrainedTokenizerFast, data: t
 
 
 @torch.no_grad()
-def attention_probes(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, words: torch.Tensor,
+def attention_probes(model: PreTrainedModel, data: torch.Tensor, seq: int, words: torch.Tensor,
                      n_windows: int = 2, length: int = 40, seeds: int = 4) -> tuple[list[list[float]], list[list[float]]]:
     """(previous-token, induction) scores, each (layers x heads).
 
@@ -246,31 +246,17 @@ def attention_probes(model: GPT2LMHeadModel, data: torch.Tensor, seq: int, words
     return prev, induction
 
 
-def sinusoids(positions: int, d: int, spread: str = "geometric") -> torch.Tensor:
-    """A (positions, d) table of sin/cos pairs: sin on even dims, cos on odd.
-
-    ``geometric``: the original transformer's frequencies, 1 down to 1/10000 — most of them
-    low, so neighbouring positions look alike (p_i . p_j falls off slowly with |i - j|).
-    ``mixed``: half the pairs keep those; the other half get frequencies spread evenly (with
-    a fixed jitter) over (0, pi), whose sum of cosines is a sharp kernel: positions i and
-    i - 1 are then nearly orthogonal, and because p_{i-1} is a fixed rotation of p_i, one
-    linear map in a head's query/key weights can point every position at its predecessor.
-    An initialisation only: the table is learned like every other weight.
-    """
-    pos = torch.arange(positions).float()[:, None]  # (P, 1)
-    half = d // 2
-    freq = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2).float() / d)  # (d/2,)
-    if spread == "mixed":
-        gen = torch.Generator().manual_seed(0)
-        local = half // 2
-        even = (torch.arange(local).float() + torch.rand(local, generator=gen)) / local  # (0, 1)
-        freq = torch.cat([math.pi * even, freq[::2][: half - local]])
-    elif spread != "geometric":
-        raise ValueError(spread)
-    table = torch.zeros(positions, d)
-    table[:, 0::2] = torch.sin(pos * freq)
-    table[:, 1::2] = torch.cos(pos * freq)
-    return table
+def llama_config(args: argparse.Namespace, vocab: int, eos: int) -> LlamaConfig:
+    """Rotary positions (relative offsets are one rotation away: previous-token and induction heads
+    need no learned table), RMSNorm, SwiGLU, tied embeddings."""
+    ffn = args.ffn or -(-args.d_model * 8 // 3 // 32) * 32
+    return LlamaConfig(
+        vocab_size=vocab, hidden_size=args.d_model, intermediate_size=ffn, num_hidden_layers=args.layers,
+        num_attention_heads=args.heads, num_key_value_heads=args.kv_heads or args.heads,
+        max_position_embeddings=args.positions, rope_parameters={"rope_type": "default", "rope_theta": args.rope_theta},
+        tie_word_embeddings=True, bos_token_id=eos, eos_token_id=eos, attention_dropout=0.0,
+        attn_implementation="sdpa",
+    )
 
 
 def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> float:
@@ -314,9 +300,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     p.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the forward (weights stay float32)")
-    p.add_argument("--sinusoid-init", type=float, default=0.05,
-                   help="start the learned position table from sinusoids of this amplitude (0 = GPT-2's random init)")
-    p.add_argument("--position-spread", choices=("geometric", "mixed"), default="mixed")
+    p.add_argument("--kv-heads", type=int, default=0, help="key/value heads (0 = as many as --heads)")
+    p.add_argument("--ffn", type=int, default=0, help="SwiGLU width (0 = 8/3 d_model, rounded up to 32)")
+    p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--tokenizer", type=Path, default=None, help="reuse the tokenizer of this folder instead of training one")
     p.add_argument("--resume", action="store_true", help="continue from --out's checkpoint")
     p.add_argument("--stop-at", type=int, default=None,
@@ -349,22 +335,13 @@ def main(argv: list[str] | None = None) -> None:
              len(tokenizer), len(words), len(train), len(held), time.time() - t0)
 
     if state is not None:
-        model = GPT2LMHeadModel.from_pretrained(args.out)
+        model = AutoModelForCausalLM.from_pretrained(args.out, attn_implementation="sdpa")
     else:
-        config = GPT2Config(
-            vocab_size=len(tokenizer), n_positions=args.positions, n_embd=args.d_model,
-            n_layer=args.layers, n_head=args.heads, bos_token_id=tokenizer.eos_token_id,
-            eos_token_id=tokenizer.eos_token_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-        )
-        model = GPT2LMHeadModel(config)
-        if args.sinusoid_init > 0:
-            with torch.no_grad():
-                model.transformer.wpe.weight.copy_(
-                    args.sinusoid_init * sinusoids(args.positions, args.d_model, args.position_spread))
+        model = LlamaForCausalLM(llama_config(args, len(tokenizer), tokenizer.eos_token_id))
     n_params = sum(p.numel() for p in model.parameters())
     log.info("model: %d parameters", n_params)
-    # no weight decay on embeddings (token and position tables) or on gains and biases
-    embeddings = {id(model.transformer.wte.weight), id(model.transformer.wpe.weight)}
+    # no weight decay on the (tied) token embeddings or on gains and biases
+    embeddings = {id(model.get_input_embeddings().weight)}
     decay = [p for p in model.parameters() if p.dim() >= 2 and id(p) not in embeddings]
     no_decay = [p for p in model.parameters() if p.dim() < 2 or id(p) in embeddings]
     opt = torch.optim.AdamW(

@@ -24,20 +24,6 @@ def load_script(name: str) -> ModuleType:
 train = load_script("train_bundled")
 
 
-def neighbour_cosine(table: torch.Tensor, i: int) -> float:
-    return float(torch.nn.functional.cosine_similarity(table[i], table[i - 1], dim=0))
-
-
-def test_mixed_sinusoids_tell_neighbours_apart() -> None:
-    geometric = train.sinusoids(1024, 256, "geometric")
-    mixed = train.sinusoids(1024, 256, "mixed")
-    assert geometric.shape == mixed.shape == (1024, 256)
-    assert neighbour_cosine(geometric, 300) > 0.9  # the original frequencies: neighbours look alike
-    assert neighbour_cosine(mixed, 300) < 0.6
-    # a position's predecessor is a fixed rotation of it: the same angle at every position
-    assert torch.allclose(mixed[301] @ mixed[300], mixed[801] @ mixed[800], atol=1e-3)
-
-
 def test_pre_tokenizer_isolates_each_cjk_character() -> None:
     tok = train.build_tokenizer()
     pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("我爱AI，dog bites")]
@@ -121,9 +107,11 @@ def test_a_few_steps_end_to_end_and_resume(tmp_path: Path) -> None:
     assert [c["seq"] for c in record["curve"]] == [64, 128]
     assert all(len(c["prev_token_top2"]) == 2 and 0 <= c["induction_top"] <= 1 and c["heldout_bpb"] > 0
                for c in record["curve"])
-    from transformers import AutoTokenizer, GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    assert GPT2LMHeadModel.from_pretrained(out).config.n_layer == 1
+    trained = AutoModelForCausalLM.from_pretrained(out)
+    assert trained.config.model_type == "llama" and trained.config.num_hidden_layers == 1
+    assert trained.config.tie_word_embeddings
     assert len(AutoTokenizer.from_pretrained(out)) == 600
     assert (out / train.STATE).exists()
 
