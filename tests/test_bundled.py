@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from app.main import create_app
 from app.settings import Settings
@@ -43,9 +44,9 @@ def test_default_models_are_both_bundled_ones(default_client: TestClient) -> Non
     models = {m["name"]: m for m in default_client.get("/api/models").json()["models"]}
     assert set(models) == {"attnscope-tiny", "minilm-l6"}
     tiny, enc = models["attnscope-tiny"], models["minilm-l6"]
-    assert tiny["default"] and tiny["causal"] and tiny["architecture"] == "gpt2"
-    assert tiny["n_heads"] == 8 and tiny["d_model"] == 8 * tiny["d_head"] and 4 <= tiny["n_layers"] <= 6
-    assert tiny["max_positions"] >= 512 and tiny["position_encoding"] == "learned"
+    assert tiny["default"] and tiny["causal"] and tiny["architecture"] == "llama"
+    assert tiny["n_heads"] == 8 and tiny["d_model"] == 8 * tiny["d_head"] and 4 <= tiny["n_layers"] <= 8
+    assert tiny["max_positions"] >= 1024 and tiny["position_encoding"] == "rotary"
     assert not enc["default"] and not enc["causal"] and enc["architecture"] == "bert"
     assert enc["n_layers"] == 6 and enc["n_heads"] == 12
 
@@ -54,9 +55,68 @@ def test_weights_and_tokenizer_files() -> None:
     weights = FOLDER / "model.safetensors"
     assert weights.exists() and weights.stat().st_size <= 40 * 1024 * 1024
     tok = AutoTokenizer.from_pretrained(FOLDER)
-    assert 7000 <= len(tok) <= 9000
+    assert 16000 <= len(tok) <= 32768
     assert tok.decode(tok("dog bites man")["input_ids"]) == "dog bites man"
     assert (FOLDER / "README.md").exists() and (FOLDER / "training_curve.png").exists()
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(FOLDER).parameters())
+    assert params <= 20_000_000, params
+
+
+@pytest.mark.parametrize("text", ["dog bites man", "man bites dog", "I love artificial intelligence",
+                                  "The cat sat on the mat", "The weather today is nice and warm",
+                                  "In the morning I drink a cup of coffee and read the news",
+                                  "She opened the window and looked at the garden"])
+def test_common_english_words_are_single_tokens(text: str) -> None:
+    tok = AutoTokenizer.from_pretrained(FOLDER)
+    pieces = [tok.decode([i]) for i in tok(text)["input_ids"]]
+    assert [p.strip() for p in pieces] == text.split(), pieces
+
+
+@pytest.mark.parametrize("text", ["我爱人工智能", "今天天气很好"])
+def test_chinese_characters_are_whole_tokens(text: str) -> None:
+    tok = AutoTokenizer.from_pretrained(FOLDER)
+    pieces = [tok.decode([i]) for i in tok(text)["input_ids"]]
+    assert pieces == list(text), pieces
+
+
+def test_an_induction_head_emerged(default_engine: Engine) -> None:
+    """Random common words (drawn here, so never seen as such in training) repeated once: some head's
+    engine-scored induction (attention from the second copy to the token after the first) is >= 0.4."""
+    lm = default_engine.model("attnscope-tiny")
+    vocab = lm.tokenizer.get_vocab()
+    words = sorted(t[1:] for t in vocab if t.startswith("\u0120") and t[1:].isascii() and t[1:].isalpha()
+                   and t[1:].islower() and len(t) > 3)
+    scores = torch.zeros(lm.info.n_layers, lm.info.n_heads)
+    for seed in range(4):
+        run = " ".join(random.Random(seed).sample(words, 40))
+        ids = ids_tensor(tokenize(lm.tokenizer, f"{run} {run}"))
+        acts = run_with_cache(lm, ids, lambda name: kind_of(name) == "pattern")
+        for layer in range(lm.info.n_layers):
+            heads = head_scores(layer, acts[act_name("pattern", layer)], ids)
+            scores[layer] += torch.tensor([h.induction or 0.0 for h in heads]) / 4
+    assert float(scores.max()) >= 0.4, scores.tolist()
+
+
+@pytest.mark.parametrize("prompt", ["Once upon a time", "The weather today is", "In the morning, I"])
+def test_greedy_continuations_run_on_in_english(default_engine: Engine, prompt: str) -> None:
+    lm = default_engine.model("attnscope-tiny")
+    enc = lm.tokenizer(prompt, return_tensors="pt")
+    with torch.inference_mode():
+        out = lm.model.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
+    new = out[0, enc["input_ids"].shape[1]:].tolist()
+    eos = lm.tokenizer.eos_token_id
+    before = new[: new.index(eos)] if eos in new else new
+    english = [i for i in before if re.fullmatch(r"\s?[A-Za-z]+|[.,;:'!?]", lm.tokenizer.decode([i]))]
+    assert len(before) >= 8 and len(english) >= 8, lm.tokenizer.decode(new)
+
+
+def test_chinese_prompts_continue_in_chinese(default_engine: Engine) -> None:
+    lm = default_engine.model("attnscope-tiny")
+    enc = lm.tokenizer("今天天气很好，", return_tensors="pt")  # noqa: RUF001 - Chinese punctuation on purpose
+    with torch.inference_mode():
+        out = lm.model.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
+    text = lm.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert len(re.findall(r"[\u4e00-\u9fff]", text)) >= 4, text
 
 
 def test_heldout_loss_is_well_below_uniform(default_engine: Engine) -> None:
