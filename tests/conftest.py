@@ -32,7 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch.manual_seed(0)
 
 BUNDLED = BUNDLED_DIR / "attnscope-tiny"
-VOCAB = 8192  # the bundled tokenizer's size, shared by every tiny model
+VOCAB = len(AutoTokenizer.from_pretrained(BUNDLED))  # the bundled tokenizer's size, shared by every tiny model
 
 
 def tiny_config(arch: str, **extra: object):
