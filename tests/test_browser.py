@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from model.loading import BUNDLED_DIR
 from tests.browser import ConsoleWatch, shot
 
 pytestmark = pytest.mark.browser
 PROMPT = "The cat sat on the mat. The cat sat on the mat."
 XSS = "<img src=x onerror=window.__pwned=1> and \"'><script>window.__pwned=2</script>"
+_CONFIG = json.loads((BUNDLED_DIR / "attnscope-tiny" / "config.json").read_text())
+BUNDLED_HEADS = _CONFIG["num_hidden_layers"] * _CONFIG["num_attention_heads"]  # the head grid's cells
 
 
 def heatmap_state(page: object) -> dict:
@@ -46,8 +51,9 @@ def test_analyse_draws_n_by_n_heatmap_with_token_labels(page: object, base_url: 
     assert state["masked"], "the causal mask is drawn as its own hatched layer"
     assert state["z"][0][1] is None and state["z"][n - 1][0] is not None  # future cells empty, past filled
     assert "␣cat" in state["ticks"] and "The" in state["ticks"]
-    page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell] canvas').length === 32")
-    assert page.get_by_test_id("head-cell").count() == 32
+    page.wait_for_function("(n) => document.querySelectorAll('[data-testid=head-cell] canvas').length === n",
+                           arg=BUNDLED_HEADS)
+    assert page.get_by_test_id("head-cell").count() == BUNDLED_HEADS
     shot(page, "explorer")
 
 
@@ -166,7 +172,7 @@ def test_sparsity_sort_zoom_and_exports(page: object, base_url: str) -> None:
     page.wait_for_function("() => document.querySelector('[data-testid=head-cell]').dataset.keys90")
     page.select_option("#grid-sort", "keys_90")
     values = [float(v) for v in page.eval_on_selector_all("[data-testid=head-cell]", "els => els.map(e => e.dataset.keys90 || 'NaN')")]
-    assert len(values) == 32  # sorted cells carry their measured sparsity
+    assert len(values) == BUNDLED_HEADS  # sorted cells carry their measured sparsity
     first = page.locator("[data-testid=head-cell]").first.get_attribute("title")
     assert "keys holding 90%" in first
     for field, value in (("q0", "3"), ("q1", "8"), ("k0", "0"), ("k1", "5")):
@@ -206,3 +212,17 @@ def test_every_chart_offers_svg_and_long_runs_zoom(page: object, base_url: str) 
         page.locator("[data-testid=focus-chart] [data-title='Download plot as SVG']").click()
     assert svg.value.suggested_filename.endswith(".svg")
     shot(page, "zoom-1024")
+
+
+def test_repeated_sentence_example_shows_an_induction_head(page: object, base_url: str) -> None:
+    """The bundled model's induction head, on the explorer's own example: a head cell carries the
+    *ind* badge, and its score is the engine's."""
+    page.goto(base_url + "/")
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+    page.get_by_test_id("example-repeat").click()
+    page.wait_for_function("() => new URLSearchParams(location.search).get('text') === "
+                           "'The cat sat on the mat. The cat sat on the mat.' && !document.body.dataset.busy")
+    page.wait_for_function("() => document.querySelector('[data-testid=head-cell] [data-badge=ind]')", timeout=30_000)
+    cell = page.locator("[data-testid=head-cell]:has([data-badge=ind])").first
+    assert int(cell.get_attribute("data-layer")) > 0  # an induction head reads a previous-token head's output
+    shot(page, "induction-example")

@@ -210,8 +210,9 @@ def test_hover_shows_the_real_weight_to_four_significant_digits(page: object, ba
         const run = new URLSearchParams(location.search);
         const r = await fetch('/api/runs', {{method: 'POST', headers: {{'content-type': 'application/json'}}, body: JSON.stringify({{text: run.get('text')}})}});
         const id = (await r.json()).run_id;
-        const a = await (await fetch(`/api/runs/${{id}}/attention?layer=0&head=0`)).json();
-        return a.rows[{n - 1}][{n - 1}];
+        const buf = await (await fetch(`/api/runs/${{id}}/attention?layer=0&head=0&format=f32`)).arrayBuffer();
+        const cells = new Float32Array(buf);  // row-major; the last cell is row {n - 1}'s own token
+        return cells[cells.length - 1];
     }}""")
     assert len(shown.replace("0.", "").lstrip("0")) >= 3  # at least three significant digits
     assert float(shown) == pytest.approx(exact, rel=1e-3)

@@ -98,10 +98,10 @@ def _query_cases(run: str) -> list[str]:
     cases += [f"/api/runs/{run}/contributions?layer=0&head=0&position={v}" for v in ("-1", "99", "p")]
     cases += [f"/api/runs/{run}/contribution-gaps?position={v}" for v in ("-1", "99", "p", "")]
     cases += [f"/api/runs/{run}/attribution?position={v}" for v in ("-1", "99", "x", "")]
-    cases += [f"/api/runs/{run}/attribution?position=0&{k}={v}" for k in ("token", "token_b") for v in ("-1", "8192")]
+    cases += [f"/api/runs/{run}/attribution?position=0&{k}={v}" for k in ("token", "token_b") for v in ("-1", "20480", str(10**7))]
     cases += ["/api/runs/nope/export", "/api/runs/nope/attribution?position=0"]
     cases += [f"/api/runs/{run}/export?format={v}" for v in ("xml", "npz", "", "SAFETENSORS")]
-    cases += [f"/api/models/tiny-gpt2/embedding?id={v}" for v in ("-1", "8192", str(2**40), "x", "")]
+    cases += [f"/api/models/tiny-gpt2/embedding?id={v}" for v in ("-1", "20480", str(2**40), "x", "")]
     cases += ["/api/models/%2Fetc%2Fpasswd/embedding?id=1", "/api/models/nope/anatomy", "/api/models/nope/positions",
               "/api/models/tiny-gpt2/positions?count=0", "/api/models/tiny-gpt2/positions?count=5000",
               "/api/compare?a=nope&b=nope", "/api/compare?a=x", "/api/runs/nope", "/api/runs/nope/residual",

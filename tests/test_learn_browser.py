@@ -55,24 +55,27 @@ def test_nine_views_draw_real_numbers(page: object, base_url: str) -> None:
     # 4-5: the row of E (d_model cells) and its neighbours; parameters per block
     assert js(page, "q('l4-strip').data[0].z[0].length") == 256
     assert js(page, "q('l4-neighbours').children.length") == 10
-    assert js(page, "q('l5-chart').data.map(t => t.y.length)") == [4, 4, 4]
+    layers = js(page, "q('l5-chart').data.map(t => t.y.length)")
+    assert len(layers) == 3 and len(set(layers)) == 1 and 4 <= layers[0] <= 8  # one bar per block
     assert "8 × 32 = 256" in js(page, "q('l5-facts').textContent")
     # 6: position table; the two orders, their difference, the same tokens stage by stage
-    assert js(page, "[q('l6-positions').data[0].z.length, q('l6-positions').data[0].z[0].length]") == [64, 256]
-    assert js(page, "q('l6-diff').data[0].z.length") == 6  # "the dog bites the man": 6 tokens
+    assert js(page, "[q('l6-positions').data[0].z.length, q('l6-positions').data[0].z[0].length]") == [64, 16]  # rotary: one column per pair of d_head's 32 dimensions
+    assert js(page, "q('l6-diff').data[0].z.length") == 5  # "the dog bites the man": one token per word
     stages = js(page, "q('l6-cos').data.map(t => t.y.length)")
-    assert len(stages) == 6 and set(stages) == {5}  # every token matched by id; embedding + 4 blocks
-    assert js(page, "q('l6-cos').data.some(t => t.y[0] < 0.99)")  # a moved token differs already at the embedding
+    assert len(stages) == 5 and set(stages) == {7}  # every token matched by id; embedding + 6 blocks
+    # rotary positions: a moved token is the same vector at the embedding, and differs from the first block on
+    assert js(page, "q('l6-cos').data.every(t => t.y[0] > 0.999) && q('l6-cos').data.some(t => t.y[1] < 0.99)")
+    assert "identical" in js(page, "q('l6-cos-note').textContent")
     # the head shown is the one whose attention changes most: its two heatmaps differ
     assert js(page, "q('l6-diff').data[0].z.flat().some(v => v !== null && Math.abs(v) > 0.1)")
     # 7: full attention vs the causal mask
     assert js(page, "q('l7-encoder').data.some(t => t.fillpattern)") is False
     assert js(page, "q('l7-decoder').data.some(t => t.fillpattern)") is True
     # 8-9
-    assert js(page, "q('l8-lens').data[0].z.length") == 5  # embedding + 4 blocks
+    assert js(page, "q('l8-lens').data[0].z.length") == 7  # embedding + 6 blocks
     assert js(page, "q('l8-flow').querySelectorAll('.stage').length") == 7
-    assert js(page, "q('l9-norms').data.map(t => t.y.length)") == [5, 4]
-    assert js(page, "q('l9-parts').data.map(t => t.y.length)") == [4, 4]
+    assert js(page, "q('l9-norms').data.map(t => t.y.length)") == [7, 6]  # 7 residual stages, 6 blocks
+    assert js(page, "q('l9-parts').data.map(t => t.y.length)") == [6, 6]  # attention and FFN, per block
     # "Open in the explorer" carries the lesson's prompt, layer, head and position
     href = js(page, "q('lesson-1').querySelector('[data-testid=open-explorer]').getAttribute('href')")
     params = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}

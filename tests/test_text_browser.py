@@ -11,12 +11,12 @@ import pytest
 from tests.browser import shot
 
 pytestmark = pytest.mark.browser
-CJK = "我爱人工智能"
+CJK = "我爱人工智能龘"  # the last is rare: byte pieces beside whole characters
 EMOJI = "I love 🤖 and 👩\u200d👩\u200d👧"
 
 
 def strip_markers(s: str) -> str:
-    return re.sub(r"‹[0-9a-f ]+›", "", s)
+    return re.sub(r"‹[^›]*›", "", s)
 
 
 def analyse(page: object, base_url: str, text: str) -> None:

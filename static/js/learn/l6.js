@@ -14,6 +14,7 @@ const B_TEXT = "the man bites the dog";
 export async function render(body, ctx) {
   const { run, t } = ctx;
   const pos = await getJSON(`/api/models/${encodeURIComponent(run.model)}/positions?count=64`);
+  const added = pos.kind === "learned" || pos.kind === "sinusoidal"; // a position vector added to the embedding
   const table = figure("l6-positions", "chart tall");
   const aLabel = el("span"), bLabel = el("span");
   const aBox = el("input", { value: A_TEXT, "data-testid": "l6-a" });
@@ -84,17 +85,20 @@ export async function render(body, ctx) {
     const matched = c.tokens.filter((x) => x.b !== null);
     await plot(cos, matched.map((x) => ({
       type: "scatter", mode: "lines+markers", name: plotlyText(`${showToken(x.token)} ${x.a}→${x.b}`),
-      x: c.stages.map((s, i) => (i === 0 ? t("l6.stage.embed_tick") : t("common.block", { i: i - 1 }))), y: x.cos_by_stage,
+      x: c.stages.map((s, i) => (i === 0 ? t(added ? "l6.stage.embed_tick" : "l6.stage.embed_only_tick") : t("common.block", { i: i - 1 }))), y: x.cos_by_stage,
       line: { dash: x.a === x.b ? "dot" : "solid" },
     })), { title: { text: t("l6.cos.title"), font: { size: 12 }, x: 0, xanchor: "left" },
       yaxis: { title: { text: t("l6.cos.y") }, range: [Math.min(0, ...matched.flatMap((x) => x.cos_by_stage)) - 0.02, 1.02] }, margin: { t: 16 } });
-    const moved = matched.filter((x) => x.a !== x.b).sort((x, y) => x.cos_by_stage[0] - y.cos_by_stage[0]);
+    // where position enters: added to the embedding (learned, sinusoidal), or inside attention (rotary, ALiBi)
+    const at = added ? 0 : Math.min(1, c.stages.length - 1);
+    const moved = matched.filter((x) => x.a !== x.b).sort((x, y) => x.cos_by_stage[at] - y.cos_by_stage[at]);
     const stayed = matched.filter((x) => x.a === x.b && x.a > 0).sort((x, y) => x.cos - y.cos);
     const parts = [];
     if (!matched.length) parts.push(t("l6.cos.none"));
     if (moved.length) {
       const m = moved[0];
-      parts.push(t("l6.cos.moved", { token: showToken(m.token), a: m.a, b: m.b, c0: fmt(m.cos_by_stage[0], 2), cl: fmt(m.cos, 2) }));
+      parts.push(t(added ? "l6.cos.moved" : "l6.cos.moved_inside", { token: showToken(m.token), a: m.a, b: m.b,
+        c0: fmt(m.cos_by_stage[0], 2), c1: fmt(m.cos_by_stage[at], 2), cl: fmt(m.cos, 2) }));
     }
     if (stayed.length) {
       const s = stayed[0];
