@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-
 from urllib.parse import parse_qs, urlparse
 
 import pytest

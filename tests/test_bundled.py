@@ -112,7 +112,7 @@ def test_greedy_continuations_run_on_in_english(default_engine: Engine, prompt: 
 
 def test_chinese_prompts_continue_in_chinese(default_engine: Engine) -> None:
     lm = default_engine.model("attnscope-tiny")
-    enc = lm.tokenizer("今天天气很好，", return_tensors="pt")  # noqa: RUF001 - Chinese punctuation on purpose
+    enc = lm.tokenizer("今天天气很好，", return_tensors="pt")
     with torch.inference_mode():
         out = lm.model.generate(**enc, max_new_tokens=8, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
     text = lm.tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
