@@ -169,6 +169,9 @@ def test_zoom_labels_every_visible_token_and_drag_zoom_fills_the_inputs(page: ob
     assert n > 100
     zoom_to(page, 40, 60, 30, 55)
     page.get_by_test_id("zoom-apply").click()
+    # a long run's zoom fetches a finer tile first: wait for the labelled single cells
+    page.wait_for_function("() => (document.querySelector('[data-testid=attention-heatmap]').layout.xaxis.tickvals || []).length === 26",
+                           timeout=30_000)
     ticks = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.tickvals, l.yaxis.tickvals]; }")
     assert ticks == [list(range(30, 56)), list(range(40, 61))]  # every visible column and row labelled
     # a drag-zoom through plotly's own relayout: the inputs and labels follow
