@@ -14,7 +14,7 @@ from model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
 
 TEXT = "The cat sat on the mat. The cat sat on the mat again."
-CLEAN = "When Mary and John went to the store, John gave a drink to"
+CLEAN = "When Peter and John went to the store, John gave a drink to"
 
 
 def _hook_counts(lm: LoadedModel) -> list[int]:
@@ -198,9 +198,9 @@ def test_patching_refuses_what_it_cannot_do(tiny_models: dict[str, LoadedModel])
         patching.patch(lm, torch.cat([clean, clean[:1]]), corrupted, answer, wrong)
     with pytest.raises(patching.BadInput, match="same metric"):
         patching.patch(lm, clean, clean, answer, wrong)
-    pieces = len(lm.tokenizer(" Mary Mary", add_special_tokens=False)["input_ids"])
+    pieces = len(lm.tokenizer(" Peter Peter", add_special_tokens=False)["input_ids"])
     with pytest.raises(patching.BadInput, match=f"is {pieces} tokens for this model.*exactly one token"):
-        patching.single_token(lm, " Mary Mary", "answer")
+        patching.single_token(lm, " Peter Peter", "answer")
     with pytest.raises(patching.BadInput, match="TFLOP"):
         patching.patch(lm, clean, corrupted, answer, wrong, max_flops=1.0)
 

@@ -12,8 +12,8 @@ from model.tokens import display, tokenize
 from tests.conftest import ARCHS
 
 TEXT = "The cat sat on the mat. The cat sat on the mat again."
-CLEAN = "When Mary and John went to the store, John gave a drink to"
-CORRUPTED = "When Mary and John went to the store, Mary gave a drink to"
+CLEAN = "When Peter and John went to the store, John gave a drink to"
+CORRUPTED = "When Peter and John went to the store, Peter gave a drink to"
 
 
 def _run(client: TestClient, model: str = "tiny-gpt2", text: str = TEXT) -> dict:
@@ -101,13 +101,13 @@ def test_ablate_refusals(client: TestClient) -> None:
 
 
 def test_patch_endpoint(client: TestClient) -> None:
-    body = {"clean": CLEAN, "corrupted": CORRUPTED, "answer": " Mary", "wrong": " John"}
+    body = {"clean": CLEAN, "corrupted": CORRUPTED, "answer": " Peter", "wrong": " John"}
     r = client.post("/api/patch", json=body)
     assert r.status_code == 200, r.text
     out = r.json()
     n = len(out["clean"]["tokens"])
     assert out["model"] == "tiny-gpt2" and out["position"] == n - 1
-    assert out["answer"]["token"] == " Mary" and out["wrong"]["token"] == " John"
+    assert out["answer"]["token"] == " Peter" and out["wrong"]["token"] == " John"
     assert len(out["resid"]) == 3 and all(len(row) == n for row in out["resid"])
     assert len(out["attn_out"]) == len(out["mlp_out"]) == 2 and len(out["heads"][0]) == 4
     d = out["first_difference"]
@@ -119,18 +119,18 @@ def test_patch_endpoint(client: TestClient) -> None:
 def test_patch_refusals_name_the_problem(client: TestClient, engine: Engine) -> None:
     tokenizer = engine.model("tiny-gpt2").tokenizer
     count = len(tokenize(tokenizer, CLEAN))
-    base = {"clean": CLEAN, "corrupted": CORRUPTED, "answer": " Mary", "wrong": " John"}
+    base = {"clean": CLEAN, "corrupted": CORRUPTED, "answer": " Peter", "wrong": " John"}
     r = client.post("/api/patch", json={**base, "corrupted": CORRUPTED + " her"})
     longer = len(tokenize(tokenizer, CORRUPTED + " her"))
     assert r.status_code == 422 and f"{count} tokens and the corrupted one {longer}" in r.json()["message"]
-    r = client.post("/api/patch", json={**base, "answer": " Mary Ann"})
-    pieces = [display(t) for t in tokenizer.convert_ids_to_tokens(tokenizer(" Mary Ann", add_special_tokens=False)["input_ids"])]
+    r = client.post("/api/patch", json={**base, "answer": " Peter Ann"})
+    pieces = [display(t) for t in tokenizer.convert_ids_to_tokens(tokenizer(" Peter Ann", add_special_tokens=False)["input_ids"])]
     assert len(pieces) > 1
     assert r.status_code == 422
-    assert f"answer ' Mary Ann' is {len(pieces)} tokens for this model ({pieces})" in r.json()["message"]
+    assert f"answer ' Peter Ann' is {len(pieces)} tokens for this model ({pieces})" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "corrupted": CLEAN})
     assert r.status_code == 422 and "same metric" in r.json()["message"]
-    r = client.post("/api/patch", json={**base, "wrong": " Mary"})
+    r = client.post("/api/patch", json={**base, "wrong": " Peter"})
     assert r.status_code == 422 and "same token" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "model": "minilm-l6"})
     assert r.status_code == 422 and "encoder" in r.json()["message"]

@@ -80,8 +80,8 @@ def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> 
 
 
 def test_patch_view_from_the_url(page: object, base_url: str) -> None:
-    open_view(page, base_url, "patch", clean="When Mary and John went to the store, John gave a drink to",
-              corrupted="When Mary and John went to the store, Mary gave a drink to", answer=" Mary", wrong=" John")
+    open_view(page, base_url, "patch", clean="When Peter and John went to the store, John gave a drink to",
+              corrupted="When Peter and John went to the store, Peter gave a drink to", answer=" Peter", wrong=" John")
     layers, heads = shape(page)
     page.wait_for_selector(f"[data-testid=patch-heatmap][data-stages='{layers + 1}']")
     resid = chart(page, "patch-resid")
@@ -92,12 +92,12 @@ def test_patch_view_from_the_url(page: object, base_url: str) -> None:
     assert len(grid["z"]) == layers and len(grid["z"][0]) == heads
     assert "first differ" in page.get_by_test_id("patch-summary").text_content()
     # a bad pair: the message names the token counts
-    page.get_by_test_id("patch-corrupted").fill("When Mary and John went to the store, Mary gave a drink to her")
+    page.get_by_test_id("patch-corrupted").fill("When Peter and John went to the store, Peter gave a drink to her")
     page.get_by_test_id("patch-run").click()
     page.wait_for_function("() => document.querySelector('[data-testid=error-message]').textContent.includes('tokens and the corrupted one')")
     page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
     query = parse_qs(urlparse(page.url).query)
-    assert query["view"] == ["patch"] and query["answer"] == [" Mary"]
+    assert query["view"] == ["patch"] and query["answer"] == [" Peter"]
     shot(page, "tools-patch")
 
 

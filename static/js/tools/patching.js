@@ -6,9 +6,9 @@ import { DIVERGING, plot, tokenTicks } from "./common.js";
 import { t } from "../i18n.js";
 
 const EXAMPLE = {
-  clean: "When Mary and John went to the store, John gave a drink to",
-  corrupted: "When Mary and John went to the store, Mary gave a drink to",
-  answer: " Mary",
+  clean: "When Peter and John went to the store, John gave a drink to",
+  corrupted: "When Peter and John went to the store, Peter gave a drink to",
+  answer: " Peter",
   wrong: " John",
 };
 
