@@ -142,20 +142,6 @@ def test_previous_token_heads_over_the_whole_context(default_engine: Engine) -> 
     assert int((late >= 0.5).sum()) >= 2, late.tolist()
 
 
-def test_greedy_continuation_is_english_words(default_engine: Engine) -> None:
-    lm = default_engine.model("attnscope-tiny")
-    enc = lm.tokenizer("The meaning of life is", return_tensors="pt")
-    with torch.inference_mode():
-        out = lm.model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
-    text = lm.tokenizer.decode(out[0, enc["input_ids"].shape[1]:])
-    # an English word here: a whole token of the 8k BPE vocabulary learnt from English text
-    # (frequent words are single tokens; made-up strings of letters are not)
-    vocab = lm.tokenizer.get_vocab()
-    words = re.findall(r"[A-Za-z]+", text)
-    whole = [w for w in words if f"\u0120{w}" in vocab or w in vocab]
-    assert len(words) >= 3 and len(whole) >= 0.8 * len(words), text
-
-
 def test_encoder_runs_through_the_same_engine(default_client: TestClient) -> None:
     run = default_client.post("/api/runs", json={"text": "dog bites man", "model": "minilm-l6"}).json()
     assert not run["causal"] and run["predictions"] == [] and len(run["heads"]) == 72

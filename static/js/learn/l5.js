@@ -33,7 +33,8 @@ export async function render(body, ctx) {
       { type: "bar", name: t("l5.part.attention"), x: layers, y: a.per_layer.map((l) => l.attention) },
       { type: "bar", name: t("l5.part.mlp"), x: layers, y: a.per_layer.map((l) => l.mlp) },
       { type: "bar", name: t("l5.part.norms"), x: layers, y: a.per_layer.map((l) => l.norms) },
-    ], { barmode: "stack", yaxis: { title: { text: t("l5.y") } } });
+    ], { barmode: "stack", yaxis: { title: { text: t("l5.y") } }, xaxis: { automargin: true, tickangle: 0 },
+      legend: { orientation: "h", x: 0, y: 1.15 }, margin: { t: 40 } }); // the legend above: every block's label fits
   });
   ctx.link({});
 }
