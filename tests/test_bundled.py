@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from app.main import create_app
 from app.settings import Settings
@@ -33,6 +33,11 @@ def default_client() -> Iterator[TestClient]:
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
     with TestClient(create_app(Settings())) as client:
         yield client
+
+
+@pytest.fixture(scope="module")
+def bundled_tokenizer() -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(FOLDER)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +63,10 @@ def test_weights_and_tokenizer_files() -> None:
     assert 16000 <= len(tok) <= 32768
     assert tok.decode(tok("dog bites man")["input_ids"]) == "dog bites man"
     assert (FOLDER / "README.md").exists() and (FOLDER / "training_curve.png").exists()
-    params = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(FOLDER).parameters())
+
+
+def test_parameter_budget(default_engine: Engine) -> None:
+    params = default_engine.model("attnscope-tiny").info.n_params
     assert params <= 20_000_000, params
 
 
@@ -66,15 +74,15 @@ def test_weights_and_tokenizer_files() -> None:
                                   "The cat sat on the mat", "The weather today is nice and warm",
                                   "In the morning I drink a cup of coffee and read the news",
                                   "She opened the window and looked at the garden"])
-def test_common_english_words_are_single_tokens(text: str) -> None:
-    tok = AutoTokenizer.from_pretrained(FOLDER)
+def test_common_english_words_are_single_tokens(bundled_tokenizer: PreTrainedTokenizerBase, text: str) -> None:
+    tok = bundled_tokenizer
     pieces = [tok.decode([i]) for i in tok(text)["input_ids"]]
     assert [p.strip() for p in pieces] == text.split(), pieces
 
 
 @pytest.mark.parametrize("text", ["我爱人工智能", "今天天气很好"])
-def test_chinese_characters_are_whole_tokens(text: str) -> None:
-    tok = AutoTokenizer.from_pretrained(FOLDER)
+def test_chinese_characters_are_whole_tokens(bundled_tokenizer: PreTrainedTokenizerBase, text: str) -> None:
+    tok = bundled_tokenizer
     pieces = [tok.decode([i]) for i in tok(text)["input_ids"]]
     assert pieces == list(text), pieces
 
@@ -97,13 +105,20 @@ def test_an_induction_head_emerged(default_engine: Engine) -> None:
     assert float(scores.max()) >= 0.4, scores.tolist()
 
 
+def greedy(engine: Engine, prompt: str, new_tokens: int) -> list[int]:
+    """The bundled model's greedy continuation of ``prompt``: the new token ids."""
+    lm = engine.model("attnscope-tiny")
+    enc = lm.tokenizer(prompt, return_tensors="pt")
+    with torch.inference_mode():
+        out = lm.model.generate(**enc, max_new_tokens=new_tokens, do_sample=False,
+                                pad_token_id=lm.tokenizer.eos_token_id)
+    return out[0, enc["input_ids"].shape[1]:].tolist()
+
+
 @pytest.mark.parametrize("prompt", ["Once upon a time", "The weather today is", "In the morning, I"])
 def test_greedy_continuations_run_on_in_english(default_engine: Engine, prompt: str) -> None:
     lm = default_engine.model("attnscope-tiny")
-    enc = lm.tokenizer(prompt, return_tensors="pt")
-    with torch.inference_mode():
-        out = lm.model.generate(**enc, max_new_tokens=10, do_sample=False, pad_token_id=lm.tokenizer.eos_token_id)
-    new = out[0, enc["input_ids"].shape[1]:].tolist()
+    new = greedy(default_engine, prompt, 10)
     eos = lm.tokenizer.eos_token_id
     before = new[: new.index(eos)] if eos in new else new
     english = [i for i in before if re.fullmatch(r"\s?[A-Za-z]+|[.,;:'!?]", lm.tokenizer.decode([i]))]
