@@ -23,6 +23,13 @@ class TermOut(BaseModel):
     value: float = Field(description="this component's share of the logit (or of the difference)")
 
 
+class FinalStepOut(BaseModel):
+    op: Literal["multiply", "divide", "softcap"] = Field(description=(
+        "multiply: x * value; divide: x / value; softcap: tanh(x / value) * value"))
+    value: float
+    setting: str = Field(description="the model config's attribute the value comes from")
+
+
 class AttributionOut(BaseModel):
     position: int
     token: TokenRef
@@ -36,6 +43,9 @@ class AttributionOut(BaseModel):
     final_transform: str | None = Field(description=(
         "what the model applies to its logits after the LM head (soft-capping), if anything; the attributed "
         "logit is the one before it"))
+    final_steps: list[FinalStepOut] = Field(description=(
+        "the same transform step by step, in order (empty when the model applies none), for a client that "
+        "says it in another language"))
 
 
 Mode = Literal["zero", "mean"]

@@ -42,6 +42,7 @@ class Attribution:
     terms: list[Term]
     error: float  # logit - sum(terms): the float residue
     final_transform: str | None  # what the model applies after the logit (soft-capping), if anything
+    final_steps: list[FinalStep]  # the same, one step at a time, for a client to say in its own language
 
 
 @dataclass(frozen=True)
@@ -104,17 +105,36 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
                    "attnscope can freeze; direct logit attribution is not available for this model")
 
 
-def final_transform(lm: LoadedModel) -> str | None:
-    """What the family does to its logits after the LM head, in words; None when nothing."""
+@dataclass(frozen=True)
+class FinalStep:
+    """One thing a family does to its logits after the LM head, in order."""
+
+    op: Literal["multiply", "divide", "softcap"]  # x * value, x / value, tanh(x / value) * value
+    value: float
+    setting: str  # the config attribute it comes from
+
+
+def final_steps(lm: LoadedModel) -> list[FinalStep]:
+    """What the family does to its logits after the LM head, step by step (empty when nothing)."""
     spec, cfg = lm.spec, lm.model.config
     steps = []
     if spec.logit_scale is not None:
-        steps.append(f"multiplies them by {getattr(cfg, spec.logit_scale)} ({spec.logit_scale})")
+        steps.append(FinalStep("multiply", float(getattr(cfg, spec.logit_scale)), spec.logit_scale))
     if spec.logit_divide is not None:
-        steps.append(f"divides them by {getattr(cfg, spec.logit_divide)} ({spec.logit_divide})")
+        steps.append(FinalStep("divide", float(getattr(cfg, spec.logit_divide)), spec.logit_divide))
     cap = getattr(cfg, spec.logit_softcap, None) if spec.logit_softcap is not None else None
     if cap:
-        steps.append(f"soft-caps them (tanh(x / {cap}) * {cap})")
+        steps.append(FinalStep("softcap", float(cap), str(spec.logit_softcap)))
+    return steps
+
+
+_SAID = {"multiply": "multiplies them by {v} ({s})", "divide": "divides them by {v} ({s})",
+         "softcap": "soft-caps them (tanh(x / {v}) * {v})"}
+
+
+def final_transform(lm: LoadedModel) -> str | None:
+    """What the family does to its logits after the LM head, in English words; None when nothing."""
+    steps = [_SAID[st.op].format(v=f"{st.value:g}", s=st.setting) for st in final_steps(lm)]
     if not steps:
         return None
     return f"after the LM head the model {' and '.join(steps)}; the attributed logit is the one before that"
@@ -213,4 +233,4 @@ def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int
         terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
     error = logit - math.fsum(t.value for t in terms)
     return Attribution(position=position, token=token, token_b=token_b, logit=logit, terms=terms,
-                       error=error, final_transform=final_transform(lm))
+                       error=error, final_transform=final_transform(lm), final_steps=final_steps(lm))

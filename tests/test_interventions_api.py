@@ -38,7 +38,7 @@ def test_logit_difference_equals_log_prob_difference_from_next(client: TestClien
     assert body["logit"] == pytest.approx(math.log(t["prob"]) - math.log(u["prob"]), abs=1e-4)
     assert math.fsum(term["value"] for term in body["terms"]) + body["error"] == pytest.approx(body["logit"], abs=1e-9)
     assert abs(body["error"]) < 1e-4
-    assert body["final_transform"] is None
+    assert body["final_transform"] is None and body["final_steps"] == []
 
 
 def test_attribution_defaults_to_the_next_token_and_names_it(client: TestClient) -> None:

@@ -44,6 +44,11 @@ def test_attribution_terms_sum_to_the_logit(family: Family) -> None:
     assert (result.final_transform is not None) == (
         transformed and bool(getattr(lm.model.config, lm.spec.logit_softcap or lm.spec.logit_scale
                                      or lm.spec.logit_divide or "", None)))
+    # the same transform step by step (what a client says in its own language), read from the config
+    assert bool(result.final_steps) == (result.final_transform is not None)
+    for step in result.final_steps:
+        assert step.value == pytest.approx(float(getattr(lm.model.config, step.setting)))
+        assert f"{step.value:g}" in (result.final_transform or "")
     assert _hooks(lm) == hooks
 
 

@@ -18,6 +18,7 @@ from app.intervention_schemas import (
     AblateRequest,
     AttributionOut,
     Candidate,
+    FinalStepOut,
     PatchOut,
     PatchRequest,
     PromptOut,
@@ -62,7 +63,9 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
     return AttributionOut(position=result.position, token=refs[0], token_b=refs[1] if len(refs) > 1 else None,
                           logit=result.logit, terms=[TermOut.model_validate(t, from_attributes=True)
                                                      for t in result.terms], error=result.error,
-                          final_transform=result.final_transform)
+                          final_transform=result.final_transform,
+                          final_steps=[FinalStepOut.model_validate(st, from_attributes=True)
+                                       for st in result.final_steps])
 
 
 @router.post("/runs/{run_id}/ablate", response_model=AblateOut, responses=ERRORS,

@@ -5,6 +5,12 @@ import { el, fmt, plotlyText, showToken } from "../dom.js";
 import { DIVERGING, plot, symmetric } from "./common.js";
 import { t } from "../i18n.js";
 
+/** What the model does to its logits after the LM head (soft-cap, scale), said in the page's language. */
+function finalNote(steps) {
+  const said = steps.map((st) => t(`attr.final.${st.op}`, { v: String(st.value), s: st.setting }));
+  return t("attr.final", { steps: said.join(t("attr.final.and")) });
+}
+
 function candidates(run, pos) {
   const pred = run.predictions[pos];
   const seen = new Map();
@@ -52,7 +58,7 @@ export async function render(body, ctx) {
     chart.dataset.logit = String(a.logit);
     chart.dataset.error = String(a.error);
     summary.textContent = t("attr.summary", { what, logit: fmt(a.logit, 3), embed: fmt(embed, 3), shift: fmt(finalBias, 3),
-      residue: a.error.toExponential(1) }) + (a.final_transform ? t("attr.note", { note: a.final_transform }) : "");
+      residue: a.error.toExponential(1) }) + (a.final_steps.length ? t("attr.note", { note: finalNote(a.final_steps) }) : "");
   }
   await draw();
   chart.on("plotly_click", (ev) => {
