@@ -28,7 +28,7 @@ ALLOWED = {
     "token", "tokens", "Token", "Tokens", "Tokenizer", "ID", "IDs", "Embedding", "Attention", "Self", "FFN",
     "Causal", "Mask", "d_model", "d_head", "hidden", "representation", "residual", "stream", "Residual", "Stream", "Hidden", "Representation", "LM", "Head",
     "logit", "logits", "softmax", "Transformer", "Block", "Blocks", "Encoder", "Decoder", "only", "RNN", "RoPE", "GPT", "Llama",
-    "QK", "KV", "Q", "K", "V", "W_O", "v", "x", "h", "h_t", "x_t", "t", "n", "k", "i", "p", "cos", "E", "X",
+    "QK", "KV", "Q", "K", "V", "W_O", "v", "x", "h", "h_t", "x_t", "t", "n", "k", "i", "p", "cos", "tanh", "E", "X",
     "attnscope", "PNG", "SVG", "JSON", "ALiBi", "KL", "ln", "safetensors",
 }
 
