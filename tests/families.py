@@ -22,10 +22,11 @@ class Family:
     model_type: str
     options: dict[str, Any]
     causal: bool = True
+    variant: str = ""  # a second configuration of the same family (another attention path)
 
     @property
     def id(self) -> str:
-        return self.model_type
+        return f"{self.model_type}-{self.variant}" if self.variant else self.model_type
 
     def config(self, **extra: Any) -> PretrainedConfig:
         ids = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # the tiny tokenizer's specials
@@ -64,6 +65,10 @@ FAMILIES: list[Family] = [
     Family("falcon", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 32, "alibi": True,
                       "new_decoder_architecture": False, "multi_query": True, "parallel_attn": True,
                       "max_position_embeddings": POSITIONS, "vocab_size": VOCAB}),
+    # Falcon-40B/180B's layout: rotary positions, grouped K/V heads, the "new decoder architecture"
+    Family("falcon", {"num_hidden_layers": 2, "num_attention_heads": 4, "num_kv_heads": 2, "hidden_size": 32,
+                      "alibi": False, "new_decoder_architecture": True, "parallel_attn": True,
+                      "max_position_embeddings": POSITIONS, "vocab_size": VOCAB}, variant="rotary-gqa"),
     Family("llama", _LLAMA_LIKE),
     Family("mistral", {**_LLAMA_LIKE, "sliding_window": 5}),
     Family("mixtral", {**_LLAMA_LIKE, **_MOE, "sliding_window": 5}),
