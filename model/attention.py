@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from model.capture import LazyMask, visible_span
+from model.spans import Spans, mask_spans
 
 CHUNK_CELLS = 1 << 21  # weights per head x rows x keys block while a whole layer is swept (8 MiB float32)
 
@@ -54,6 +55,10 @@ class LayerAttention:
     def nbytes(self) -> int:
         tensors = [self.q, self.k, self.lse] + ([self.bias] if self.bias is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors) + self.mask.nbytes
+
+    def spans(self) -> Spans | None:
+        """Each row's visible keys as one range, read from the mask function (None: not a known one)."""
+        return mask_spans(self.mask)
 
     def visible(self, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
         """(q1 - q0, k1 - k0) bool: which keys each of these queries may attend to."""

@@ -8,18 +8,33 @@ A bin of one position on both axes is that cell's exact weight; a larger bin poo
 the average weight). A bin whose cells are all hidden (the masked future of a causal
 model, keys outside a sliding window) has no value: NaN here, ``null`` in JSON.
 
-Rows are read through a callable (``RowsFn``) that returns one head's exact weights for
-a block of query rows and the visibility of each cell, so a tile never needs more than
-``cell_budget`` weights at once, whatever the run's length.
+Two ways to compute one, the same numbers:
+
+* :func:`head_tile` (what the API uses) reads a kept layer's Q, K and row normalisers and,
+  when every row sees one range of keys (causal, sliding window, bidirectional: ``model.spans``),
+  never builds a mask: a bin's max is ``exp(max over its cells of (logit - lse_row))``, so a
+  block of rows costs one matmul of its *visible* keys (``logit - lse`` fused into it), a max
+  (or, for ``mean``, an exp and a sum) over the rows of each query bin, then one over the key
+  bins of the much smaller result. Only the columns where the rows' ranges differ (the diagonal
+  of a causal head, the edge of a window) are masked, and a bin's count of visible cells is
+  known from the ranges;
+* :func:`tile` (the general path, any mask) reads rows through a callable (``RowsFn``) that
+  returns one head's exact weights for a block of query rows and the visibility of each cell.
+
+Either never holds more than ``cell_budget`` weights at once, whatever the run's length.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+
+from model.attention import LayerAttention
+from model.spans import Spans
 
 Pool = Literal["max", "mean"]
 # (q0, q1) -> (weights (q1 - q0, k1 - k0) float32, visible (q1 - q0, k1 - k0) bool), keys fixed by the caller
@@ -138,6 +153,119 @@ def tile(rows: RowsFn, spec: TileSpec, cell_budget: int = CELL_BUDGET) -> torch.
             pooled = torch.where(count > 0, total / count.clamp_min(1), float("nan"))
         out.append(pooled)
     return torch.cat(out).float()
+
+
+def head_tile(layer: LayerAttention, head: int, spec: TileSpec, cell_budget: int = CELL_BUDGET) -> torch.Tensor:
+    """(Sq, Sk) float32 pooled weights of one kept head, NaN where a bin has no visible cell."""
+    ranges = layer.spans()
+    if ranges is None:  # a mask that is not one range a row: evaluate its rows
+        return tile(lambda a, b: layer.rows(head, a, b, spec.k0, spec.k1), spec, cell_budget)
+    return _RangedTile(layer, head, spec, ranges).compute(cell_budget)
+
+
+class _RangedTile:
+    """A pooled tile of one head whose rows each see one range of keys (the fast path of ``head_tile``).
+
+    ``acc`` holds, per bin, the running max of logit - lse (max pooling; ``exp`` of it at the end
+    is the max weight, as exp never decreases) or the running sum of weights (mean pooling, beside
+    ``counts``, the visible cells per bin, known from the ranges).
+    """
+
+    def __init__(self, layer: LayerAttention, head: int, spec: TileSpec, ranges: Spans) -> None:
+        self.spec, self.ranges = spec, ranges
+        self.q_edges = spec.q_edges().tolist()
+        self.k_edges = spec.k_edges().to(layer.q.device)  # (Sk + 1,)
+        self.k_list = spec.k_edges().tolist()
+        self.lo, self.hi = ranges.lo.tolist(), ranges.hi.tolist()
+        self.maxed = spec.pool == "max"
+        shape = (len(self.q_edges) - 1, len(self.k_list) - 1)
+        self.acc = torch.full(shape, float("-inf") if self.maxed else 0.0, dtype=torch.float32, device=layer.q.device)
+        self.counts = torch.zeros_like(self.acc)
+        self.q = layer.q[head]  # (n, dh)
+        self.k = layer.k[head // layer.groups]  # (n, dh): the K/V head this query head reads
+        self.neg_lse = -layer.lse[head]  # (n,)
+        self.bias = None if layer.bias is None else layer.bias[head]  # (n,)
+        self.scaling, self.softcap = layer.scaling, layer.softcap
+
+    def compute(self, cell_budget: int) -> torch.Tensor:
+        """(Sq, Sk) float32, NaN where a bin has no visible cell."""
+        q_edges, n_q = self.q_edges, len(self.q_edges) - 1
+        most_rows = max(1, cell_budget // max(1, self.spec.k1 - self.spec.k0))
+        b = 0
+        while b < n_q:  # a block of rows: whole query bins while they fit the budget, or part of one wide bin
+            b1 = b + 1
+            while b1 < n_q and q_edges[b1 + 1] - q_edges[b] <= most_rows:
+                b1 += 1
+            for ra in range(q_edges[b], q_edges[b1], most_rows):
+                self._block(b, b1, ra, min(q_edges[b1], ra + most_rows))
+            b = b1
+        if self.maxed:
+            return self.acc.exp().masked_fill(self.acc == float("-inf"), float("nan"))
+        return torch.where(self.counts > 0, self.acc / self.counts.clamp_min(1), float("nan"))
+
+    def _block(self, b0: int, b1: int, ra: int, rb: int) -> None:
+        """Pool rows [ra, rb) (inside query bins [b0, b1)) into the bins."""
+        spec, k_list = self.spec, self.k_list
+        # the keys these rows see, within the tile, widened to whole key bins (ranges never decrease with q)
+        ka, kb = max(spec.k0, self.lo[ra]), min(spec.k1, self.hi[rb - 1])
+        if ka >= kb:
+            return
+        c0, c1 = bisect_right(k_list, ka) - 1, bisect_left(k_list, kb)
+        ka, kb = k_list[c0], k_list[c1]
+        # logit - lse (r, w) in the eager order and rounding: q.k x scaling (+ bias), soft-capped, - lse
+        z = torch.mm(self.q[ra:rb], self.k[ka:kb].T).mul_(self.scaling)
+        if self.bias is not None:
+            z.add_(self.bias[None, ka:kb])
+        if self.softcap is not None:
+            z.div_(self.softcap).tanh_().mul_(self.softcap)
+        z.add_(self.neg_lse[ra:rb, None])
+        # hide what only some of these rows see: keys left of the last row's first key, or from the
+        # first row's end on; between them every row sees every key
+        rows_lo, rows_hi = self.ranges.lo[ra:rb, None], self.ranges.hi[ra:rb, None]  # (r, 1) each
+        left, right = min(kb, self.lo[rb - 1]), max(ka, self.hi[ra])
+        if left > ka:
+            cols = torch.arange(ka, left, device=z.device)[None, :]
+            z[:, : left - ka].masked_fill_(cols < rows_lo, float("-inf"))
+        if right < kb:
+            cols = torch.arange(right, kb, device=z.device)[None, :]
+            z[:, right - ka :].masked_fill_(cols >= rows_hi, float("-inf"))
+        how = "max" if self.maxed else "sum"
+        if not self.maxed:
+            z.exp_()  # hidden cells are exact zeros now
+        # the rows of each query bin first, then the key bins of the (bins, w) result
+        if b1 - b0 == 1:  # one query bin (or part of one)
+            by_row = z.amax(0, keepdim=True) if self.maxed else z.sum(0, keepdim=True)  # (1, w)
+        else:  # whole query bins
+            q_rel = torch.tensor(self.q_edges[b0 : b1 + 1]) - ra
+            by_row = _pool_rows(z, q_rel, how)  # (bins, w)
+        pooled = _pool_columns(by_row, (self.k_edges[c0 : c1 + 1] - ka).cpu(), how)  # (bins, c1 - c0)
+        acc = self.acc[b0:b1, c0:c1]
+        if self.maxed:
+            torch.maximum(acc, pooled, out=acc)
+            return
+        acc += pooled
+        seen = (torch.minimum(rows_hi, self.k_edges[None, c0 + 1 : c1 + 1])
+                - torch.maximum(rows_lo, self.k_edges[None, c0:c1])).clamp_min(0).float()  # (r, c1 - c0)
+        self.counts[b0:b1, c0:c1] += seen.sum(0, keepdim=True) if b1 - b0 == 1 else _pool_rows(seen, q_rel, "sum")
+
+
+def _pool_rows(values: torch.Tensor, rel_edges: torch.Tensor, how: str) -> torch.Tensor:
+    """(r, w) -> (S, w): reduce each bin of rows [e_i, e_{i+1}) (edges relative to row 0), bins w0 or w0 + 1 rows."""
+    widths = rel_edges.diff()
+    w0 = int(widths.min())
+    if w0 == 1 and int(widths.max()) == 1:
+        return values
+    if int(widths.max()) == w0:  # uniform bins: a view
+        block = values.view(len(widths), w0, values.shape[1])
+    else:
+        starts = rel_edges[:-1]
+        block = values[(starts[:, None] + torch.arange(w0)).flatten()].view(len(widths), w0, values.shape[1])
+    out = block.amax(1) if how == "max" else block.sum(1)  # (S, w)
+    wide = (widths > w0).nonzero()[:, 0]
+    if len(wide):
+        last = values[rel_edges[:-1][wide] + w0]  # (wide bins, w)
+        out[wide] = torch.maximum(out[wide], last) if how == "max" else out[wide] + last
+    return out
 
 
 def u8_tile(values: torch.Tensor) -> bytes:

@@ -35,7 +35,7 @@ from model.cache import ActivationCache
 from model.errors import BadInput
 from model.export import to_safetensors
 from model.results import LogitLens, PositionPrediction
-from model.tiles import MASKED_U8, RowsFn, TileSpec, tile, u8_tile
+from model.tiles import MASKED_U8, TileSpec, head_tile, u8_tile
 from model.tokens import Token
 
 router = APIRouter(prefix="/api", tags=["runs"])
@@ -166,10 +166,7 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
 
 def head_tiles(cache: ActivationCache, layer: int, heads: list[int], spec: TileSpec) -> torch.Tensor:
     """(heads, Sq, Sk) float32 tiles of one layer, NaN where a bin has no visible cell."""
-    def reader(h: int) -> RowsFn:
-        return lambda a, b: cache.head_rows(layer, h, a, b, spec.k0, spec.k1)
-
-    return torch.stack([tile(reader(h), spec) for h in heads])
+    return torch.stack([head_tile(cache.attention[layer], h, spec) for h in heads])
 
 
 def _tile_response(cache: ActivationCache, layer: int, head: int | None, spec: TileSpec, fmt: str) -> Response:
