@@ -31,25 +31,13 @@ class HeadSparsity:
     keys_90: float  # mean number of keys that hold 90% of a row's mass
 
 
-def induction_pairs(ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(queries, keys): key j+1 for every earlier occurrence j of query i's token (j+1 < i).
-
-    An induction head at position i attends to the token that *followed* an earlier
-    occurrence of token i ([A][B] ... [A] -> attend to [B]).
-    """
-    n = ids.shape[0]
-    same = ids[:, None] == ids[None, :]  # (n, n): same[i, j] = token i is token j
-    follows = torch.zeros(n, n, dtype=torch.bool, device=ids.device)
-    follows[:, 1:] = same[:, :-1]  # follows[i, k]: token k-1 equals token i
-    follows &= torch.ones(n, n, dtype=torch.bool, device=ids.device).tril(-1)  # key k < query i
-    q, k = follows.nonzero(as_tuple=True)
-    return q, k
-
-
 def previous_token_weights(pattern: torch.Tensor) -> torch.Tensor:
     """(..., n, n) -> (..., n - 1): the attention from each query i >= 1 to key i - 1."""
     rows = torch.arange(1, pattern.shape[-1], device=pattern.device)
     return pattern[..., rows, rows - 1]
+
+
+SCORE_FIELDS = ("entropy", "peak", "prev", "first", "induction")
 
 
 class ScoreAccumulator:
@@ -58,6 +46,10 @@ class ScoreAccumulator:
     ``add(q0, weights)`` takes rows [q0, q0 + r) of every head's weights (H, r, n) over all n
     keys; nothing of size n x n is ever held. Induction pairs are found per block: key k is
     an induction target of query i when token k - 1 equals token i and k < i.
+
+    A forward through the fused kernel has no blocks: its scores come as per-head sums over every
+    row (``add_sums``, from Q, K and lse: ``model.pair_scores``), and ``todo`` names the fields
+    still missing; ``add`` then computes only those.
     """
 
     def __init__(self, n_heads: int, ids: torch.Tensor) -> None:
@@ -65,28 +57,43 @@ class ScoreAccumulator:
         self.n = int(ids.shape[0])
         zeros = torch.zeros(n_heads, dtype=torch.float64)
         self.entropy, self.peak, self.prev, self.first, self.induction = (zeros.clone() for _ in range(5))
+        self.todo: set[str] = set(SCORE_FIELDS)
         self.induction_rows = 0
         # first position of each token id: query i has an earlier copy j (j + 1 < i) iff first[id] + 1 < i
         cpu = ids.cpu()
         self._first_seen = torch.full((int(cpu.max()) + 1 if len(cpu) else 1,), len(cpu), dtype=torch.long)
         self._first_seen.scatter_reduce_(0, cpu, torch.arange(len(cpu)), "amin")
 
+    def add_sums(self, **sums: torch.Tensor) -> None:
+        """Per-head sums over every row (H,) of some fields (``SCORE_FIELDS``), which are then done."""
+        for field, value in sums.items():
+            if field not in SCORE_FIELDS:
+                raise ValueError(f"unknown head score {field!r}")
+            getattr(self, field).add_(value.double().cpu())
+            self.todo.discard(field)
+            if field == "induction":
+                self.induction_rows = int(self._has_copy(0, self.n).sum())
+
     def add(self, q0: int, weights: torch.Tensor, k0: int = 0) -> None:
         """weights: (H, r, w) float32 over keys [k0, k0 + w), zeros where masked; keys outside that
-        range have weight 0 for these rows."""
+        range have weight 0 for these rows. Adds the fields in ``todo``."""
         w = weights.float()
         r, width = w.shape[1], w.shape[2]
         dev = w.device
         ids = self.ids.to(dev)
-        self.entropy += (-torch.special.xlogy(w, w).sum((-1, -2))).double().cpu()
-        self.peak += w.amax(-1).sum(-1).double().cpu()
+        if "entropy" in self.todo:
+            self.entropy += (-torch.special.xlogy(w, w).sum((-1, -2))).double().cpu()
+        if "peak" in self.todo:
+            self.peak += w.amax(-1).sum(-1).double().cpu()
         rows = torch.arange(max(q0, 1), q0 + r, device=dev)  # queries i >= 1
         prev_ok = (rows - 1 >= k0) & (rows - 1 < k0 + width)
-        if bool(prev_ok.any()):
+        if "prev" in self.todo and bool(prev_ok.any()):
             i = rows[prev_ok]
             self.prev += w[:, i - q0, i - 1 - k0].sum(-1).double().cpu()
-        if k0 == 0 and len(rows):
+        if "first" in self.todo and k0 == 0 and len(rows):
             self.first += w[:, rows - q0, 0].sum(-1).double().cpu()
+        if "induction" not in self.todo:
+            return
         keys = torch.arange(k0, k0 + width, device=dev)  # absolute key positions
         queries = torch.arange(q0, q0 + r, device=dev)
         before = ids[(keys - 1).clamp_min(0)]  # token k - 1 of each key k

@@ -38,7 +38,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
 from transformers.utils.output_capturing import _active_collector
 
 IMPLEMENTATION = "attnscope"
@@ -70,6 +70,22 @@ class LazyMask:
     @property
     def kv_offset(self) -> int:
         return int(self.kwargs.get("kv_offset", 0))
+
+    def fused_causal(self) -> bool | None:
+        """How a fused kernel can apply this mask: True for the causal square of a prefill (key j visible
+        to query i iff j <= i: SDPA's ``is_causal``), False for the last query of a causal sequence (it
+        sees every key), None for anything else (sliding windows, chunks, padding, custom mask functions,
+        a chunk after a KV cache): those are built with ``sdpa_mask``, a block of rows at a time."""
+        if self.kwargs.get("mask_function") is not causal_mask_function or self.kv_offset != 0:
+            return None
+        padding = self.kwargs.get("attention_mask")
+        if isinstance(padding, torch.Tensor) and not bool(padding[..., : self.kv_length].all()):
+            return None
+        if self.q_offset == 0 and self.q_length == self.kv_length:
+            return True
+        if self.q_length == 1 and self.q_offset + 1 == self.kv_length:
+            return False
+        return None
 
     @property
     def nbytes(self) -> int:
@@ -151,12 +167,14 @@ class CaptureSink(Protocol):
     """Receives one layer's attention during a captured forward."""
 
     def attention_block(self, layer: int, q0: int, k0: int, weights: torch.Tensor, allowed: torch.Tensor,
-                        lse: torch.Tensor, call: AttentionCall) -> None:
+                        call: AttentionCall) -> None:
         """Rows [q0, q0 + r) of the forward's queries over keys [k0, k0 + w) (every key they see):
-        weights (H, r, w), allowed (r, w), lse (H, r)."""
+        weights (H, r, w), allowed (r, w). Not called when the fused kernel computed the layer."""
 
-    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, call: AttentionCall) -> None:
-        """After the last block: q (H, q_len, dh), k (Hkv, kv_len, dh) post-rotary."""
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, call: AttentionCall,
+                  blocks: bool) -> None:
+        """After the layer: q (H, q_len, dh), k (Hkv, kv_len, dh) post-rotary, lse (H, q_len) float32;
+        ``blocks``: whether ``attention_block`` saw every row's weights (False: the fused kernel)."""
 
 
 _ACTIVE: dict[int, tuple[CaptureSink, int]] = {}  # id(attention module) -> (sink, layer)
@@ -189,6 +207,37 @@ def wants_weights(kwargs: dict[str, Any]) -> bool:
         return True
     collected = _active_collector.get()
     return isinstance(collected, dict) and "attentions" in collected
+
+
+def fused_causal(attention_mask: Any) -> bool | None:
+    """``is_causal`` for the fused kernel from whatever mask the model passed (None: not fusable)."""
+    if attention_mask is None:
+        return False  # no mask: every key visible
+    return attention_mask.fused_causal() if isinstance(attention_mask, LazyMask) else None
+
+
+def flash_attention(
+    query: torch.Tensor,  # (B, H, q, dh)
+    key: torch.Tensor,  # (B, Hkv, kv, dh)
+    value: torch.Tensor,  # (B, Hkv, kv, dh): the kernel needs the query's head size
+    scaling: float,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's fused CPU attention: (output (B, H, q, dh), lse (B, H, q) float32), never the weights.
+
+    Head h reads K/V head h // (H / Hkv), as ``repeat_interleave`` groups them. The same kernel
+    ``scaled_dot_product_attention`` runs on the CPU, called directly because it also returns each
+    row's log-sum-exp, which a kept run needs to rebuild any weight exactly."""
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        query, key, value, 0.0, is_causal, scale=scaling)
+    return out, lse
+
+
+def can_fuse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float | None) -> bool:
+    """The fused kernel computes this layer as the eager code does: float32 on the CPU, no soft-cap,
+    values as wide as the keys (a soft-capped family, another dtype or device runs the block path)."""
+    return (query.device.type == "cpu" and softcap is None and value.shape[-1] == query.shape[-1]
+            and query.dtype == key.dtype == value.dtype == torch.float32)
 
 
 def attnscope_attention(
@@ -226,6 +275,15 @@ def attnscope_attention(
     target = _ACTIVE.get(id(module))  # a plain dict read: atomic under the GIL
     if target is not None and batch != 1:
         raise ValueError("attnscope captures one sequence at a time (a batch of 1)")
+    causal = fused_causal(attention_mask) if can_fuse(query, key, value, call.softcap) else None
+    if causal is not None and not wants_weights(kwargs):
+        # the fused kernel: the layer's output and each row's lse, never a block of weights; the
+        # capture computes the head scores from Q, K and lse (model.hooks, model.analysis)
+        out, lse = flash_attention(query, key, value, call.scaling, causal)  # (B, H, q, dv), (B, H, q)
+        if target is not None:
+            sink, layer = target
+            sink.attention(layer, query[0].detach(), key[0].detach(), lse[0], call, blocks=False)
+        return out.transpose(1, 2), None
     k = key.float().repeat_interleave(call.groups, dim=1)  # (B, H, kv, dh): head h reads K/V head h // groups
     v = value.repeat_interleave(call.groups, dim=1)  # (B, H, kv, dv)
     output = torch.empty(batch, n_heads, q_len, value.shape[-1], dtype=value.dtype, device=value.device)
@@ -233,6 +291,7 @@ def attnscope_attention(
     if wants_weights(kwargs):
         every = torch.empty(batch, n_heads, q_len, kv_len, dtype=query.dtype, device=query.device)
     step = block_rows(batch, n_heads, kv_len)
+    parts = []  # each block's lse (B, H, r)
     for q0 in range(0, q_len, step):
         q1 = min(q_len, q0 + step)
         allowed = mask_rows(attention_mask, q0, q1, kv_len, query.device)  # (B or 1, r, kv)
@@ -246,6 +305,7 @@ def attnscope_attention(
         if allowed is not None:
             logits.masked_fill_(~allowed.unsqueeze(1), float("-inf"))
         lse = logits.logsumexp(-1)  # (B, H, r)
+        parts.append(lse)
         weights = logits.sub_(lse.unsqueeze(-1)).exp_()  # (B, H, r, w) float32, in place
         if not bool(torch.isfinite(lse).all()):
             weights.nan_to_num_(0.0)  # a row with no visible key (cannot happen for a causal row): zeros
@@ -257,10 +317,11 @@ def attnscope_attention(
             sink, layer = target
             seen = allowed[0] if allowed is not None else torch.ones(q1 - q0, hi - lo, dtype=torch.bool,
                                                                       device=query.device)
-            sink.attention_block(layer, q0, lo, weights[0], seen, lse[0], call)
+            sink.attention_block(layer, q0, lo, weights[0], seen, call)
     if target is not None:
         sink, layer = target
-        sink.attention(layer, query[0].detach(), key[0].detach(), call)
+        lse_all = torch.cat(parts, dim=-1) if parts else torch.empty(batch, n_heads, 0)  # (B, H, q)
+        sink.attention(layer, query[0].detach(), key[0].detach(), lse_all[0], call, blocks=True)
     return output.transpose(1, 2), every
 
 

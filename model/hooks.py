@@ -16,6 +16,7 @@ Granite).
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from model import attention, capture, module_qk
+from model import attention, capture, module_qk, pair_scores
 from model.analysis import HeadScore, ScoreAccumulator
 from model.attention import LayerAttention
 from model.capture import AttentionCall, LazyMask
@@ -60,7 +61,9 @@ class Captures(dict[str, torch.Tensor]):
     """Activations by name, plus each layer's attention record (``records``), filled during forwards.
 
     With ``scores`` set (ids given), a full forward through the capture point also accumulates
-    every head's scores from each block of weights as it passes (``accumulators``).
+    every head's scores (``accumulators``): from each block of weights as it passes, or, where the
+    fused kernel computed the layer, from Q, K and lse (``model.pair_scores``), leaving entropy and
+    peak to ``finish``. ``timing_ms`` splits the time of ``run_with_cache``.
     """
 
     def __init__(self, wanted: Filter, ids: torch.Tensor | None = None) -> None:
@@ -70,24 +73,32 @@ class Captures(dict[str, torch.Tensor]):
         self.calls: dict[int, AttentionCall] = {}
         self.ids = ids
         self.accumulators: dict[int, ScoreAccumulator] = {}
-        self._lse: dict[int, list[torch.Tensor]] = {}
+        self._pairs: pair_scores.InductionPairs | None = None
+        self.timing_ms: dict[str, float] = {}
         self.layers: list[LayerAttention] = []  # filled by run_with_cache / finish
         self.head_scores: list[HeadScore] | None = None
 
+    def _scored(self, call: AttentionCall) -> bool:
+        """Does this layer's attention feed the head scores (a forward over the whole run from 0)?"""
+        mask = call.mask
+        return (self.ids is not None and isinstance(mask, LazyMask) and mask.q_offset == 0 and mask.kv_offset == 0
+                and mask.kv_length == mask.q_length == self.ids.shape[0])
+
     def attention_block(self, layer: int, q0: int, k0: int, weights: torch.Tensor, allowed: torch.Tensor,
-                        lse: torch.Tensor, call: AttentionCall) -> None:
-        """The capture point's callback for rows [q0, q0 + r) over keys [k0, k0 + w): weights (H, r, w),
-        lse (H, r)."""
-        self._lse.setdefault(layer, []).append(lse.float())
-        whole = (isinstance(call.mask, LazyMask) and call.mask.q_offset == 0 and call.mask.kv_offset == 0
-                 and call.mask.kv_length == call.mask.q_length)
-        if self.ids is not None and whole and call.mask.kv_length == self.ids.shape[0]:
+                        call: AttentionCall) -> None:
+        """The capture point's callback for rows [q0, q0 + r) over keys [k0, k0 + w): weights (H, r, w)."""
+        if self.ids is not None and self._scored(call):
             if layer not in self.accumulators:
                 self.accumulators[layer] = ScoreAccumulator(weights.shape[0], self.ids)
             self.accumulators[layer].add(q0, weights, k0)
 
-    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, call: AttentionCall) -> None:
-        """The capture point's callback after a layer's last block: q (H, r, dh), k (Hkv, kv, dh)."""
+    def attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, call: AttentionCall,
+                  blocks: bool) -> None:
+        """The capture point's callback after a layer: q (H, r, dh), k (Hkv, kv, dh), lse (H, r).
+
+        After the block path the layer's scores are complete; after the fused kernel (every causal
+        pair visible, no soft-cap) previous-token, first-token and induction are summed here from
+        single dot products, and entropy and peak are left to ``finish``."""
         self.calls[layer] = call
         r = q.shape[1]
         mask = call.mask if isinstance(call.mask, LazyMask) else None
@@ -97,8 +108,19 @@ class Captures(dict[str, torch.Tensor]):
         added = k[:, k.shape[1] - r :].float()  # the keys this forward added (a KV cache holds the rest)
         if r < k.shape[1]:
             added = added.clone()  # not a view that would keep the whole cache's keys alive
-        self.records[layer] = LayerRecord(q=q.float(), k=added,
-                                          lse=torch.cat(self._lse.pop(layer, []), dim=1), scaling=call.scaling,
+        lse = lse.float()
+        if blocks and layer in self.accumulators:
+            self.accumulators[layer].todo.clear()  # every row's weights went through add()
+        elif not blocks and self.ids is not None and self._scored(call):
+            if self._pairs is None:
+                self._pairs = pair_scores.InductionPairs.of(self.ids)
+            acc = ScoreAccumulator(q.shape[0], self.ids)
+            scaling, softcap = call.scaling, call.softcap
+            prev, first = pair_scores.prev_first_sums(q, k, lse, scaling=scaling, softcap=softcap)
+            induction = pair_scores.induction_sums(q, k, lse, self._pairs, scaling=scaling, softcap=softcap)
+            acc.add_sums(prev=prev, first=first, induction=induction)
+            self.accumulators[layer] = acc
+        self.records[layer] = LayerRecord(q=q.float(), k=added, lse=lse, scaling=call.scaling,
                                           softcap=call.softcap, groups=call.groups, bias=None, mask=mask)
 
     def module_attention(self, layer: int, qk: ModuleQK) -> None:
@@ -236,10 +258,26 @@ def publish(store: Captures, n_layers: int) -> None:
             store[name] = layer.k
 
 
-def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None) -> tuple[
-        list[LayerAttention], list[HeadScore] | None]:
+def complete(acc: ScoreAccumulator, kept: LayerAttention) -> None:
+    """The scores a fused forward left (entropy, peak; induction too where the block path is needed),
+    exactly, with one more pass over the layer's visible cells."""
+    if not acc.todo:
+        return
+    if acc.todo <= {"entropy", "peak"} and kept.fused_causal:
+        entropy, peak = pair_scores.entropy_and_peak(kept.q, kept.k, kept.lse, kept.scaling)
+        acc.add_sums(entropy=entropy, peak=peak)
+        return
+    for q0, _q1, weights, _visible in kept.blocks():
+        acc.add(q0, weights)
+    acc.todo.clear()
+
+
+def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None,
+           timing: dict[str, float] | None = None) -> tuple[list[LayerAttention], list[HeadScore] | None]:
     """The kept attention of these forwards and, when ``ids`` are given, every head's scores
-    (exact over all rows: from the forward's own blocks where it had them, else from one sweep)."""
+    (exact over all rows: from the forward's own blocks or Q, K and lse where it had them, then the
+    fields left by a fused forward, else from one sweep). ``timing`` gets "exact_scores": the ms of
+    that sweep (fields left by the fused kernel, or every field of a recorded generation)."""
     n_layers = lm.info.n_layers
     missing = [i for i in range(n_layers) if any(i not in f.records for f in forwards)]
     if missing:
@@ -256,9 +294,15 @@ def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None) 
         swept[layer] = ScoreAccumulator(lm.info.n_heads, ids)
         return swept[layer].add
 
+    t0 = time.perf_counter()
     layers = assemble(forwards, n_layers, feed)
+    t1 = time.perf_counter()
     if ids is None:
         return layers, None
+    for i, acc in inline.items():
+        complete(acc, layers[i])
+    if timing is not None:
+        timing["exact_scores"] = 1e3 * (time.perf_counter() - t1 + (t1 - t0 if swept else 0.0))
     return layers, [s for i in range(n_layers) for s in (inline[i] if i in inline else swept[i]).finish(i)]
 
 
@@ -274,7 +318,9 @@ def run_with_cache(
     scores: bool = False,
 ) -> Captures:
     """One forward over all positions; returns the captured activations by name, each layer's
-    kept attention (``layers``) and, with ``scores``, every head's scores (``head_scores``).
+    kept attention (``layers``) and, with ``scores``, every head's scores (``head_scores``);
+    ``timing_ms``: "forward" (the model's forward with everything the capture computes on the way)
+    and "exact_scores" (the sweep after it for the scores that need every cell again).
 
     ``names`` keeps only what was asked for (a list of names or a predicate), like
     TransformerLens' ``names_filter``; a pattern asked for by name is rebuilt whole from the
@@ -284,8 +330,10 @@ def run_with_cache(
     ids = input_ids.to(lm.input_device)
     extra = {} if wanted(LOGITS) else last_logits_only(lm)
     with hooked(lm, wanted, ids if scores else None) as store, torch.inference_mode():
+        t0 = time.perf_counter()
         out = lm.model(input_ids=ids[None, :], use_cache=False, **extra)
-        store.layers, store.head_scores = finish(lm, [store], ids if scores else None)
+        store.layers, store.head_scores = finish(lm, [store], ids if scores else None, store.timing_ms)
+        store.timing_ms["forward"] = 1e3 * (time.perf_counter() - t0) - store.timing_ms.get("exact_scores", 0.0)
         publish(store, lm.info.n_layers)
     logits = getattr(out, "logits", None)
     if logits is not None and wanted(LOGITS):
