@@ -8,13 +8,19 @@ post-rotary Q, K, V, the mask, ``scaling``, ``softcap`` and ``sliding_window``. 
 loaded with ``attn_implementation="attnscope"`` calls :func:`attnscope_attention`
 instead, which
 
-* computes the attention exactly as the families' own eager code does (scale, then
-  soft-cap, then mask, softmax in float32; grouped K/V heads expanded with
-  ``repeat_interleave``, never tiled), a block of query rows at a time, never the whole
-  H x n x n weights of a layer, and
-* hands each block's weights (for the head scores), each row's log-sum-exp and then the
-  layer's post-rotary Q and K to the capture that is active for that attention module, if
-  any (``activate`` / ``deactivate``, used by ``model.hooks``).
+* where the mask is causal over the whole sequence (a prefill from position 0, or the last
+  query of a decode step), the logits plain q.k x scaling and everything float32 on the CPU,
+  runs torch's fused flash kernel (the one SDPA runs), which returns the layer's output and
+  each row's log-sum-exp and never a weight; the capture then computes the head scores from
+  Q, K and lse (``model.pair_scores``);
+* otherwise (sliding windows, soft-capping, padding, custom mask functions, other dtypes or
+  devices, or ``output_attentions``) computes the attention exactly as the families' own
+  eager code does (scale, then soft-cap, then mask, softmax in float32; grouped K/V heads
+  expanded with ``repeat_interleave``, never tiled), a block of query rows at a time, never
+  the whole H x n x n weights of a layer, handing each block's weights to the capture; and
+* hands the layer's post-rotary Q and K and each row's log-sum-exp to the capture that is
+  active for that attention module, if any (``activate`` / ``deactivate``, used by
+  ``model.hooks``).
 
 The mask is registered too (``AttentionMaskInterface``): :class:`LazyMask` keeps what
 transformers would build a mask from (its mask function, offsets, padding) and
