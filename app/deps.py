@@ -10,6 +10,7 @@ from app.gate import Gate
 from app.settings import Settings
 from model.engine import Engine
 from model.errors import ModelLoadError
+from model.tilecache import Tiles
 
 
 def get_engine(request: Request) -> Engine:
@@ -33,6 +34,14 @@ def get_gate(request: Request) -> Gate:
     return gate
 
 
+def get_tiles(request: Request) -> Tiles:
+    tiles = request.app.state.tiles
+    if not isinstance(tiles, Tiles):
+        raise TypeError("app.state.tiles is not a Tiles: build the app with app.main.create_app")
+    return tiles
+
+
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 GateDep = Annotated[Gate, Depends(get_gate)]
+TilesDep = Annotated[Tiles, Depends(get_tiles)]

@@ -21,6 +21,7 @@ from app.settings import Settings
 from model.cache import RunStore
 from model.engine import Engine
 from model.loading import load_model
+from model.tilecache import Tiles
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parents[1] / "static"
@@ -53,6 +54,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
         app.state.engine = engine or build_engine(settings)
         yield
+        app.state.tiles.close()
         app.state.engine = None
 
     app = FastAPI(title="attnscope", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
@@ -60,6 +62,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.settings = settings
     app.state.engine = engine  # a prebuilt engine serves at once; otherwise the lifespan loads it
     app.state.gate = Gate(settings.queue_length)
+    app.state.tiles = Tiles(settings.tile_cache_bytes)
     errors.install(app)
     app.include_router(models.router)
     app.include_router(runs.router)

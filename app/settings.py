@@ -39,6 +39,10 @@ class Settings(BaseSettings):
     # bytes the forwards in flight may hold at once (their estimated peak, what they keep included);
     # a forward that alone needs more answers 413, others wait for room
     forward_bytes: int = Field(4 << 30, ge=1 << 20)
+    # bytes of computed attention tiles kept for reuse (overviews computed ahead after each analyse,
+    # the head grid's thumbnails pooled from them, zoom tiles), least recently used out; separate
+    # from cache_bytes: a tile is derived data, dropped and recomputed at will
+    tile_cache_bytes: int = Field(64 << 20, ge=0)
     # attention cells one request may receive (a whole head without ``size``, or a tile's bins);
     # past this, 422 asking for ``size`` or a narrower q0/q1/k0/k1
     max_cells: int = Field(4_000_000, ge=1024)

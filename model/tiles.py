@@ -155,12 +155,20 @@ def tile(rows: RowsFn, spec: TileSpec, cell_budget: int = CELL_BUDGET) -> torch.
     return torch.cat(out).float()
 
 
-def head_tile(layer: LayerAttention, head: int, spec: TileSpec, cell_budget: int = CELL_BUDGET) -> torch.Tensor:
-    """(Sq, Sk) float32 pooled weights of one kept head, NaN where a bin has no visible cell."""
+def head_tile(layer: LayerAttention, head: int, spec: TileSpec, cell_budget: int = CELL_BUDGET,
+              pause: Callable[[], None] | None = None) -> torch.Tensor:
+    """(Sq, Sk) float32 pooled weights of one kept head, NaN where a bin has no visible cell.
+
+    ``pause`` is called between blocks of rows (a background computation yields there)."""
     ranges = layer.spans()
     if ranges is None:  # a mask that is not one range a row: evaluate its rows
-        return tile(lambda a, b: layer.rows(head, a, b, spec.k0, spec.k1), spec, cell_budget)
-    return _RangedTile(layer, head, spec, ranges).compute(cell_budget)
+        def rows(a: int, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if pause is not None:
+                pause()
+            return layer.rows(head, a, b, spec.k0, spec.k1)
+
+        return tile(rows, spec, cell_budget)
+    return _RangedTile(layer, head, spec, ranges).compute(cell_budget, pause)
 
 
 class _RangedTile:
@@ -187,7 +195,7 @@ class _RangedTile:
         self.bias = None if layer.bias is None else layer.bias[head]  # (n,)
         self.scaling, self.softcap = layer.scaling, layer.softcap
 
-    def compute(self, cell_budget: int) -> torch.Tensor:
+    def compute(self, cell_budget: int, pause: Callable[[], None] | None = None) -> torch.Tensor:
         """(Sq, Sk) float32, NaN where a bin has no visible cell."""
         q_edges, n_q = self.q_edges, len(self.q_edges) - 1
         most_rows = max(1, cell_budget // max(1, self.spec.k1 - self.spec.k0))
@@ -197,6 +205,8 @@ class _RangedTile:
             while b1 < n_q and q_edges[b1 + 1] - q_edges[b] <= most_rows:
                 b1 += 1
             for ra in range(q_edges[b], q_edges[b1], most_rows):
+                if pause is not None:
+                    pause()
                 self._block(b, b1, ra, min(q_edges[b1], ra + most_rows))
             b = b1
         if self.maxed:

@@ -4,7 +4,7 @@ from dataclasses import asdict
 
 from fastapi import APIRouter
 
-from app.deps import EngineDep
+from app.deps import EngineDep, TilesDep
 from app.memory import rss_bytes
 from app.schemas import HealthOut, ModelOut, ModelsOut
 from model import probes
@@ -23,7 +23,8 @@ def list_models(engine: EngineDep) -> ModelsOut:
 
 
 @router.get("/health", response_model=HealthOut, summary="Liveness, the run cache's size and the process's memory")
-def health(engine: EngineDep) -> HealthOut:
+def health(engine: EngineDep, tiles: TilesDep) -> HealthOut:
     return HealthOut(status="ok", models=list(engine.models), runs=len(engine.store),
                      run_cache_bytes=engine.store.nbytes, run_cache_max_bytes=engine.store.max_bytes,
+                     tile_cache_bytes=tiles.cache.nbytes, tile_cache_max_bytes=tiles.cache.max_bytes,
                      rss_bytes=rss_bytes())

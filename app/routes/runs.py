@@ -12,7 +12,7 @@ import torch
 from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 
-from app.deps import EngineDep, GateDep, SettingsDep
+from app.deps import EngineDep, GateDep, SettingsDep, TilesDep
 from app.encoding import f32_base64, f32_le, rows, sqrt_u8
 from app.schemas import (
     AttentionOut,
@@ -35,6 +35,7 @@ from model.cache import ActivationCache
 from model.errors import BadInput
 from model.export import to_safetensors
 from model.results import LogitLens, PositionPrediction
+from model.tilecache import OVERVIEW, Tiles
 from model.tiles import MASKED_U8, TileSpec, head_tile, u8_tile
 from model.tokens import Token
 
@@ -111,7 +112,7 @@ def _typed_json(content: bytes, status: int = 200) -> Response:
 
 @router.post("/runs", status_code=201, response_model=RunOut, responses=ERRORS,
              summary="Analyse a prompt: one forward, everything captured")
-def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: SettingsDep) -> Response:
+def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: SettingsDep, tiles: TilesDep) -> Response:
     top_k = checked_top_k(body.top_k, settings)
     lm = engine.model(body.model)
     with gate.enter(lm.info.name):
@@ -120,6 +121,8 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
             result = engine.analyse_chat(chat, lm.info.name, top_k)
         else:
             result = engine.analyse(body.text or "", lm.info.name, top_k)
+    if result.cache.n > OVERVIEW:  # the explorer draws a long run from tiles: its overviews start now
+        tiles.prefetch.submit(result.run_id, result.cache.attention)
     return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
 
 
@@ -165,13 +168,20 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
 
 
 def head_tiles(cache: ActivationCache, layer: int, heads: list[int], spec: TileSpec) -> torch.Tensor:
-    """(heads, Sq, Sk) float32 tiles of one layer, NaN where a bin has no visible cell."""
+    """(heads, Sq, Sk) float32 tiles of one layer, NaN where a bin has no visible cell (computed, not kept)."""
     return torch.stack([head_tile(cache.attention[layer], h, spec) for h in heads])
 
 
-def _tile_response(cache: ActivationCache, layer: int, head: int | None, spec: TileSpec, fmt: str) -> Response:
+def kept_tiles(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int, heads: list[int],
+               spec: TileSpec) -> torch.Tensor:
+    """As ``head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails from them)."""
+    return torch.stack([tiles.tile(run_id, layer, cache.attention[layer], h, spec) for h in heads])
+
+
+def _tile_response(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int, head: int | None, spec: TileSpec,
+                   fmt: str) -> Response:
     heads = list(range(cache.n_heads)) if head is None else [head]
-    values = head_tiles(cache, layer, heads, spec)  # (heads, Sq, Sk)
+    values = kept_tiles(tiles, run_id, cache, layer, heads, spec)  # (heads, Sq, Sk)
     if fmt == "json":
         cells = np.round(values.numpy().astype(np.float64), 6).astype(object)
         cells[np.isnan(values.numpy())] = None
@@ -206,6 +216,7 @@ def attention(
     run_id: str,
     engine: EngineDep,
     settings: SettingsDep,
+    tiles: TilesDep,
     layer: Annotated[int, Query(ge=-(2**31), le=2**31)],
     head: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
     format: Literal["json", "bin", "f32"] = "json",
@@ -227,13 +238,13 @@ def attention(
         spec = TileSpec(*_span("q", q0, q1, cache.n), *_span("k", k0, k1, cache.n), size=size, pool=pool or "max")
         rows_, cols = spec.shape
         _cell_limit(n_heads * rows_ * cols, settings, "this tile")
-        return _tile_response(cache, layer, head, spec, format)
+        return _tile_response(tiles, run_id, cache, layer, head, spec, format)
     if format == "bin" and size is not None:
         if cache.n <= size:  # small enough to send whole, as a client drawing thumbnails expects
             size = None
         else:
             _cell_limit(n_heads * size * size, settings, "these thumbnails")
-            thumbs = head_tiles(cache, layer, list(range(cache.n_heads)),
+            thumbs = kept_tiles(tiles, run_id, cache, layer, list(range(cache.n_heads)),
                                 TileSpec(0, cache.n, 0, cache.n, size=size, pool="mean")).nan_to_num(0.0)
             thumbs = thumbs / thumbs.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)  # (H, size, size)
             headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(thumbs.shape[0]), "X-Attn-Size": str(size),
