@@ -240,7 +240,7 @@ def test_thumbnails_come_from_tiles(long_page: object) -> None:
     page = long_page
     page.wait_for_function("() => document.querySelector('[data-testid=head-grid]').dataset.thumbLayers === '2'", timeout=120_000)
     sizes = page.evaluate("() => [...document.querySelectorAll('[data-testid=head-cell] canvas')].map(c => [c.width, c.height])")
-    assert sizes == [[48, 48]] * 8
+    assert sizes == [[64, 64]] * 8  # 64 divides the overview's 256: pooled from the kept overviews
 
 
 def test_phone_width(long_page: object) -> None:
@@ -253,3 +253,51 @@ def test_phone_width(long_page: object) -> None:
     assert page.get_by_test_id("token").count() < 2000
     shot(page, "long-overview-390")
     page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+MASK_COVER = """async () => {
+  const { maskShapes } = await import('/static/js/views/tiled.js');
+  const edges = (a, n, w) => Int32Array.from({ length: n + 1 }, (_, i) => a + i * w + Math.floor(i / 3));
+  const cases = {
+    causal: (r, c) => c > r,
+    window: (r, c) => c > r || c < r - 3,
+    middle: (r, c) => r >= 2 && r < 7 && c >= 3 && c < 6,
+    mixed: (r, c) => r < 2 || c > r + 1 || (r > 8 && c < 2) || (r === 5 && c === 1),
+    none: () => false,
+  };
+  const out = {};
+  for (const [name, hidden] of Object.entries(cases)) {
+    const rows = 12, cols = 11, values = new Float32Array(rows * cols);
+    for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) values[r * cols + c] = hidden(r, c) ? NaN : 0.5;
+    const tile = { rows, cols, values, qEdges: edges(100, rows, 3), kEdges: edges(40, cols, 2) };
+    const { x, y } = maskShapes(tile);
+    const polys = [];
+    let cur = [];
+    for (let i = 0; i < x.length; i++) { if (x[i] === null) { polys.push(cur); cur = []; } else cur.push([x[i], y[i]]); }
+    const inside = (px, py) => { // even-odd over every polygon
+      let hit = false;
+      for (const p of polys) for (let i = 0, j = p.length - 1; i < p.length; j = i++) {
+        const [xi, yi] = p[i], [xj, yj] = p[j];
+        if ((yi > py) !== (yj > py) && px < ((xj - xi) * (py - yi)) / (yj - yi) + xi) hit = !hit;
+      }
+      return hit;
+    };
+    const wrong = [];
+    for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) {
+      const px = (tile.kEdges[c] + tile.kEdges[c + 1]) / 2 - 0.5, py = (tile.qEdges[r] + tile.qEdges[r + 1]) / 2 - 0.5;
+      if (inside(px, py) !== hidden(r, c)) wrong.push([r, c]);
+    }
+    out[name] = { polygons: polys.length, wrong };
+  }
+  return out;
+}"""
+
+
+def test_masked_bins_are_hatched_by_few_polygons(page: object, base_url: str) -> None:
+    """The hatching covers exactly the bins with no visible cell, as a few staircases and rectangles
+    (a zoom redraws every polygon): one for a causal tile, two for a sliding window."""
+    page.goto(base_url + "/")
+    got = page.evaluate(MASK_COVER)
+    assert all(case["wrong"] == [] for case in got.values()), got
+    assert got["causal"]["polygons"] == 1 and got["window"]["polygons"] == 2 and got["none"]["polygons"] == 0
+    assert got["middle"]["polygons"] == 1 and got["mixed"]["polygons"] <= 5

@@ -125,3 +125,23 @@ def test_compare_a_head_on_two_prompts(page: object, base_url: str) -> None:
     assert diff["z"][0][1] is None  # the causal mask stays empty in the difference
     assert "Both prompts have" in page.get_by_test_id("compare-note").text_content()
     shot(page, "tools-compare")
+
+
+def test_compare_long_prompts_as_tiles(page: object, base_url: str) -> None:
+    """Above the tile size both heads are fetched as max-pooled tiles of their common positions (the
+    same bins), never whole: the difference is bin by bin and the note says how it pools."""
+    words = ["the", "river", "town", "grew", "into", "a", "city", "with", "bridges", "walls", "and", "a", "market", "by", "the", "hills"]
+    long_a = " ".join(words[i % len(words)] for i in range(420))
+    long_b = " ".join(words[(i * 3) % len(words)] for i in range(420))
+    query = urlencode({"text": long_a, "model": "attnscope-tiny", "view": "compare", "compare": long_b})
+    page.goto(f"{base_url}/?{query}")
+    page.wait_for_selector("[data-testid=head-compare][data-n]", timeout=60_000)
+    box = page.get_by_test_id("head-compare")
+    n = int(box.get_attribute("data-n"))
+    assert n > 256 and box.get_attribute("data-pooled") == "1" and float(box.get_attribute("data-max-diff")) > 0
+    diff = chart(page, "compare-diff")
+    assert len(diff["z"]) == 256 and len(diff["x"]) == 257 and diff["x"][-1] == n - 0.5
+    assert diff["z"][0][-1] is None  # the causal future stays empty
+    note = page.get_by_test_id("compare-note").text_content()
+    assert "256 × 256 grid" in note and "Largest change" in note
+    assert page.get_by_test_id("error-message").is_hidden()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
 
@@ -144,9 +145,9 @@ def checked_top_k(top_k: int | None, settings: Settings) -> int:
     return top_k
 
 
-def _json(payload: dict[str, object], status: int = 200) -> Response:
+def _json(payload: dict[str, object], status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(json.dumps(payload, separators=(",", ":"), ensure_ascii=False), status_code=status,
-                    media_type="application/json")
+                    media_type="application/json", headers=headers)
 
 
 TILE_PARAMS = "size, q0, q1, k0, k1"
@@ -181,14 +182,16 @@ def kept_tiles(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int, he
 def _tile_response(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int, head: int | None, spec: TileSpec,
                    fmt: str) -> Response:
     heads = list(range(cache.n_heads)) if head is None else [head]
+    start = time.perf_counter()
     values = kept_tiles(tiles, run_id, cache, layer, heads, spec)  # (heads, Sq, Sk)
+    timing = f"tile;dur={1e3 * (time.perf_counter() - start):.1f}"  # computed, kept or waited for
     if fmt == "json":
         cells = np.round(values.numpy().astype(np.float64), 6).astype(object)
         cells[np.isnan(values.numpy())] = None
         return _json({"layer": layer, "head": head, "n_heads": len(heads), "n": cache.n, "causal": cache.causal,
                       "q0": spec.q0, "q1": spec.q1, "k0": spec.k0, "k1": spec.k1, "pool": spec.pool,
                       "exact": spec.exact, "q_edges": spec.q_edges().tolist(), "k_edges": spec.k_edges().tolist(),
-                      "cells": cells.tolist()})
+                      "cells": cells.tolist()}, headers={"Server-Timing": timing})
     rows_, cols = spec.shape
     headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(len(heads)),
                "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
@@ -198,7 +201,7 @@ def _tile_response(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int
                "X-Attn-Pool": spec.pool, "X-Attn-Exact": "1" if spec.exact else "0",
                "X-Attn-Encoding": "sqrt-u8-tile" if fmt == "bin" else "f32-tile",
                "X-Attn-Masked": str(MASKED_U8) if fmt == "bin" else "NaN",
-               "Cache-Control": "private, max-age=3600"}
+               "Cache-Control": "private, max-age=3600", "Server-Timing": timing}
     flat = values.reshape(len(heads), -1)
     body = u8_tile(flat) if fmt == "bin" else f32_le(flat)
     return Response(body, media_type="application/octet-stream", headers=headers)

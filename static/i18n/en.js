@@ -436,5 +436,7 @@ export default {
  "cmp.b": "B: the other prompt · L{layer} H{head}",
  "cmp.same": "Both prompts have {n} tokens.",
  "cmp.differ": "The prompts have {a} and {b} tokens: the difference covers the first {n} positions.",
+ "cmp.pooled": " Each cell is the largest weight in its bin of the {bins} × {bins} grid ({w} × {w} tokens), the same bins for both prompts; the difference is bin by bin.",
+ "cmp.hover_bin": "query ≈ %{y:.0f} → key ≈ %{x:.0f}: bin max %{z:.3f}<extra></extra>",
  "cmp.largest": " Largest change in a weight: {d}."
 };

@@ -436,5 +436,7 @@ export default {
  "cmp.b": "B：另一个提示词 · 第 {layer} 层 头 {head}",
  "cmp.same": "两个提示词都有 {n} 个 token。",
  "cmp.differ": "两个提示词分别有 {a} 和 {b} 个 token：差值只覆盖前 {n} 个位置。",
+ "cmp.pooled": "每个格子是 {bins} × {bins} 网格中一个分箱（{w} × {w} 个 token）里的最大权重，两个提示词用同样的分箱；差值逐箱计算。",
+ "cmp.hover_bin": "查询 ≈ %{y:.0f} → 键 ≈ %{x:.0f}：分箱最大值 %{z:.3f}<extra></extra>",
  "cmp.largest": "权重的最大变化：{d}。"
 };

@@ -168,13 +168,14 @@ const tiles = new TileView($("#heatmap"), { onDrawn: tileDrawn, onError: report 
 async function drawLongHead() {
   const { run, layer, head } = state;
   set({ slice: null, exact: null });
+  const shown = tiles.show(tileView()); // asked for first: nothing else waits in front of it
   headCaption(run, layer, head);
   $("#pool-box").hidden = false;
   $("#layer-picker").value = String(layer);
   $("#head-picker").value = String(head);
   showZoomInputs();
-  drawFocus();
-  const tile = await tiles.show(tileView());
+  const tile = await shown;
+  drawFocus(); // the selected row's top keys: after the overview, which the server computes first
   if (!tile) return;
   wireHeatmap($("#heatmap"));
   toURL();
@@ -453,6 +454,9 @@ async function loadRun(run, initial = {}) {
   extent = null;
   tiles.reset();
   $("#explorer").hidden = false;
+  // a long run's overview tile is asked for before the token strip and pickers are built, and
+  // drawn as soon as it arrives
+  const drawing = isLong(run) ? drawHead() : null;
   renderTokens($("#tokens"), run, selectPos);
   markSelected($("#tokens"), pos);
   fillSelect($("#layer-picker"), run.n_layers, "common.layer", layer);
@@ -461,7 +465,7 @@ async function loadRun(run, initial = {}) {
   $("#model-summary").title = describeModel(model);
   $("#timeline-box").hidden = true;
   updateGenerate();
-  await drawHead();
+  await (drawing ?? drawHead());
   await pause("grid");
   if (state.run !== run) return;
   grid.render(run, state.sort, { layer, head }, model);

@@ -1,6 +1,9 @@
 // One head on two prompts side by side, and their difference (B − A) where the prompts
-// have the same positions.
-import { getAttentionBin, postJSON, rowOf } from "../api.js";
+// have the same positions. Long prompts (more than TILE tokens) are compared as tiles: both heads
+// over their common positions pooled into the same TILE x TILE bins (each the max of its cells),
+// so the difference is bin by bin — a whole long head is never fetched.
+import { getAttentionBin, getTile, postJSON, rowOf } from "../api.js";
+import { TILE } from "../views/tiled.js";
 import { el, fmt } from "../dom.js";
 import { SCALE } from "../views/colour.js";
 import { DIVERGING, plot, tokenTicks } from "./common.js";
@@ -16,12 +19,43 @@ function dense(slice) {
   return z;
 }
 
-function draw(div, z, tokens, title, diff = false) {
-  const ticks = tokenTicks(tokens, 32);
-  return plot(div, [{ type: "heatmap", z, colorscale: diff ? DIVERGING : SCALE, zmin: diff ? -1 : 0, zmax: 1,
-    hovertemplate: t("cmp.hover"), showscale: diff }],
+// A tile's values as plotly rows (null where a bin has no visible cell).
+function rowsOf(tile) {
+  return Array.from({ length: tile.rows }, (_, i) => Array.from(tile.values.subarray(i * tile.cols, (i + 1) * tile.cols),
+    (v) => (Number.isNaN(v) ? null : v)));
+}
+
+// edges: {x, y} bin boundaries of a pooled tile (positions on the axes), or null for one cell a token
+function draw(div, z, tokens, title, diff = false, edges = null) {
+  const ticks = edges ? { tickformat: "d", tickangle: -50 } : tokenTicks(tokens, 32);
+  const where = edges ? { x: Array.from(edges.x, (e) => e - 0.5), y: Array.from(edges.y, (e) => e - 0.5) } : {};
+  return plot(div, [{ type: "heatmap", z, ...where, colorscale: diff ? DIVERGING : SCALE, zmin: diff ? -1 : 0, zmax: 1,
+    hovertemplate: t(edges ? "cmp.hover_bin" : "cmp.hover"), showscale: diff }],
   { title: { text: title, font: { size: 12 } }, xaxis: ticks, yaxis: { ...ticks, autorange: "reversed", tickangle: 0 },
     margin: { l: 70, r: 10, t: 30, b: 70 } });
+}
+
+// Both runs' head over their first n positions as TILE x TILE max-pooled tiles (the same bins).
+async function compareTiles(ctx, run, runB, { a, b, d, box, note }) {
+  const n = Math.min(run.tokens.length, runB.tokens.length);
+  const ask = (id) => getTile(id, { layer: ctx.layer, head: ctx.head, q0: 0, q1: n, k0: 0, k1: n, size: TILE, pool: "max" });
+  const [ta, tb] = await Promise.all([ask(run.run_id), ask(runB.run_id)]);
+  const za = rowsOf(ta), zb = rowsOf(tb);
+  const zd = za.map((row, i) => row.map((v, j) => (v === null || zb[i][j] === null ? null : zb[i][j] - v)));
+  const edges = { x: ta.kEdges, y: ta.qEdges };
+  await draw(a, za, run.tokens, t("cmp.a", { layer: ctx.layer, head: ctx.head }), false, edges);
+  await draw(b, zb, runB.tokens, t("cmp.b", { layer: ctx.layer, head: ctx.head }), false, edges);
+  await draw(d, zd, runB.tokens, "B − A", true, edges);
+  let biggest = 0;
+  for (const row of zd) for (const v of row) if (v !== null) biggest = Math.max(biggest, Math.abs(v));
+  box.dataset.n = String(n);
+  box.dataset.maxDiff = String(biggest);
+  box.dataset.pooled = ta.exact ? "0" : "1";
+  const na = run.tokens.length, nb = runB.tokens.length;
+  const w = Math.floor(n / ta.rows), wHi = Math.ceil(n / ta.rows);
+  note.textContent = (na === nb ? t("cmp.same", { n }) : t("cmp.differ", { a: na, b: nb, n })) +
+    (ta.exact ? "" : t("cmp.pooled", { bins: ta.rows, w: w === wHi ? String(w) : `${w}–${wHi}` })) +
+    t("cmp.largest", { d: fmt(biggest, 3) });
 }
 
 export async function render(body, ctx) {
@@ -41,6 +75,11 @@ export async function render(body, ctx) {
     try {
       ctx.setParams({ compare: other.value });
       const runB = await postJSON("/api/runs", { text: other.value, model: run.model, top_k: 1 });
+      if (run.tokens.length > TILE || runB.tokens.length > TILE) {
+        await compareTiles(ctx, run, runB, { a, b, d, box, note });
+        return;
+      }
+      box.dataset.pooled = "0";
       const [sa, sb] = await Promise.all([getAttentionBin(run.run_id, ctx.layer, ctx.head), getAttentionBin(runB.run_id, ctx.layer, ctx.head)]);
       const za = dense(sa);
       const zb = dense(sb);

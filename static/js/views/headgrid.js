@@ -5,7 +5,9 @@ import { getTile, isAbort } from "../api.js";
 import { hexRGB, maskColours, rgb } from "./colour.js";
 import { t } from "../i18n.js";
 
-const THUMB = 48;
+// bins a side of a thumbnail (a canvas of one pixel a bin, scaled by CSS): 64 divides the overview's
+// 256, so the server pools a long run's thumbnails from the overviews it already computed
+const THUMB = 64;
 // [class, score key, threshold, title, the letter a cell shows]: one letter each, so that
 // three badges fit a cell of any grid from 4 to 32 heads without covering one another
 export const BADGES = [

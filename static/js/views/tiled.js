@@ -46,9 +46,12 @@ export function poolingText(tile) {
 }
 
 // The bins with no visible cell (the causal future, keys outside a sliding window) as hatched
-// rectangles: one per run of null bins in a row, rows with the same runs merged, separated by
-// gaps so that plotly fills each on its own. plotly draws scatter fills above heatmaps, so the
-// hatching must cover the null bins only.
+// polygons, separated by gaps so that plotly fills each on its own. plotly draws scatter fills
+// above heatmaps, so the hatching must cover the null bins only. Each polygon costs the browser
+// a filled path on every redraw (a zoom redraws them all), so there are few: the null runs that
+// reach a row's right edge (the causal future) form one staircase over consecutive rows, those
+// that start at its left edge (before a sliding window) another, and any other run is a rectangle
+// merged down with the same run in the next rows.
 export function maskShapes(tile) {
   const { rows, cols, values, qEdges, kEdges } = tile;
   const runsOf = (r) => {
@@ -61,20 +64,51 @@ export function maskShapes(tile) {
     }
     return runs;
   };
+  const X = (c) => kEdges[c] - 0.5, Y = (r) => qEdges[r] - 0.5;
   const x = [], y = [];
+  const polygon = (points) => {
+    for (const [c, r] of points) { x.push(X(c)); y.push(Y(r)); }
+    x.push(X(points[0][0]), null);
+    y.push(Y(points[0][1]), null);
+  };
+  // a staircase over rows r0..r1-1: right: run [edge[r], cols) a row; left: run [0, edge[r])
+  const stair = (side, r0, edgesOf) => {
+    const r1 = r0 + edgesOf.length, pts = [];
+    if (side === "right") {
+      pts.push([edgesOf[0], r0], [cols, r0], [cols, r1]);
+      for (let i = edgesOf.length - 1; i >= 0; i--) pts.push([edgesOf[i], r0 + i + 1], [edgesOf[i], r0 + i]);
+    } else {
+      pts.push([0, r0]);
+      for (let i = 0; i < edgesOf.length; i++) pts.push([edgesOf[i], r0 + i], [edgesOf[i], r0 + i + 1]);
+      pts.push([0, r1]);
+    }
+    polygon(pts);
+  };
+  const chains = { left: null, right: null }; // {r0, edges} of a staircase still growing down
+  const endChain = (side) => {
+    if (chains[side]) stair(side, chains[side].r0, chains[side].edges);
+    chains[side] = null;
+  };
   let open = new Map(); // "c0:c1" -> first row of a rectangle still growing down
   const close = (key, r0, r1) => {
     const [c0, c1] = key.split(":").map(Number);
-    const x0 = kEdges[c0] - 0.5, x1 = kEdges[c1] - 0.5, y0 = qEdges[r0] - 0.5, y1 = qEdges[r1] - 0.5;
-    x.push(x0, x1, x1, x0, x0, null);
-    y.push(y0, y0, y1, y1, y0, null);
+    polygon([[c0, r0], [c1, r0], [c1, r1], [c0, r1]]);
   };
   for (let r = 0; r <= rows; r++) {
     const next = new Map();
+    const seen = { left: false, right: false };
     for (const [c0, c1] of r < rows ? runsOf(r) : []) {
+      const side = c1 === cols ? "right" : c0 === 0 ? "left" : null;
+      if (side && !seen[side]) {
+        seen[side] = true;
+        if (!chains[side]) chains[side] = { r0: r, edges: [] };
+        chains[side].edges.push(side === "right" ? c0 : c1);
+        continue;
+      }
       const key = `${c0}:${c1}`;
       next.set(key, open.has(key) ? open.get(key) : r);
     }
+    for (const side of ["left", "right"]) if (!seen[side]) endChain(side);
     for (const [key, r0] of open) if (!next.has(key)) close(key, r0, r);
     open = next;
   }
