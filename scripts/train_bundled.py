@@ -216,7 +216,8 @@ def evaluate(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, data: t
         logits = model(ids[None]).logits[0, :-1].float()  # (T-1, V)
         nats += torch.nn.functional.cross_entropy(logits, ids[1:], reduction="sum").item()
         tokens += len(ids) - 1
-        n_bytes += len(tokenizer.decode(ids[1:]).encode("utf-8"))
+        # the text's own bytes: <|endoftext|> between documents is not 13 bytes of text
+        n_bytes += len(tokenizer.decode(ids[1:], skip_special_tokens=True).encode("utf-8"))
     model.train()
     return nats / tokens, nats / math.log(2) / n_bytes
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,3 +122,29 @@ def test_a_few_steps_end_to_end_and_resume(tmp_path: Path) -> None:
     record = json.loads((out / "training.json").read_text())
     assert [c["step"] for c in record["curve"]] == [2, 4, 6]
     assert record["curve"][-1]["tokens"] == 6 * 2 * 64  # long windows halve the batch: same tokens a step
+
+
+def test_heldout_bits_per_byte_count_only_the_texts_bytes() -> None:
+    """A model that gives every token the same probability scores ln(V) nats a token; the bytes it
+    is divided by are the text's own, never the 13 bytes of an <|endoftext|> between documents."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(ROOT / "model" / "bundled" / "attnscope-tiny")
+    docs = ["The cat sat on the mat.", "我爱人工智能", "Once upon a time there was a dog."]
+    stream: list[int] = []
+    for doc in docs:
+        stream += tok(doc)["input_ids"] + [tok.eos_token_id]
+    data = torch.tensor([tok.eos_token_id, *stream, tok.eos_token_id])  # one window: [eos] + stream
+    vocab = len(tok)
+
+    class Uniform(torch.nn.Module):
+        def forward(self, ids: torch.Tensor) -> object:  # (1, T) -> logits (1, T, V) all equal
+            return type("Out", (), {"logits": torch.zeros(*ids.shape, vocab)})()
+
+        def train(self, mode: bool = True) -> Uniform:
+            return self
+
+    loss, bpb = train.evaluate(Uniform(), tok, data, seq=len(data) - 1, count=1)
+    text_bytes = sum(len(d.encode("utf-8")) for d in docs)
+    assert loss == pytest.approx(math.log(vocab))
+    assert bpb == pytest.approx(math.log(vocab) * len(stream) / math.log(2) / text_bytes)
