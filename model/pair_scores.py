@@ -162,29 +162,38 @@ def row_max_logits(
     q: torch.Tensor,  # (H, n, dh)
     k: torch.Tensor,  # (Hkv, n, dh)
     scaling: float,
-    rows: int = 256,
-    cols: int = 1024,
+    rows: int = 128,
+    cols: int = 256,
 ) -> torch.Tensor:
     """(H, n) float32: each causal row's largest logit q_i . k_j x scaling over j <= i (scaling > 0).
 
-    Tiles of rows x cols stay in cache; only the diagonal tile is masked."""
+    Tiles of (Hkv, g x rows, cols) logits (256 KiB for 2 K/V heads of 2 queries each) stay in cache and
+    are written into one buffer; only the diagonal tile is masked."""
     n_heads, n, dh = q.shape
     hkv = k.shape[0]
     g = n_heads // hkv
-    best = torch.full((hkv, g, n), float("-inf"), dtype=torch.float32, device=q.device)
-    future = torch.ones(rows, rows, dtype=torch.bool, device=q.device).triu(1)  # (r, r): key after query
-    kf = k.float()
+    dev = q.device
+    best = torch.full((hkv, g, n), float("-inf"), dtype=torch.float32, device=dev)
+    future = torch.ones(rows, rows, dtype=torch.bool, device=dev).triu(1)  # (r, r): key after query
+    kt = k.float().transpose(-1, -2).contiguous()  # (Hkv, dh, n)
+    tile = torch.empty(hkv, g * rows, cols, dtype=torch.float32, device=dev)
+    tile_max = torch.empty(hkv, g * rows, dtype=torch.float32, device=dev)
     for q0 in range(0, n, rows):
         q1 = min(n, q0 + rows)
         r = q1 - q0
         qs = q[:, q0:q1].float().reshape(hkv, g * r, dh)  # (Hkv, g r, dh)
         m = best[:, :, q0:q1]  # (Hkv, g, r) view
-        for c0 in range(0, q0, cols):
-            s = torch.matmul(qs, kf[:, c0 : min(q0, c0 + cols)].transpose(-1, -2))  # (Hkv, g r, c)
-            torch.maximum(m, s.amax(-1).view(hkv, g, r), out=m)
-        s = torch.matmul(qs, kf[:, q0:q1].transpose(-1, -2)).view(hkv, g, r, r)  # the diagonal tile
-        s.masked_fill_(future[:r, :r], float("-inf"))
-        torch.maximum(m, s.amax(-1), out=m)
+        s, s_max = tile[:, : g * r], tile_max[:, : g * r]
+        whole = q0 - q0 % cols  # keys [0, whole) in full tiles, [whole, q0) in a narrower one
+        for c0 in range(0, whole, cols):
+            torch.bmm(qs, kt[:, :, c0 : c0 + cols], out=s)  # (Hkv, g r, cols)
+            torch.amax(s, -1, out=s_max)
+            torch.maximum(m, s_max.view(hkv, g, r), out=m)
+        if whole < q0:
+            torch.maximum(m, torch.bmm(qs, kt[:, :, whole:q0]).amax(-1).view(hkv, g, r), out=m)
+        diagonal = torch.bmm(qs, kt[:, :, q0:q1]).view(hkv, g, r, r)
+        diagonal.masked_fill_(future[:r, :r], float("-inf"))
+        torch.maximum(m, diagonal.amax(-1), out=m)
     return best.view(n_heads, n).mul_(scaling)
 
 

@@ -53,6 +53,10 @@ def test_entropy_and_peak_equal_xlogy_and_amax(n: int) -> None:
     torch.testing.assert_close(entropy, -torch.special.xlogy(w, w).sum((-1, -2)).double(), atol=1e-4 * n, rtol=1e-5)
     torch.testing.assert_close(peak, w.amax(-1).sum(-1).double(), atol=1e-5 * n, rtol=1e-5)
     assert (entropy > 0).all() or n == 1
+    z = logits(q, k, list(range(H)), H // HKV, 0, n, 0.5, None, None)
+    want_max = z.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).amax(-1)  # (H, n)
+    for rows, cols in ((7, 5), (128, 256), (512, 1)):  # tiles of every shape: full, narrow, diagonal
+        torch.testing.assert_close(pair_scores.row_max_logits(q, k, 0.5, rows, cols), want_max, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("softcap", [None, 2.0])
