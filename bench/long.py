@@ -8,9 +8,16 @@ Rows: the long-context Llama of tests/families.py (2 layers, hidden 128, 4 heads
 d_model 768, 1,024 positions) at 256 and 1,024. Per row:
 
 * SDPA: one plain forward of the same model with ``attn_implementation="sdpa"`` (last logits only);
-* capture: the engine's forward through attnscope's capture point with exact head scores over
-  every row (``run_with_cache(..., scores=True)``, the "forward" of the run's ``timing_ms``), and
-  ``analyse`` (that + predictions at every position + keeping the run) end to end;
+* capture forward: the engine's forward through attnscope's capture point (the "forward" of the run's
+  ``timing_ms``): the layer outputs from torch's fused kernel with each row's lse, the kept Q/K and
+  residual stream, and the head scores that need no weight matrix (previous-token, first-token,
+  induction, from Q, K and lse);
+* exact entropy + peak: the sweep right after that forward (``timing_ms["exact_scores"]``) for the two
+  scores that need every visible cell again: entropy (the fused kernel once more, keys as values) and
+  each row's largest weight (tiled Q K^T maxima); it is inside ``analyse``, before the response;
+* capture + exact / SDPA: both of the above against SDPA — what an analyse's model work costs;
+* analyse: the whole ``engine.analyse`` (tokenize, both of the above, predictions at every position,
+  keeping the run) end to end;
 * kept: the run's ``nbytes`` against every head's dense float32 pattern (L x H x n² x 4 B);
 * peak RSS: the process's high-water mark during the analyse (reset through /proc/self/clear_refs);
 * overview: a whole head pooled to 256 x 256 bins (max), through the API's tile code;
@@ -111,7 +118,7 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
     text = text_of(n)
     ids = torch.tensor(lm.tokenizer(text)["input_ids"])
     assert len(ids) == n, (len(ids), n)
-    repeats = 3 if n <= 1024 else 1
+    repeats = 3 if n <= 4096 else 1
 
     def sdpa() -> None:
         model.set_attn_implementation("sdpa")
@@ -126,16 +133,19 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
         with lm.lock:
             run_with_cache(lm, ids[: min(n, 256)], RESIDUAL, scores=True)
     sdpa_ms = timed(sdpa, repeats)
-    captures, analyses = [], []
+    captures, exacts, analyses = [], [], []
     for _ in range(repeats):
         reset_peak_rss()
         before = rss_bytes() or 0
         t0 = time.perf_counter()
         result = engine.analyse(text, key, top_k=10)
         analyses.append(1e3 * (time.perf_counter() - t0))
-        captures.append(result.cache.summary.timing_ms["forward"])  # the capture forward, inside analyse
+        timing = result.cache.summary.timing_ms
+        captures.append(timing["forward"])  # the capture forward, inside analyse
+        exacts.append(timing["exact_scores"])  # the entropy + peak sweep right after it, inside analyse
         peak = peak_rss()
     capture_ms, analyse_ms = statistics.median(captures), statistics.median(analyses)
+    exact_ms = statistics.median(exacts)
     cache = result.cache
     dense = cache.n_layers * cache.n_heads * n * n * 4
     layer, head = cache.n_layers - 1, cache.n_heads - 1
@@ -143,16 +153,17 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
                         repeats)
     mid = n // 2
     exact = TileSpec(mid, min(n, mid + 256), max(0, mid - 128), min(n, mid + 128), size=None, pool="max")
-    exact_ms = timed(lambda: head_tiles(cache, layer, [head], exact), repeats)
+    tile_ms = timed(lambda: head_tiles(cache, layer, [head], exact), repeats)
     drawn = browser(key, lm, text) if browser is not None else None
     log.info("%s n=%d: sdpa %.0f ms, capture %.0f ms, kept %.1f MiB", key, n, sdpa_ms, capture_ms, cache.nbytes / MIB)
     return {
         "model": key, "n": f"{n:,}", "SDPA forward": f"{sdpa_ms:,.0f} ms", "capture forward": f"{capture_ms:,.0f} ms",
-        "capture / SDPA": f"{capture_ms / sdpa_ms:.2f}x", "analyse (whole)": f"{analyse_ms:,.0f} ms",
+        "capture / SDPA": f"{capture_ms / sdpa_ms:.2f}x", "exact entropy + peak": f"{exact_ms:,.0f} ms",
+        "capture + exact / SDPA": f"{(capture_ms + exact_ms) / sdpa_ms:.2f}x", "analyse (whole)": f"{analyse_ms:,.0f} ms",
         "kept": f"{cache.nbytes / MIB:,.1f} MiB", "dense fp32 patterns": f"{dense / MIB:,.0f} MiB",
         "kept / dense": f"{cache.nbytes / dense:.4f} (1/{dense / cache.nbytes:,.1f})",
         "peak RSS": "—" if peak is None else f"{peak / MIB:,.0f} MiB (from {before / MIB:,.0f})",
-        "overview 256² (max)": f"{overview_ms:,.0f} ms", "exact 256² tile": f"{exact_ms:,.1f} ms",
+        "overview 256² (max)": f"{overview_ms:,.0f} ms", "exact 256² tile": f"{tile_ms:,.1f} ms",
         "Chromium: response → overview": "—" if drawn is None else f"{drawn['overview_ms']:,.0f} ms",
         "Chromium: zoom step, median (max)": "—" if drawn is None else
         f"{drawn['zoom_ms']:,.0f} ms ({drawn['zoom_max_ms']:,.0f} ms)",
@@ -192,8 +203,13 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
             "machine shared with a training job that owns one core, so times are upper bounds.\n"
             "long-llama: Llama shape, 2 layers, d_model 128, 4 heads, 2 K/V heads, 32,768 positions; "
             "gpt2-small-shape: 12 layers x 12 heads, d_model 768. Both float32 on the CPU, random weights. "
-            "'capture forward' is the forward through attnscope's capture point with exact head scores; "
-            "'analyse' adds next-token predictions at every position (top-10) and keeping the run. "
+            "'capture forward' is the forward through attnscope's capture point: layer outputs and row "
+            "normalisers from torch's fused kernel (the one SDPA runs), Q/K and the residual stream kept, and the "
+            "previous-token, first-token and induction scores from Q, K and lse (no weight matrix). 'exact entropy + "
+            "peak' is the sweep right after it, inside the analyse, for the two scores that need every visible cell "
+            "again (the fused kernel once more with the keys as values, and tiled Q K^T row maxima); "
+            "'capture + exact / SDPA' is the model work of an analyse against SDPA. 'analyse' is the whole "
+            "engine.analyse: both, plus next-token predictions at every position (top-10) and keeping the run. "
             "'Chromium' (with --browser): the explorer in headless Chromium on the same prompt — from the analyse "
             "response to the first overview tile drawn, and each zoom step (a drag-sized zoom halving the window, "
             "from the overview down to 16 x 16 single cells) to its finer tile drawn.\n\n" + table)

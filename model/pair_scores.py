@@ -5,11 +5,12 @@ returns each row's log-sum-exp ``lse``. A single weight is then one dot product 
 p(i, j) = exp(z(i, j) - lse(i)), z the family's logit (q_i . k_j x scaling, soft-capped). So:
 
 * previous-token and first-token: the n weights (i, i - 1) and (i, 0): O(n d);
-* induction: only the (query i, key k) pairs with token k - 1 == token i and k < i, enumerated once
-  per run by grouping positions by token id (``InductionPairs``): O(pairs x d). A token with few
-  copies contributes its pairs to one flat list; a token with many (one repeated token makes n²/2
-  pairs) is computed as a dense block of its own queries x its own keys, a chunk of rows at a time,
-  so memory stays bounded whatever the text;
+* induction: only the (query i, key k) pairs with token k - 1 == token i and k < i, found once per
+  run by sorting positions by token id (``InductionPairs``): tokens with few copies in one batched
+  matmul over chunks of the sorted positions (O(n x C x d) with C = ``SMALL_GROUP``), a token with
+  many (one repeated token makes n²/2 pairs) as the causal square of its own copies' queries x the
+  keys after its copies, through the fused kernel (its lse is the induction mass; soft-capped logits:
+  dense blocks a chunk of rows at a time), so memory stays O(n d) whatever the text;
 * entropy and peak (the row's largest weight) need every visible cell: ``entropy_and_peak`` sweeps
   them once more, exactly, right after the forward. Entropy uses H_i = lse_i - sum_j p_ij z_ij and
   sum_j p_ij z_ij = scaling x q_i . (P K)_i, where P K is the fused kernel run with the keys as values
@@ -29,8 +30,7 @@ import torch
 
 from model.capture import BLOCK_CELLS, flash_attention
 
-PAIR_CHUNK = 1 << 15  # pairs whose (H, pairs, dh) gathered queries and keys are held at once
-SMALL_GROUP = 32  # a token with at most this many copies gives its pairs to the flat list
+SMALL_GROUP = 16  # a token with at most this many copies is computed in the batched chunks
 
 
 def _logits(z: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
@@ -41,68 +41,61 @@ def _logits(z: torch.Tensor, scaling: float, softcap: float | None) -> torch.Ten
     return z
 
 
-def pair_weights(
-    q: torch.Tensor,  # (H, n, dh) post-rotary queries
-    k: torch.Tensor,  # (Hkv, n, dh) post-rotary keys, K/V heads
-    lse: torch.Tensor,  # (H, n) row normalisers
-    queries: torch.Tensor,  # (P,) long
-    keys: torch.Tensor,  # (P,) long, each visible to its query
-    *,
-    scaling: float,
-    softcap: float | None,
-) -> torch.Tensor:
-    """(H, P) float32: the weight of each (query, key) pair, exp(logit - lse) from one dot product each."""
-    groups = q.shape[0] // k.shape[0]
-    hkv, dh = k.shape[0], k.shape[-1]
-    out = torch.empty(q.shape[0], len(queries), dtype=torch.float32, device=q.device)
-    for a in range(0, len(queries), PAIR_CHUNK):
-        qi, kj = queries[a : a + PAIR_CHUNK], keys[a : a + PAIR_CHUNK]
-        qs = q[:, qi].float().view(hkv, groups, len(qi), dh)  # (Hkv, g, p, dh): head h reads K/V head h // g
-        ks = k[:, kj].float()[:, None]  # (Hkv, 1, p, dh)
-        z = _logits((qs * ks).sum(-1).view(-1, len(qi)), scaling, softcap)  # (H, p)
-        out[:, a : a + len(qi)] = (z - lse[:, qi]).exp()
-    return out
-
-
 @dataclass(frozen=True)
 class InductionPairs:
-    """Every (query i, key k) with token k - 1 == token i and k < i, grouped by token.
+    """Every (query i, key j + 1) with token j == token i and j + 1 < i, laid out for matmuls.
 
-    ``queries``/``keys`` (P,) hold the pairs of tokens with few copies; ``groups`` the positions
-    (ascending) of each token with more than ``SMALL_GROUP`` copies: its pairs are the j + 1 < i of
-    those positions, computed as a block."""
+    Positions are sorted by token (ascending inside each token). A token with at most
+    ``SMALL_GROUP`` = C copies fills a run of at most C consecutive sorted positions, so its pairs
+    lie in one chunk of C queries against that chunk and the one before: ``queries`` (c, C) and
+    ``keys`` (c, 2C) index the positions (key j + 1 for copy j), ``follows`` (c, C, 2C) says which cells
+    are pairs; one batched matmul covers them all. A token with more copies (one repeated token makes
+    n²/2 pairs) is a ``groups`` entry: its own queries x keys, a block of rows at a time."""
 
-    queries: torch.Tensor  # (P,) long
-    keys: torch.Tensor  # (P,) long
-    groups: list[torch.Tensor]  # each (m,) long, ascending
+    queries: torch.Tensor  # (c, C) long: query positions (padding: 0, never in a pair)
+    keys: torch.Tensor  # (c, 2C) long: key positions j + 1 (clamped to n - 1 where not a pair)
+    follows: torch.Tensor  # (c, C, 2C) bool
+    groups: list[torch.Tensor]  # each (m,) long, ascending: the copies of a token with many
 
     @staticmethod
     def of(ids: torch.Tensor) -> InductionPairs:
-        """From the run's token ids (n,): O(n x SMALL_GROUP) to enumerate, O(pairs) to hold."""
+        """From the run's token ids (n,): O(n log n) to sort, O(n x C) to hold."""
         ids = ids.cpu()
+        c_size = SMALL_GROUP
         order = torch.sort(ids, stable=True).indices  # positions grouped by token, ascending inside each
         tokens = ids[order]
         _, counts = torch.unique_consecutive(tokens, return_counts=True)
-        size = counts.repeat_interleave(counts)  # (n,): the size of each sorted position's group
-        small = size <= SMALL_GROUP
-        queries, keys = [], []
-        for d in range(1, min(SMALL_GROUP, len(ids))):  # copy j, then the d-th next copy i of one token
-            same = (tokens[d:] == tokens[:-d]) & small[d:]
-            i, j = order[d:][same], order[:-d][same]
-            ok = j + 1 < i  # key j + 1 strictly before the query
-            queries.append(i[ok])
-            keys.append(j[ok] + 1)
+        small = counts.repeat_interleave(counts) <= c_size  # (n,) in sorted order
+        pos, tok = order[small], tokens[small]
+        chunks = -(-len(pos) // c_size)
+        pad = torch.full((chunks * c_size - len(pos),), -1, dtype=torch.long)
+        pos, tok = torch.cat([pos, pad]).view(chunks, c_size), torch.cat([tok, pad]).view(chunks, c_size)
+        before = torch.full((1, c_size), -1, dtype=torch.long)
+        kpos = torch.cat([torch.cat([before, pos])[:-1], pos], dim=1)  # (c, 2C): this chunk and the one before
+        ktok = torch.cat([torch.cat([before, tok])[:-1], tok], dim=1)
+        follows = ((tok[:, :, None] == ktok[:, None, :]) & (tok[:, :, None] >= 0)
+                   & (kpos[:, None, :] + 1 < pos[:, :, None]))  # (c, C, 2C)
+        used = follows.any(-1).any(-1)  # chunks holding a pair
         starts = torch.cumsum(counts, 0) - counts
-        groups = [order[int(s) : int(s) + int(c)] for s, c in zip(starts, counts, strict=True) if c > SMALL_GROUP]
-        empty = torch.empty(0, dtype=torch.long)
-        return InductionPairs(queries=torch.cat(queries) if queries else empty,
-                              keys=torch.cat(keys) if keys else empty, groups=groups)
+        groups = [order[int(s) : int(s) + int(c)] for s, c in zip(starts, counts, strict=True) if c > c_size]
+        return InductionPairs(queries=pos[used].clamp_min(0), keys=(kpos[used] + 1).clamp(0, max(0, len(ids) - 1)),
+                              follows=follows[used], groups=groups)
+
+    def pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries, keys) (P,) each: every pair listed (tests, small runs)."""
+        c, i, j = self.follows.nonzero(as_tuple=True)
+        qs, ks = [self.queries[c, i]], [self.keys[c, j]]
+        for g in self.groups:
+            a, b = ((g[None, :] + 1) < g[:, None]).nonzero(as_tuple=True)
+            qs.append(g[a])
+            ks.append(g[b] + 1)
+        return torch.cat(qs), torch.cat(ks)
 
     @property
     def count(self) -> int:
         """How many pairs there are in all."""
         dense = sum(int(((g[:, None] + 1) < g[None, :]).sum()) for g in self.groups)
-        return len(self.queries) + dense
+        return int(self.follows.sum()) + dense
 
 
 def induction_sums(
@@ -117,25 +110,82 @@ def induction_sums(
 ) -> torch.Tensor:
     """(H,) float64: each head's attention on induction targets, summed over every query."""
     dev = q.device
-    total = torch.zeros(q.shape[0], dtype=torch.float64)
-    if len(pairs.queries):
-        w = pair_weights(q, k, lse, pairs.queries.to(dev), pairs.keys.to(dev), scaling=scaling, softcap=softcap)
-        total += w.double().sum(-1).cpu()
-    groups = q.shape[0] // k.shape[0]
-    hkv, dh = k.shape[0], k.shape[-1]
-    for positions in pairs.groups:  # a token with many copies: its queries x its keys, a chunk of rows at a time
-        pos = positions.to(dev)
-        m = len(pos)
-        keys = k[:, pos[:-1] + 1].float()  # (Hkv, m - 1, dh): key j + 1 after each copy j but the last
-        rows = max(1, cells // max(1, q.shape[0] * m))
-        for a in range(1, m, rows):  # the first copy has no earlier one
-            b = min(m, a + rows)
-            qs = q[:, pos[a:b]].float().view(hkv, groups * (b - a), dh)  # (Hkv, g r, dh)
-            z = _logits(torch.matmul(qs, keys[:, : b - 1].transpose(-1, -2)), scaling, softcap)  # copies j < i
-            z = z.view(-1, b - a, b - 1)  # (H, r, b - 1)
-            follows = (pos[None, : b - 1] + 1) < pos[a:b, None]  # (r, b - 1): key j + 1 before query i
-            w = (z - lse[:, pos[a:b], None]).exp_().masked_fill_(~follows, 0.0)
-            total += w.double().sum((-1, -2)).cpu()
+    n_heads, n, dh = q.shape
+    hkv = k.shape[0]
+    g = n_heads // hkv
+    total = torch.zeros(hkv, g, dtype=torch.float64)
+    lse_g = lse.reshape(hkv, g, n)
+    chunks, c_size = pairs.queries.shape[0], pairs.queries.shape[-1]
+    step = max(1, cells // max(1, n_heads * c_size * 2 * c_size))
+    for a in range(0, chunks, step):  # tokens with few copies: one batched matmul per step of chunks
+        qp, kp = pairs.queries[a : a + step].to(dev), pairs.keys[a : a + step].to(dev)
+        c = qp.shape[0]
+        qs = q[:, qp.reshape(-1)].float().reshape(hkv, g, c, c_size, dh).transpose(1, 2)  # (Hkv, c, g, C, dh)
+        ks = k[:, kp.reshape(-1)].float().reshape(hkv, c, 1, 2 * c_size, dh)
+        z = _logits(torch.matmul(qs, ks.transpose(-1, -2)), scaling, softcap)  # (Hkv, c, g, C, 2C)
+        norm = lse_g[:, :, qp].transpose(1, 2)  # (Hkv, c, g, C)
+        w = (z - norm[..., None]).exp_().masked_fill_(~pairs.follows[a : a + step, None].to(dev), 0.0)
+        total += w.double().sum((1, 3, 4)).cpu()
+    total = total.view(n_heads)
+    fused = softcap is None and q.device.type == "cpu" and q.dtype == k.dtype == torch.float32
+    if fused and pairs.groups:
+        return total + _groups_flash(q, k, lse, [g.to(dev) for g in pairs.groups], scaling)
+    for positions in pairs.groups:  # a token with many copies: its queries x its keys, in blocks
+        total += _group_blocks(q, k, lse, positions.to(dev), scaling, softcap, cells)
+    return total
+
+
+def _groups_flash(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, groups: list[torch.Tensor],
+                  scaling: float) -> torch.Tensor:
+    """(H,) float64: the induction mass of tokens with many copies, from the fused kernel.
+
+    Copy a (a >= 1) of a token attends to the keys after copies 0..a-1: the causal square of
+    queries q[pos[1:]] over keys k[pos[:-1] + 1], whose log-sum-exp over visible keys gives the
+    mass exp(lse_group - lse). The only cell of that square that is not an induction target is the
+    diagonal where copy a - 1 sits right before copy a (key pos[a - 1] + 1 is the query itself):
+    its weight is taken off. Every token's queries and keys are gathered at once; one kernel call
+    per token (padding tokens to one batch costs more than it saves: the kernel's cost grows with the
+    padded square)."""
+    n_heads = q.shape[0]
+    queries = torch.cat([pos[1:] for pos in groups])  # (T,) every copy but each token's first
+    keys = torch.cat([pos[:-1] + 1 for pos in groups])  # (T,) the key after the copy before it
+    qs, ks = q[:, queries], k[:, keys]  # (H, T, dh), (Hkv, T, dh)
+    group_lse = torch.empty(n_heads, len(queries), dtype=torch.float32, device=q.device)  # (H, T)
+    a = 0
+    for pos in groups:
+        b = a + len(pos) - 1
+        _, part = flash_attention(qs[None, :, a:b], ks[None, :, a:b], ks[None, :, a:b], scaling, True)
+        group_lse[:, a:b] = part[0]
+        a = b
+    norm = lse[:, queries]  # (H, T)
+    mass = (group_lse - norm).exp_()  # the weight on the keys after copies 0..a-1
+    adjacent = (keys == queries).nonzero()[:, 0]  # copy a - 1 right before copy a: key a - 1 is the query
+    if len(adjacent):
+        groups_per_kv = n_heads // k.shape[0]
+        diagonal = (qs[:, adjacent].float() * ks[:, adjacent].float().repeat_interleave(groups_per_kv, 0)).sum(-1)
+        mass[:, adjacent] -= (diagonal * scaling - norm[:, adjacent]).exp()
+    return mass.double().sum(-1).cpu()
+
+
+def _group_blocks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, pos: torch.Tensor, scaling: float,
+                  softcap: float | None, cells: int) -> torch.Tensor:
+    """(H,) float64: one token's induction mass as dense blocks of its queries x its keys (soft-capped
+    logits, other devices), a chunk of rows at a time."""
+    n_heads, _n, dh = q.shape
+    hkv = k.shape[0]
+    groups = n_heads // hkv
+    total = torch.zeros(n_heads, dtype=torch.float64)
+    m = len(pos)
+    keys = k[:, pos[:-1] + 1].float()  # (Hkv, m - 1, dh): key j + 1 after each copy j but the last
+    rows = max(1, cells // max(1, n_heads * m))
+    for a in range(1, m, rows):  # the first copy has no earlier one
+        b = min(m, a + rows)
+        qs = q[:, pos[a:b]].float().view(hkv, groups * (b - a), dh)  # (Hkv, g r, dh)
+        z = _logits(torch.matmul(qs, keys[:, : b - 1].transpose(-1, -2)), scaling, softcap)  # copies j < i
+        z = z.view(-1, b - a, b - 1)  # (H, r, b - 1)
+        follows = (pos[None, : b - 1] + 1) < pos[a:b, None]  # (r, b - 1): key j + 1 before query i
+        w = (z - lse[:, pos[a:b], None]).exp_().masked_fill_(~follows, 0.0)
+        total += w.double().sum((-1, -2)).cpu()
     return total
 
 
@@ -147,15 +197,18 @@ def prev_first_sums(
     scaling: float,
     softcap: float | None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(H,) float64 each: the weights (i, i - 1) and (i, 0) summed over the queries i >= 1."""
-    n = q.shape[1]
+    """(H,) float64 each: the weights (i, i - 1) and (i, 0) summed over the queries i >= 1: O(n d)."""
+    n_heads, n, dh = q.shape
+    hkv = k.shape[0]
     if n < 2:
-        zero = torch.zeros(q.shape[0], dtype=torch.float64)
+        zero = torch.zeros(n_heads, dtype=torch.float64)
         return zero, zero.clone()
-    rows = torch.arange(1, n, device=q.device)
-    both = pair_weights(q, k, lse, torch.cat([rows, rows]), torch.cat([rows - 1, torch.zeros_like(rows)]),
-                        scaling=scaling, softcap=softcap).double()  # (H, 2 (n - 1))
-    return both[:, : n - 1].sum(-1).cpu(), both[:, n - 1 :].sum(-1).cpu()
+    qs = q[:, 1:].float().reshape(hkv, n_heads // hkv, n - 1, dh)  # (Hkv, g, n - 1, dh): queries i >= 1
+    kf = k.float()
+    prev = _logits((qs * kf[:, None, :-1]).sum(-1).reshape(n_heads, n - 1), scaling, softcap)  # (H, n - 1)
+    first = _logits(torch.matmul(qs, kf[:, None, 0, :, None]).reshape(n_heads, n - 1), scaling, softcap)
+    norm = lse[:, 1:]
+    return (prev - norm).exp().double().sum(-1).cpu(), (first - norm).exp().double().sum(-1).cpu()
 
 
 def row_max_logits(

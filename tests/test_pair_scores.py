@@ -75,32 +75,37 @@ def _block_induction(w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return acc.induction
 
 
+@pytest.mark.parametrize("softcap", [None, 2.0])  # the fused kernel per token; soft-capped: dense blocks
 @pytest.mark.parametrize("case", ["mixed", "one repeated token", "no repeats"])
-def test_induction_over_pairs_equals_the_block_einsum(case: str) -> None:
+def test_induction_over_pairs_equals_the_block_einsum(case: str, softcap: float | None) -> None:
     n = 200
-    if case == "mixed":  # tokens with a few copies (the flat pairs) and two with many (dense blocks)
+    if case == "mixed":  # tokens with a few copies (batched chunks) and two with many, some copies adjacent
         gen = torch.Generator().manual_seed(2)
         ids = torch.randint(0, 30, (n,), generator=gen)
-        ids[::4], ids[1::9] = 100, 101
+        ids[::4], ids[1::9], ids[2::9] = 100, 101, 101
     elif case == "one repeated token":  # n²/2 pairs: computed in bounded chunks
         ids = torch.full((n,), 7)
     else:
         ids = torch.arange(n)
     q, k = qk(n, seed=3)
-    w, lse = dense(q, k, 0.5)
+    w, lse = dense(q, k, 0.5, softcap)
     pairs = pair_scores.InductionPairs.of(ids)
     follows = (ids[None, :n - 1] == ids[:, None]) & torch.ones(n, n - 1, dtype=torch.bool).tril(-2)  # (i, j)
     assert pairs.count == int(follows.sum())
-    got = pair_scores.induction_sums(q, k, lse, pairs, scaling=0.5, softcap=None, cells=H * 64 * 64)
+    got = pair_scores.induction_sums(q, k, lse, pairs, scaling=0.5, softcap=softcap, cells=H * 64 * 64)
     torch.testing.assert_close(got, _block_induction(w, ids), atol=1e-5, rtol=1e-6)
     if case == "one repeated token":
-        assert pairs.groups and not len(pairs.queries)  # the dense-block path, not n²/2 listed pairs
+        assert pairs.groups and not len(pairs.queries)  # the dense-block path, not n²/2 pairs in chunks
+    else:
+        assert not pairs.groups or case == "mixed"
+    assert sorted(zip(*(t.tolist() for t in pairs.pairs()), strict=True)) == sorted(
+        (int(i), int(j) + 1) for i, j in follows.nonzero().tolist())
 
 
 def test_induction_pairs_are_the_definition() -> None:
     ids = torch.tensor([5, 6, 7, 5, 6, 7, 5, 5])
-    pairs = pair_scores.InductionPairs.of(ids)
-    got = sorted(zip(pairs.queries.tolist(), pairs.keys.tolist(), strict=True))
+    queries, keys = pair_scores.InductionPairs.of(ids).pairs()
+    got = sorted(zip(queries.tolist(), keys.tolist(), strict=True))
     # query i, key j + 1 for every earlier copy j of token i with j + 1 < i
     want = sorted((i, j + 1) for i in range(8) for j in range(i) if ids[j] == ids[i] and j + 1 < i)
     assert got == want
