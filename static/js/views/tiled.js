@@ -226,7 +226,7 @@ export class TileView {
     this.controller = controller;
     const asked = performance.now();
     return new Promise((resolve, reject) => {
-      this.timer = setTimeout(async () => {
+      const fetchAndDraw = async () => {
         try {
           const { run, layer, head, extent, zoom, pool } = view;
           const clamp = (v) => Math.max(0, Math.min(extent - 1, v));
@@ -250,7 +250,11 @@ export class TileView {
           this.onError(err);
           reject(err);
         }
-      }, delay);
+      };
+      // a drag or the range boxes ask at once (no timer hop that could wait behind a frame being
+      // rendered); a wheel burst waits `delay` ms for its last step
+      if (delay > 0) this.timer = setTimeout(fetchAndDraw, delay);
+      else fetchAndDraw();
     });
   }
 }
