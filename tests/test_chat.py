@@ -69,6 +69,8 @@ def test_the_explorer_offers_the_chat_form_for_a_model_with_a_template(chat_clie
     with serve(create_app(Settings(models={}, default_model="chatty"), engine)) as url:
         page.goto(url + "/")  # type: ignore[attr-defined]
         picker = page.get_by_test_id("model-picker")  # type: ignore[attr-defined]
+        # the menu is filled once /api/models answers (after the page's load event)
+        page.wait_for_function("() => document.querySelector('[data-testid=model-picker]').options.length > 0")  # type: ignore[attr-defined]
         assert "float32 on cpu" in picker.inner_text()
         toggle = page.get_by_test_id("chat-toggle")  # type: ignore[attr-defined]
         toggle.wait_for(state="visible")
