@@ -383,6 +383,7 @@ export default {
  "attr.bias": "Attention 偏置",
  "attr.title": "对 {what} 的直接贡献",
  "attr.summary": "{what} = {logit} = Embedding {embed} + 各个头 + 偏置 + 各层 FFN + 最终归一化的平移 {shift}（浮点残差 {residue}）。这个位置上最终归一化的缩放系数被固定，所以各项正好相加。点击一个头可以选中它。",
+ "x.sparsity.busy": "正在计算稀疏度：{n} 个 token 上每个头的每个格子…",
  "attr.note": " 注：{note}。",
  "attr.final": "在 LM Head 之后，模型{steps}；这里分解的 logit 是这一步之前的值",
  "attr.final.and": "，然后",

@@ -472,7 +472,7 @@ async function loadRun(run, initial = {}) {
   await pause("next");
   if (state.run !== run) return;
   drawNextSoon();
-  loadSparsity(run);
+  if (run.tokens.length <= SPARSITY_AUTO_MAX) loadSparsity(run);
   tools.update("run", state);
   if (initial.steps) {
     const tl = $("#timeline");
@@ -483,15 +483,27 @@ async function loadRun(run, initial = {}) {
   }
 }
 
-async function loadSparsity(run) {
-  try {
-    const { heads } = await getJSON(`/api/runs/${encodeURIComponent(run.run_id)}/sparsity`);
-    if (state.run !== run) return;
-    heads.forEach((s, i) => Object.assign(run.heads[i], s));
-    grid.annotate(run);
-  } catch (err) {
-    report(err);
+// Sparsity (top-1 / top-5 mass, keys for 90 %) reads every cell of every head again: on a
+// long run (16k tokens: about a minute of CPU) it is asked for only when a sort needs it, so
+// that it never competes with the overview and the zoom tiles.
+const SPARSITY_AUTO_MAX = 2048;
+const SPARSITY_SORTS = new Set(["top1", "keys_90"]);
+const sparsityAsked = new WeakMap(); // run -> the one request for its sparsity
+
+function loadSparsity(run) {
+  if (!sparsityAsked.has(run)) {
+    sparsityAsked.set(run, (async () => {
+      try {
+        const { heads } = await getJSON(`/api/runs/${encodeURIComponent(run.run_id)}/sparsity`);
+        heads.forEach((s, i) => Object.assign(run.heads[i], s));
+        if (state.run === run) grid.annotate(run);
+      } catch (err) {
+        sparsityAsked.delete(run); // a later sort may ask again
+        report(err);
+      }
+    })());
   }
+  return sparsityAsked.get(run);
 }
 
 // ---- generate -------------------------------------------------------------------------------
@@ -690,8 +702,16 @@ async function init() {
   $("#layer-picker").addEventListener("change", (ev) => selectHead(Number(ev.target.value), state.head));
   $("#head-picker").addEventListener("change", (ev) => selectHead(state.layer, Number(ev.target.value)));
   $("#colour-scale").addEventListener("change", safely((ev) => { set({ colour: ev.target.value }); return state.run && drawHead(); }));
-  $("#grid-sort").addEventListener("change", safely((ev) => {
+  $("#grid-sort").addEventListener("change", safely(async (ev) => {
     set({ sort: ev.target.value });
+    const run = state.run;
+    if (run && SPARSITY_SORTS.has(state.sort) && run.heads[0]?.top1 === undefined) {
+      const note = $("#sparsity-status");
+      note.textContent = t("x.sparsity.busy", { n: run.tokens.length });
+      note.hidden = false;
+      try { await loadSparsity(run); } finally { note.hidden = true; }
+      if (state.run !== run) return;
+    }
     if (state.run) grid.render(state.run, state.sort, state, state.model);
     toURL();
   }));

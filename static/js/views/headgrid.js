@@ -140,7 +140,8 @@ export class HeadGrid {
       const cell = el("button", {
         type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",
         title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
-        dataset: { testid: "head-cell", layer: String(s.layer), head: String(s.head) },
+        dataset: { testid: "head-cell", layer: String(s.layer), head: String(s.head),
+                   ...(s.keys_90 === undefined ? {} : { keys90: fmt(s.keys_90, 1) }) },
         "aria-label": t("x.grid.cell_aria", { layer: s.layer, head: s.head, entropy: fmt(s.entropy, 2) }),
         tabindex: "-1",
         onclick: () => this.onSelect(s.layer, s.head),
