@@ -21,7 +21,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -274,7 +274,8 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
     device = resolve_device(placement.device)
     dtype = resolve_dtype(placement.dtype, device, getattr(config, "dtype", None))
     capture.register()
-    kwargs: dict[str, object] = {"attn_implementation": spec.attn_implementation, "dtype": dtype}
+    # Any: transformers >= 5.25 types each keyword of from_pretrained, and these vary by key
+    kwargs: dict[str, Any] = {"attn_implementation": spec.attn_implementation, "dtype": dtype}
     if placement.device_map is not None:
         if importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError("ATTNSCOPE_DEVICE_MAP=auto needs accelerate: pip install 'attnscope[multi-gpu]' "
