@@ -132,12 +132,12 @@ _SAID = {"multiply": "multiplies them by {v} ({s})", "divide": "divides them by 
          "softcap": "soft-caps them (tanh(x / {v}) * {v})"}
 
 
-def final_transform(lm: LoadedModel) -> str | None:
-    """What the family does to its logits after the LM head, in English words; None when nothing."""
-    steps = [_SAID[st.op].format(v=f"{st.value:g}", s=st.setting) for st in final_steps(lm)]
-    if not steps:
+def final_transform(steps: list[FinalStep]) -> str | None:
+    """``final_steps`` in English words; None when there are none."""
+    said = [_SAID[st.op].format(v=f"{st.value:g}", s=st.setting) for st in steps]
+    if not said:
         return None
-    return f"after the LM head the model {' and '.join(steps)}; the attributed logit is the one before that"
+    return f"after the LM head the model {' and '.join(said)}; the attributed logit is the one before that"
 
 
 def _linear_map(module: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -232,5 +232,6 @@ def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int
             terms.append(Term("mlp", layer, None, float(frozen.linear(cache.mlp_out[layer][position]) @ u)))
         terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
     error = logit - math.fsum(t.value for t in terms)
+    steps = final_steps(lm)
     return Attribution(position=position, token=token, token_b=token_b, logit=logit, terms=terms,
-                       error=error, final_transform=final_transform(lm), final_steps=final_steps(lm))
+                       error=error, final_transform=final_transform(steps), final_steps=steps)
