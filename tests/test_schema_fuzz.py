@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -15,7 +17,9 @@ from app.settings import Settings
 from model.loading import load_model
 from tests.conftest import make_engine, save_tiny
 
-_folder = save_tiny("gpt2", Path(tempfile.mkdtemp(prefix="attnscope-fuzz-")) / "gpt2")
+_tmp = Path(tempfile.mkdtemp(prefix="attnscope-fuzz-"))
+atexit.register(shutil.rmtree, _tmp, ignore_errors=True)  # made at import: no fixture to clean it
+_folder = save_tiny("gpt2", _tmp / "gpt2")
 _engine = make_engine({"tiny-gpt2": load_model("tiny-gpt2", str(_folder))}, "tiny-gpt2")
 _app = create_app(Settings(models={}, default_model="tiny-gpt2", max_body_bytes=64 * 1024), _engine)
 schema = schemathesis.openapi.from_asgi("/openapi.json", _app)
