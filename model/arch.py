@@ -42,6 +42,10 @@ ValueLayout = Literal["fused_gpt2", "fused_neox", "fused_grouped", "separate"]
 # "interface": attention through AttentionInterface (attn_implementation="attnscope");
 # "module": the family's own attention code, eager, read from the attention module's output[1]
 Capture = Literal["interface", "module"]
+# how an interface family gets its mask: "lazy" = attnscope's LazyMask (rows built on demand); "dense" =
+# transformers' boolean mask tensor, for a model that builds on it (ALiBi Falcon adds its position bias
+# into the mask): the capture adds the model's additive mask and reads it back as causal + per-key bias
+MaskKind = Literal["lazy", "dense"]
 
 
 class UnsupportedArchitecture(ValueError):
@@ -66,6 +70,7 @@ class ArchSpec:
     mlp_params: tuple[str, ...] = ("mlp.",)  # parameter-name prefixes of the MLP, for parameter counts
     causal: bool = True
     capture: Capture = "interface"
+    mask: MaskKind = "lazy"
     position_embeddings: str | None = None  # learned position table, if any
     after_final_norm: str | None = None  # a module between the final norm and the LM head (OPT's project_out)
     residual_scale: str | None = None  # config attribute scaling each sublayer's contribution (granite)
@@ -78,7 +83,9 @@ class ArchSpec:
 
     @property
     def attn_implementation(self) -> str:
-        return "attnscope" if self.capture == "interface" else "eager"
+        if self.capture == "module":
+            return "eager"
+        return "attnscope_dense_mask" if self.mask == "dense" else "attnscope"
 
 
 def _decoder(**kw: object) -> ArchSpec:
@@ -128,7 +135,7 @@ SPECS: dict[str, ArchSpec] = {
     "falcon": ArchSpec(blocks="transformer.h", attn="self_attention", out_proj="self_attention.dense",
                        values="self_attention.query_key_value", value_layout="fused_grouped",
                        attn_out="self_attention", mlp_out="mlp", final_norm="transformer.ln_f",
-                       position_encoding="rotary", residual="parallel", capture="module", mutates_mlp_out=True),
+                       position_encoding="rotary", residual="parallel", mutates_mlp_out=True),
     "llama": _decoder(),
     "mistral": _decoder(),
     "mixtral": _decoder(),
@@ -180,8 +187,9 @@ def spec_for(config: PretrainedConfig) -> ArchSpec:
         spec = dataclasses.replace(spec, residual="post_norm", post_norms=("self_attn_layer_norm", "final_layer_norm"))
     if kind == "falcon":
         parallel = getattr(config, "parallel_attn", True) or getattr(config, "new_decoder_architecture", False)
+        alibi = bool(getattr(config, "alibi", False))  # FalconModel adds the ALiBi bias into the mask tensor
         spec = dataclasses.replace(spec, residual="parallel" if parallel else "pre_norm",
-                                   position_encoding="alibi" if getattr(config, "alibi", False) else "rotary")
+                                   position_encoding="alibi" if alibi else "rotary", mask="dense" if alibi else "lazy")
     if kind == "bloom" and getattr(config, "apply_residual_connection_post_layernorm", False):
         raise UnsupportedArchitecture("BLOOM with apply_residual_connection_post_layernorm=True is not supported")
     return spec

@@ -10,7 +10,9 @@ which ``estimate`` returns exactly (``tests/test_admission.py`` checks it agains
 The forward's peak adds, on top of what it keeps, the model's own activations for n tokens
 (a few (n, d) and (n, d_mlp) tensors), one block of attention weights (``BLOCK_CELLS`` per
 tensor, a handful alive at once), the last position's logits, and — for families read from
-their module in eager mode (gpt_neo, bloom, falcon) — their own (H, n, n) weights of one layer.
+their module in eager mode (gpt_neo, bloom) — their own (H, n, n) weights of one layer — and for
+a model that builds its own additive mask (ALiBi Falcon, ``ArchSpec.mask == "dense"``) that
+(1, H, n, n) mask with the boolean masks it is made from, alive for the whole forward.
 
 ``MemoryBudget`` holds the bytes of every forward in flight (its peak): a request whose peak
 alone exceeds the budget is refused (413), one that fits later waits until enough of the
@@ -60,6 +62,8 @@ def estimate(lm: LoadedModel, n: int, top_k: int) -> Estimate:
     attention = 6 * 4 * BLOCK_CELLS
     if lm.spec.capture == "module":
         attention += 3 * 4 * heads * n * n  # the family's own eager weights, one layer at a time
+    if lm.spec.mask == "dense":
+        attention += 4 * (heads + 1) * n * n + 2 * n * n  # the model's additive mask and what it is built from
     logits = 3 * 4 * 64 * info.vocab_size  # predictions read 64 positions' logits at a time
     return Estimate(n=n, keep=keep, peak=keep + activations + attention + logits)
 

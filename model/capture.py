@@ -28,7 +28,13 @@ materialises only the rows asked for, with transformers' own ``sdpa_mask``. A la
 therefore never needs its n x n mask at once, and a kept :class:`AttentionCall`
 can rebuild any rows of any head later (``model.attention``).
 
-Families whose attention does not go through the interface (gpt_neo, bloom, falcon)
+A model that builds on the mask tensor itself (ALiBi Falcon adds its position bias into it) is
+loaded as ``attnscope_dense_mask``: the same attention function, with transformers' boolean mask
+tensor. The additive mask it then passes is added to the logits as its eager code adds it, and
+read back as the causal :class:`LazyMask` plus a per-key bias (every row's visible cells hold
+the same bias per key; checked block by block).
+
+Families whose attention does not go through the interface (gpt_neo, bloom)
 are loaded with eager attention and captured from their attention module's output
 instead (``ArchSpec.capture == "module"``): their Q and K are read from the module's own
 projections (``model.module_qk``) and the weights recomputed after the forward.
@@ -36,6 +42,7 @@ projections (``model.module_qk``) and the weights recomputed after the forward.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,6 +55,7 @@ from transformers.masking_utils import AttentionMaskInterface, causal_mask_funct
 from transformers.utils.output_capturing import _active_collector
 
 IMPLEMENTATION = "attnscope"
+DENSE_MASK_IMPLEMENTATION = "attnscope_dense_mask"  # the same attention, transformers' mask tensor
 BLOCK_CELLS = 1 << 21  # heads x rows x keys of one block of attention weights (8 MiB of float32)
 
 
@@ -112,11 +120,14 @@ class LazyMask:
         return LazyMask(kwargs=kwargs, q_length=n, kv_length=n, q_offset=0)
 
     @staticmethod
-    def over(n: int, mask_function: Callable[..., bool], device: torch.device) -> LazyMask:
-        """A mask over n positions from a transformers mask function (families read from their module)."""
-        kwargs: dict[str, Any] = {"batch_size": 1, "q_length": n, "kv_length": n, "kv_offset": 0,
+    def over(n: int, mask_function: Callable[..., bool], device: torch.device, queries: int | None = None
+             ) -> LazyMask:
+        """A mask over n positions from a transformers mask function, for the last ``queries`` of them
+        (all n by default): families read from their module, a model's own additive mask."""
+        q = n if queries is None else queries
+        kwargs: dict[str, Any] = {"batch_size": 1, "q_length": q, "kv_length": n, "kv_offset": 0,
                                   "mask_function": mask_function, "attention_mask": None, "device": device}
-        return LazyMask(kwargs=kwargs, q_length=n, kv_length=n, q_offset=0)
+        return LazyMask(kwargs=kwargs, q_length=q, kv_length=n, q_offset=n - q)
 
 
 def _lazy_mask(**kwargs: Any) -> LazyMask:
@@ -153,6 +164,7 @@ class AttentionCall:
     sliding_window: int | None
     groups: int  # query heads per K/V head
     mask: LazyMask
+    bias: torch.Tensor | None = None  # (H, kv) float32 per-key logit bias read from a model's additive mask
 
 
 def visible_span(allowed: torch.Tensor) -> tuple[int, int]:
@@ -239,6 +251,39 @@ def flash_attention(
     return out, lse
 
 
+class AdditiveMask:
+    """A model's additive float mask (B, H or 1, q, kv) read as the causal mask plus a per-key bias.
+
+    ALiBi Falcon's: its bias (slope_h x key position, scaled) where a key is visible, finfo.min where
+    not. ``bias`` is the last query's row (it sees every key of a causal mask); each block of rows is
+    checked against the causal mask and that bias as it passes, and ``exact`` says whether all matched."""
+
+    def __init__(self, mask: torch.Tensor, n_heads: int) -> None:
+        self.mask = mask
+        q_len, kv_len = mask.shape[-2], mask.shape[-1]
+        self.causal = LazyMask.over(kv_len, causal_mask_function, mask.device, queries=q_len)
+        last = mask[0, :, -1].float()  # (H or 1, kv)
+        self.bias: torch.Tensor | None = last.expand(n_heads, -1).contiguous() if bool(last.any()) else None
+        self.exact = True
+
+    def rows(self, q0: int, q1: int, lo: int, hi: int) -> torch.Tensor:
+        """(B, H or 1, r, w) float32: what the model adds to the logits of rows [q0, q1) over keys [lo, hi)."""
+        return self.mask[:, :, q0:q1, lo:hi].float()
+
+    def check(self, q0: int, q1: int, allowed: torch.Tensor, lo: int, added: torch.Tensor) -> None:
+        """Rows [q0, q1): visible keys ``allowed`` (B, r, kv) and the values ``added`` (B, H or 1, r, w)
+        over keys [lo, lo + w): are they the causal mask's, and the bias on every visible key?"""
+        if not self.exact:
+            return
+        if not torch.equal(self.causal.rows(q0, q1), allowed[:1]):
+            self.exact = False
+            return
+        hi = lo + added.shape[-1]
+        bias = (self.bias[None, :, None, lo:hi] if self.bias is not None
+                else torch.zeros((), dtype=added.dtype, device=added.device))
+        self.exact = bool(torch.where(allowed[:1, None, :, lo:hi], added[:1], bias).eq(bias).all())
+
+
 def can_fuse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float | None) -> bool:
     """The fused kernel computes this layer as the eager code does: float32 on the CPU, no soft-cap,
     values as wide as the keys (a soft-capped family, another dtype or device runs the block path)."""
@@ -264,19 +309,25 @@ def attnscope_attention(
     soft-cap, then mask, softmax in float32; grouped K/V heads expanded with
     ``repeat_interleave``, never tiled), multiplied into the values, handed to the active
     capture (if any) with their log-sum-exp, and dropped: the layer never holds its H x n x n
-    weights at once. Returns (output (B, q, H, dv) in the value's dtype, None): like SDPA, it
+    weights at once. A model's own additive mask is added after the scale (and soft-cap), as its
+    eager code adds it, and kept as the causal mask plus a per-key bias (``AdditiveMask``).
+    Returns (output (B, q, H, dv) in the value's dtype, None): like SDPA, it
     returns no weights — a kept run rebuilds them from Q and K (``model.attention``) — unless
     the caller asked the model for ``output_attentions``: then (B, H, q, kv) in the query's dtype,
     as eager attention returns them.
     """
     batch, n_heads, q_len, d_head = query.shape
     kv_len = key.shape[2]
+    additive = None  # a model's own additive mask (ALiBi Falcon's), read as causal + per-key bias
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.is_floating_point():
+        additive = AdditiveMask(attention_mask, n_heads)
     call = AttentionCall(
         scaling=float(d_head**-0.5 if scaling is None else scaling),
         softcap=float(softcap) if softcap else None,
         sliding_window=sliding_window,
         groups=n_heads // key.shape[1],
-        mask=attention_mask,
+        mask=attention_mask if additive is None else additive.causal,
+        bias=None if additive is None else additive.bias,
     )
     target = _ACTIVE.get(id(module))  # a plain dict read: atomic under the GIL
     if target is not None and batch != 1:
@@ -302,13 +353,17 @@ def attnscope_attention(
         q1 = min(q_len, q0 + step)
         allowed = mask_rows(attention_mask, q0, q1, kv_len, query.device)  # (B or 1, r, kv)
         lo, hi = (0, kv_len) if allowed is None else visible_span(allowed)  # keys any of these rows sees
-        if allowed is not None:
-            allowed = allowed[..., lo:hi]
         logits = torch.matmul(query[:, :, q0:q1].float(), k[:, :, lo:hi].transpose(-1, -2))  # (B, H, r, w)
         logits.mul_(call.scaling)
         if call.softcap is not None:
             logits = torch.tanh(logits.div_(call.softcap)).mul_(call.softcap)
+        if additive is not None:
+            added = additive.rows(q0, q1, lo, hi)  # (B, H or 1, r, w)
+            logits.add_(added)
+            if target is not None and allowed is not None:
+                additive.check(q0, q1, allowed, lo, added)
         if allowed is not None:
+            allowed = allowed[..., lo:hi]
             logits.masked_fill_(~allowed.unsqueeze(1), float("-inf"))
         lse = logits.logsumexp(-1)  # (B, H, r)
         parts.append(lse)
@@ -327,6 +382,8 @@ def attnscope_attention(
     if target is not None:
         sink, layer = target
         lse_all = torch.cat(parts, dim=-1) if parts else torch.empty(batch, n_heads, 0)  # (B, H, q)
+        if additive is not None and not additive.exact:  # not causal + a per-key bias: the sink refuses it
+            call = dataclasses.replace(call, mask=attention_mask, bias=None)
         sink.attention(layer, query[0].detach(), key[0].detach(), lse_all[0], call, blocks=True)
     return output.transpose(1, 2), every
 
@@ -335,10 +392,13 @@ _REGISTER_LOCK = threading.Lock()
 
 
 def register() -> None:
-    """Make ``attn_implementation="attnscope"`` available (idempotent)."""
+    """Make ``attn_implementation="attnscope"`` (and ``"attnscope_dense_mask"``) available (idempotent)."""
     with _REGISTER_LOCK:
         if IMPLEMENTATION not in AttentionInterface._global_mapping:
             AttentionInterface.register(IMPLEMENTATION, attnscope_attention)
             AttentionMaskInterface.register(IMPLEMENTATION, _lazy_mask)
+        if DENSE_MASK_IMPLEMENTATION not in AttentionInterface._global_mapping:
+            AttentionInterface.register(DENSE_MASK_IMPLEMENTATION, attnscope_attention)
+            AttentionMaskInterface.register(DENSE_MASK_IMPLEMENTATION, sdpa_mask)
 
 

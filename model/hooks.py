@@ -121,7 +121,7 @@ class Captures(dict[str, torch.Tensor]):
             acc.add_sums(prev=prev, first=first, induction=induction)
             self.accumulators[layer] = acc
         self.records[layer] = LayerRecord(q=q.float(), k=added, lse=lse, scaling=call.scaling,
-                                          softcap=call.softcap, groups=call.groups, bias=None, mask=mask)
+                                          softcap=call.softcap, groups=call.groups, bias=call.bias, mask=mask)
 
     def module_attention(self, layer: int, qk: ModuleQK) -> None:
         """A module-read family's Q and K (model.module_qk), from the attention module's input."""

@@ -338,8 +338,7 @@ def describe(name: str, model: PreTrainedModel, spec: ArchSpec,
     d_head = _first_attr(cfg, "head_dim") or d_model // n_heads
     d_mlp = _first_attr(cfg, "intermediate_size", "n_inner", "ffn_dim", "hidden_dim") or 4 * d_model
     n_kv = _first_attr(cfg, "num_key_value_heads", "num_kv_heads") or n_heads
-    if spec.capture == "module" and getattr(cfg, "multi_query", False) and not getattr(
-            cfg, "new_decoder_architecture", False):
+    if getattr(cfg, "multi_query", False) and not getattr(cfg, "new_decoder_architecture", False):
         n_kv = 1  # Falcon's multi-query attention
     embed = input_embeddings(model)
     return ModelInfo(

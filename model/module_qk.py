@@ -1,21 +1,19 @@
 """Q and K of the families whose attention does not go through transformers' AttentionInterface.
 
-gpt_neo, bloom and falcon compute attention in their own module (eager). A forward pre-hook on
-that module reads its input and runs the module's *own* projection and head split (and, for
-Falcon with rotary positions, its rotary embedding), so the kept Q and K are what its attention
-multiplies; what their maths adds is stated per family:
+gpt_neo and bloom compute attention in their own module (eager). A forward pre-hook on
+that module reads its input and runs the module's *own* projection and head split, so the kept
+Q and K are what its attention multiplies; what their maths adds is stated per family:
 
 * gpt_neo — no scaling (1.0), causal; "local" layers see the last ``window_size`` keys
   (``bias ^ tril(bias, -window_size)``: key j > i - window_size);
-* bloom   — ALiBi: logits = inv_norm_factor x q.k + slope_h x key position (``alibi`` argument);
-* falcon  — rotary: q.k / sqrt(dh); ALiBi: (q.k + alibi) x inv_norm_factor + the additive mask,
-  which FalconModel builds from the same ALiBi bias / sqrt(hidden / heads). Multi-query and
-  grouped K/V heads are read per K/V head.
+* bloom   — ALiBi: logits = inv_norm_factor x q.k + slope_h x key position (``alibi`` argument).
+
+Falcon went through its own module too until transformers 5.25, which routes it through the
+attention interface (``model.capture``; its ALiBi bias arrives in the additive mask).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,30 +62,4 @@ def bloom(attn: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Mod
                     mask_function=causal_mask_function)
 
 
-def falcon(attn: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ModuleQK:
-    module: Any = attn  # the family's attention module: its own methods and attributes (untyped)
-    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
-
-    hidden = _hidden(args, kwargs)
-    q, k, _v = module._split_heads(module.get_submodule("query_key_value")(hidden))  # (1, r, heads, dh)
-    n_heads, d_head = int(module.num_heads), int(module.head_dim)
-    n_kv = n_heads if module.new_decoder_architecture else int(module.num_kv_heads)
-    r = q.shape[1]
-    q = q.transpose(1, 2).reshape(1, n_heads, r, d_head)
-    k = k.transpose(1, 2).reshape(1, n_kv, r, d_head)
-    alibi = kwargs.get("alibi", args[1] if len(args) > 1 else None)
-    if alibi is None:
-        cos, sin = kwargs["position_embeddings"]
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        return ModuleQK(q=q[0].float(), k=k[0].float(), bias=None, scaling=1.0 / math.sqrt(d_head),
-                        groups=n_heads // n_kv, mask_function=causal_mask_function)
-    scale = float(module.inv_norm_factor)
-    # (q.k + alibi) x scale + mask, and FalconModel builds that additive mask from the ALiBi bias
-    # itself (alibi / sqrt(hidden / heads) where visible): the bias counts twice, as the model has it
-    again = 1.0 / math.sqrt(int(module.config.hidden_size) // n_heads)
-    bias = alibi.reshape(n_heads, -1).float() * (scale + again)  # (H, kv)
-    return ModuleQK(q=q[0].float(), k=k[0].float(), bias=bias, scaling=scale, groups=n_heads // n_kv,
-                    mask_function=causal_mask_function)
-
-
-READERS = {"gpt_neo": gpt_neo, "bloom": bloom, "falcon": falcon}
+READERS = {"gpt_neo": gpt_neo, "bloom": bloom}

@@ -128,10 +128,11 @@ def test_which_masks_the_fused_kernel_takes() -> None:
                 attention_mask=padded).fused_causal() is None
 
 
-@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "gpt2", "mistral", "falcon", "falcon-rotary-gqa"])
 def test_scores_of_a_captured_forward_equal_the_dense_patterns(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """End to end: the fused forward (llama, gpt2) and the block path (mistral's window) give the head
-    scores of output_attentions, over a prompt with repeats longer than a flat-pair group."""
+    """End to end: the fused forward (llama, gpt2, rotary Falcon) and the block path (mistral's window,
+    ALiBi Falcon's additive mask) give the head scores of output_attentions, over a prompt with repeats
+    longer than a flat-pair group."""
     fam = next(f for f in FAMILIES if f.id == family)
     model = fam.build("eager")
     ids = torch.tensor(([7] * 40 + list(range(20, 60)) + [9, 10, 11] * 12)[:120])
@@ -147,7 +148,8 @@ def test_scores_of_a_captured_forward_equal_the_dense_patterns(family: str, monk
     monkeypatch.setattr(capture, "flash_attention", counted)
     with lm.lock:
         acts = run_with_cache(lm, ids, scores=True)
-    assert len(fused) == (0 if family == "mistral" else lm.info.n_layers)  # a sliding window: the block path
+    block_path = family in ("mistral", "falcon")  # a sliding window, an additive mask: the block path
+    assert len(fused) == (0 if block_path else lm.info.n_layers)
     assert acts.head_scores is not None and {"forward", "exact_scores"} <= set(acts.timing_ms)
     want = [s for i, a in enumerate(ref) for s in analysis.head_scores(i, a[0].float(), ids)]
     for got_s, want_s in zip(acts.head_scores, want, strict=True):
