@@ -273,7 +273,7 @@ def card_tables(stats: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_curve(training: dict[str, Any], path: Path) -> None:
+def plot_curve(training: dict[str, Any], path: Path, card_bpb: float | None = None) -> None:
     """Held-out loss and bits per byte over tokens seen; beside it, the head probes over training."""
     import matplotlib
 
@@ -290,7 +290,11 @@ def plot_curve(training: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("cross-entropy (nats per token)")
     ax.grid(alpha=0.3)
     twin = ax.twinx()
-    twin.plot(tokens, [c["heldout_bpb"] for c in curve], color="tab:orange", marker=".", label="held-out bits/byte")
+    twin.plot(tokens, [c["heldout_bpb"] for c in curve], color="tab:orange", marker=".",
+              label="held-out bits/byte as logged (8 windows)")
+    if card_bpb is not None:  # the card's own figure: every held-out document from its first token
+        twin.plot([tokens[-1]], [card_bpb], color="tab:orange", marker="*", markersize=11, linestyle="none",
+                  label=f"this card's measure: {card_bpb:.3f}")
     twin.axhline(1.6, color="tab:orange", linestyle=":", linewidth=0.8)
     twin.set_ylabel("bits per byte")
     lines = ax.get_legend_handles_labels()
@@ -335,7 +339,7 @@ def main() -> None:
     stats = measure(args.folder, args.corpus, args.windows)
     (args.folder / "measurements.json").write_text(json.dumps(stats, indent=1, ensure_ascii=False))
     training = json.loads((args.folder / "training.json").read_text())
-    plot_curve(training, args.folder / "training_curve.png")
+    plot_curve(training, args.folder / "training_curve.png", stats["heldout"]["bits_per_byte"])
     sources_path = args.corpus / "sources.json"
     if sources_path.exists():
         sources = json.loads(sources_path.read_text())
