@@ -94,10 +94,12 @@ def _analyze(args: argparse.Namespace) -> int:
         engine = Engine({name: lm}, name, RunStore(settings.cache_bytes), settings.max_tokens,
                   forward_bytes=settings.forward_bytes)
         result = engine.analyse(args.text, name, args.top_k)
+        cache = engine.wait_scores(result.run_id, None)  # a command prints every head score, complete
+        engine.close()
     except EngineError as exc:
         sys.stderr.write(f"attnscope: {exc}\n")
         return 1
-    out = run_out(result.run_id, result.cache)
+    out = run_out(result.run_id, cache)
     if args.json:
         sys.stdout.write(out.model_dump_json(indent=1) + "\n")
     else:

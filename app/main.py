@@ -52,9 +52,12 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
-        app.state.engine = engine or build_engine(settings)
+        built = app.state.engine = engine or build_engine(settings)
+        built.scores.pause = app.state.tiles.prefetch.wait_quiet  # late head scores yield to tile requests
         yield
         app.state.tiles.close()
+        if engine is None:  # an engine handed in may serve another app after this one
+            built.close()
         app.state.engine = None
 
     app = FastAPI(title="attnscope", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,

@@ -127,10 +127,12 @@ class PredictionOut(BaseModel):
 class HeadOut(BaseModel):
     layer: int
     head: int
-    entropy: float = Field(description="mean row entropy, nats (over up to 128 evenly spaced rows)")
+    entropy: float | None = Field(description="mean row entropy, nats, exact over every row; null while pending "
+                                              "(the run's scores_pending lists it)")
     prev_token: float = Field(description="mean attention from token i to i-1")
     first_token: float = Field(description="mean attention from token i to token 0 (sink)")
-    max: float = Field(description="mean over rows of the largest weight (same rows as entropy)")
+    max: float | None = Field(description="mean over rows of the largest weight, exact over every row; null while "
+                                          "pending (the run's scores_pending lists it)")
     induction: float | None = Field(description="mean attention to the token after an earlier copy of the query's "
                                                 "token; null without repeats")
 
@@ -160,6 +162,20 @@ class RunOut(BaseModel):
                                                          "forward; empty for encoders")
     heads: list[HeadOut]
     timing_ms: dict[str, float]
+    scores_pending: list[str] = Field(
+        default=[], description="head score fields still being computed after this response (\"entropy\", "
+                                "\"max\"): null in `heads` until then; GET /api/runs/{run_id}/heads returns them")
+
+
+class HeadsOut(BaseModel):
+    run_id: str
+    heads: list[HeadOut]
+    scores_pending: list[str] = Field(description="fields still being computed (null in `heads`); empty when complete")
+    timing_ms: dict[str, float] = Field(description="the run's timings; once complete also \"exact_scores\" (ms of "
+                                                    "the late sweep) and \"scores_ready\" (ms from the analyse's "
+                                                    "start until every score was in)")
+    error: str | None = Field(default=None, description="why the pending scores could not be computed, if they "
+                                                        "could not")
 
 
 class AttentionOut(BaseModel):

@@ -15,11 +15,16 @@ from model.loading import LMHead
 class HeadScore:
     layer: int
     head: int
-    entropy: float  # mean over query rows of the row's entropy, nats
+    entropy: float | None  # mean over query rows of the row's entropy, nats; None while pending
     prev_token: float  # mean attention from i to i-1 (i >= 1)
     first_token: float  # mean attention from i to token 0 (i >= 1): the "sink"
-    max: float  # mean over rows of the largest weight: how peaked the head is
+    max: float | None  # mean over rows of the largest weight: how peaked the head is; None while pending
     induction: float | None  # mean attention to the token after an earlier copy; None if no repeats
+
+
+# an accumulator's field -> the HeadScore field it fills
+SCORE_NAMES = {"entropy": "entropy", "peak": "max", "prev": "prev_token", "first": "first_token",
+               "induction": "induction"}
 
 
 @dataclass(frozen=True)
@@ -110,15 +115,18 @@ class ScoreAccumulator:
         ids = self.ids.cpu()[q0 : q0 + r]
         return self._first_seen[ids] + 1 < torch.arange(q0, q0 + r)
 
-    def finish(self, layer: int) -> list[HeadScore]:
+    def finish(self, layer: int, left: frozenset[str] = frozenset()) -> list[HeadScore]:
+        """Every head's scores. ``left``: fields ("entropy", "peak") not computed here but later (a fused
+        forward leaves them to ``model.late_scores``): None until then, never a partial sum."""
         n, m = self.n, max(self.n - 1, 1)
         out = []
         for h in range(len(self.entropy)):
             induction = float(self.induction[h] / self.induction_rows) if self.induction_rows else None
-            out.append(HeadScore(layer=layer, head=h, entropy=float(self.entropy[h] / n),
+            out.append(HeadScore(layer=layer, head=h,
+                                 entropy=None if "entropy" in left else float(self.entropy[h] / n),
                                  prev_token=float(self.prev[h] / m) if n > 1 else 0.0,
                                  first_token=float(self.first[h] / m) if n > 1 else 0.0,
-                                 max=float(self.peak[h] / n), induction=induction))
+                                 max=None if "peak" in left else float(self.peak[h] / n), induction=induction))
         return out
 
 

@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +17,9 @@ from model.budget import mib
 from model.errors import RunNotFound, TooLarge
 from model.names import parse
 from model.results import RunSummary
+
+if TYPE_CHECKING:
+    from model.late_scores import PendingScores
 
 
 def tril_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -44,7 +48,9 @@ class ActivationCache:
 
     ``summary`` holds what the run reports besides tensors (tokens, predictions, head
     scores); ``sparsity`` the head sparsity, once asked for. Only the store changes a
-    stored run (``RunStore.grow``), so its byte count stays exact.
+    stored run (``RunStore.grow``, ``RunStore.settle``), so its byte count stays exact.
+    ``pending`` is the work its head scores still owe (``model.late_scores``), or None: once
+    they are computed, ``settle`` swaps in the completed summary, in the bytes already counted.
     """
 
     model: str
@@ -61,6 +67,7 @@ class ActivationCache:
     sparsity: list[HeadSparsity] | None = None
     # what was attached after the run was stored (sparsity), counted by RunStore.grow
     extra_bytes: int = 0
+    pending: PendingScores | None = None
 
     @property
     def n(self) -> int:
@@ -181,6 +188,21 @@ class RunStore:
             self._bytes += nbytes
             self._runs.move_to_end(run_id)
             self._evict()
+
+    def holds(self, run_id: str, cache: ActivationCache) -> bool:
+        """Is this run (this very object) still stored? Touches nothing."""
+        with self._lock:
+            return self._runs.get(run_id) is cache
+
+    def settle(self, run_id: str, cache: ActivationCache, summary: RunSummary) -> bool:
+        """Swap a stored run's summary for its completed one (the late head scores: the same heads,
+        counted when the run was added, so the byte count does not change, nor the run's place in the
+        LRU). False, and nothing changed, if the run was evicted meanwhile."""
+        with self._lock:
+            if self._runs.get(run_id) is not cache:
+                return False
+            cache.summary = summary
+            return True
 
     def _evict(self) -> None:
         """Oldest first until under the cap (the newest run fits alone: ``add`` checked). Caller holds the lock."""

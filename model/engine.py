@@ -3,6 +3,10 @@
 The engine is created in the app's lifespan and shared by all requests. Each model
 has a lock: one forward at a time per model. Handlers call the engine from a
 thread pool, never on the event loop.
+
+An analyse answers right after its forward and predictions: the head scores a fused forward
+left (entropy, peak) are computed afterwards by ``scores`` (``model.late_scores.ScoreWorker``,
+one background thread), and ``wait_scores`` waits for them.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from model.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_b
 from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
 from model.hooks import RESIDUAL, Captures, run_with_cache
+from model.late_scores import PendingScores, ScoreWorker
 from model.loading import LMHead, LoadedModel
 from model.names import act_name
 from model.results import (
@@ -55,6 +60,7 @@ class Engine:
         self.store = store
         self.max_tokens = max_tokens
         self.budget = MemoryBudget(forward_bytes)
+        self.scores = ScoreWorker(store, self.budget)  # the head scores runs still owe, after they answered
         for lm in self.models.values():
             probes.check_attention(lm)  # a model whose attention returns no weights never serves
 
@@ -122,10 +128,14 @@ class Engine:
         est = self.admit(lm, len(tokens), top_k)
         t1 = time.perf_counter()
         with self.budget.reserve(est.peak), lm.lock:
-            acts = run_with_cache(lm, ids, RESIDUAL, scores=True)
+            acts = run_with_cache(lm, ids, RESIDUAL, scores=True, defer=True)
             t2 = time.perf_counter()
             preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids, top_k)
-            exact = acts.timing_ms.get("exact_scores", 0.0)  # the sweep for scores that need every cell
+            if acts.pending:  # entropy and peak follow from the worker: "exact_scores" comes with them
+                timing = {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}
+                return self.store_run(lm, text, tokens, acts, preds, top_k, timing, t0,
+                                      PendingScores(fields=dict(acts.pending), started=t0))
+            exact = acts.timing_ms.get("exact_scores", 0.0)  # the block path's sweep, where it needed one
             return self.store_run(lm, text, tokens, acts, preds, top_k,
                                   {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1) - exact,
                                    "exact_scores": exact}, t0)
@@ -143,8 +153,10 @@ class Engine:
         return named_predictions(lm, preds)
 
     def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: Captures,
-                  preds: list[PositionPrediction], top_k: int, timing: dict[str, float], t0: float) -> RunResult:
-        """Keep one run's activations (from one forward, or a recorded generation) with its scores."""
+                  preds: list[PositionPrediction], top_k: int, timing: dict[str, float], t0: float,
+                  pending: PendingScores | None = None) -> RunResult:
+        """Keep one run's activations (from one forward, or a recorded generation) with its scores;
+        the scores still ``pending`` are handed to the worker once the run is stored."""
         t2 = time.perf_counter()
         ids = ids_tensor(tokens)
         if acts.head_scores is None:
@@ -152,10 +164,15 @@ class Engine:
         heads = acts.head_scores
         t3 = time.perf_counter()
         summary = RunSummary(model=lm.info.name, tokens=list(tokens), predictions=preds, heads=heads,
-                             timing_ms={**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)})
+                             timing_ms={**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
+                             scores_pending=tuple(pending.names) if pending is not None else ())
         k = min(top_k, lm.info.vocab_size)
+        # the pending heads are counted here as complete ones: their late scores replace them in place
         cache = build_cache(lm, ids, acts, summary, text, summary_bytes(len(tokens), len(preds), k, len(heads)))
+        cache.pending = pending
         run_id = self.store.add(cache)
+        if pending is not None:
+            self.scores.submit(run_id, cache)
         log.info("run %s: %s, %d tokens, %s kept, %.0f ms", run_id, lm.info.name, len(tokens), mib(cache.nbytes),
                  1e3 * (t3 - t0))
         return RunResult(run_id=run_id, cache=cache)
@@ -180,6 +197,19 @@ class Engine:
 
     def run(self, run_id: str) -> ActivationCache:
         return self.store.get(run_id)
+
+    def wait_scores(self, run_id: str, timeout: float | None) -> ActivationCache:
+        """The run once its head scores are all computed, or as it is after ``timeout`` seconds (its
+        ``summary.scores_pending`` then still names what is owed). RunNotFound (expired) if the run was
+        evicted meanwhile."""
+        cache = self.store.get(run_id)
+        if cache.pending is not None and cache.summary.scores_pending:
+            cache.pending.done.wait(timeout)
+        return self.store.get(run_id)
+
+    def close(self) -> None:
+        """Stop the background work (the late head scores)."""
+        self.scores.close()
 
     def check_layer_head(self, cache: ActivationCache, layer: int, head: int | None) -> None:
         if not 0 <= layer < cache.n_layers:

@@ -77,6 +77,8 @@ class Captures(dict[str, torch.Tensor]):
         self.timing_ms: dict[str, float] = {}
         self.layers: list[LayerAttention] = []  # filled by run_with_cache / finish
         self.head_scores: list[HeadScore] | None = None
+        # layers whose entropy and peak were left for later (``finish(..., defer=True)``): the fields owed
+        self.pending: dict[int, frozenset[str]] = {}
 
     def _scored(self, call: AttentionCall) -> bool:
         """Does this layer's attention feed the head scores (a forward over the whole run from 0)?"""
@@ -258,6 +260,9 @@ def publish(store: Captures, n_layers: int) -> None:
             store[name] = layer.k
 
 
+DEFERRABLE = frozenset({"entropy", "peak"})  # what a fused forward leaves; a later sweep computes it exactly
+
+
 def complete(acc: ScoreAccumulator, kept: LayerAttention) -> None:
     """The scores a fused forward left (entropy, peak; induction too where the block path is needed),
     exactly, with one more pass over the layer's visible cells."""
@@ -273,11 +278,16 @@ def complete(acc: ScoreAccumulator, kept: LayerAttention) -> None:
 
 
 def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None,
-           timing: dict[str, float] | None = None) -> tuple[list[LayerAttention], list[HeadScore] | None]:
+           timing: dict[str, float] | None = None,
+           pending: dict[int, frozenset[str]] | None = None) -> tuple[list[LayerAttention], list[HeadScore] | None]:
     """The kept attention of these forwards and, when ``ids`` are given, every head's scores
     (exact over all rows: from the forward's own blocks or Q, K and lse where it had them, then the
     fields left by a fused forward, else from one sweep). ``timing`` gets "exact_scores": the ms of
-    that sweep (fields left by the fused kernel, or every field of a recorded generation)."""
+    that sweep (fields left by the fused kernel, or every field of a recorded generation).
+
+    With ``pending`` (a dict to fill), the entropy and peak a fused forward left are not computed here:
+    their heads' fields are None and ``pending[layer]`` names them, for ``model.late_scores`` to compute
+    exactly from the kept layer after the caller has answered."""
     n_layers = lm.info.n_layers
     missing = [i for i in range(n_layers) if any(i not in f.records for f in forwards)]
     if missing:
@@ -300,10 +310,15 @@ def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None,
     if ids is None:
         return layers, None
     for i, acc in inline.items():
-        complete(acc, layers[i])
+        if pending is not None and acc.todo and acc.todo <= DEFERRABLE:
+            pending[i] = frozenset(acc.todo)
+        else:
+            complete(acc, layers[i])
     if timing is not None:
         timing["exact_scores"] = 1e3 * (time.perf_counter() - t1 + (t1 - t0 if swept else 0.0))
-    return layers, [s for i in range(n_layers) for s in (inline[i] if i in inline else swept[i]).finish(i)]
+    left = pending if pending is not None else {}
+    return layers, [s for i in range(n_layers)
+                    for s in (inline[i] if i in inline else swept[i]).finish(i, left.get(i, frozenset()))]
 
 
 def last_logits_only(lm: LoadedModel) -> dict[str, int]:
@@ -316,11 +331,14 @@ def run_with_cache(
     input_ids: torch.Tensor,  # (n,)
     names: Iterable[str] | Filter | None = None,
     scores: bool = False,
+    defer: bool = False,
 ) -> Captures:
     """One forward over all positions; returns the captured activations by name, each layer's
     kept attention (``layers``) and, with ``scores``, every head's scores (``head_scores``);
     ``timing_ms``: "forward" (the model's forward with everything the capture computes on the way)
     and "exact_scores" (the sweep after it for the scores that need every cell again).
+    With ``defer``, that sweep is left out: the fields it owes are None in ``head_scores`` and named by
+    layer in ``pending`` (``model.late_scores`` computes them later, from the kept layers).
 
     ``names`` keeps only what was asked for (a list of names or a predicate), like
     TransformerLens' ``names_filter``; a pattern asked for by name is rebuilt whole from the
@@ -332,7 +350,8 @@ def run_with_cache(
     with hooked(lm, wanted, ids if scores else None) as store, torch.inference_mode():
         t0 = time.perf_counter()
         out = lm.model(input_ids=ids[None, :], use_cache=False, **extra)
-        store.layers, store.head_scores = finish(lm, [store], ids if scores else None, store.timing_ms)
+        store.layers, store.head_scores = finish(lm, [store], ids if scores else None, store.timing_ms,
+                                                 store.pending if defer else None)
         store.timing_ms["forward"] = 1e3 * (time.perf_counter() - t0) - store.timing_ms.get("exact_scores", 0.0)
         publish(store, lm.info.n_layers)
     logits = getattr(out, "logits", None)

@@ -47,6 +47,8 @@ class RunSummary:
     predictions: list[PositionPrediction]  # empty for encoders
     heads: list[HeadScore]  # layer by layer, head by head
     timing_ms: dict[str, float]
+    # HeadScore fields still being computed after the analyse answered ("entropy", "max"): None in heads
+    scores_pending: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -163,6 +163,11 @@ class Prefetch:
         with self._cond:
             return len(self._jobs)
 
+    def wait_quiet(self) -> None:
+        """Until no request is computing a tile (other background work yields to requests too)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._foreground == 0 or self._closed)
+
     def wait_idle(self, timeout: float) -> bool:
         """Until no job is left (tests, benchmarks); False on timeout."""
         with self._cond:

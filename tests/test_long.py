@@ -105,5 +105,18 @@ def test_a_16k_run_is_analysed_in_bounded_memory_and_its_tiles_are_exact() -> No
             block = cache.attention[1].rows(3, q0, q1, q0 - 1, q1)[0]  # (r, r + 1): keys q0 - 1 .. q1 - 1
             diagonal.append(block.diagonal())  # row i, key i - 1
         assert prev == pytest.approx(float(torch.cat(diagonal).double().mean()), abs=1e-6)
+
+        # entropy and max follow the response (every cell once more), exact over every row
+        assert run["scores_pending"] == ["entropy", "max"] and run["heads"][0]["entropy"] is None
+        heads = client.get(f"/api/runs/{run_id}/heads", params={"wait": 60})
+        assert heads.status_code == 200, heads.text[:300]
+        late = next(h for h in heads.json()["heads"] if h["layer"] == 1 and h["head"] == 3)
+        entropy = peak = 0.0
+        for q0 in range(0, N, 1024):
+            w = cache.attention[1].rows(3, q0, q0 + 1024, 0, q0 + 1024)[0].double()  # (r, keys up to the last row)
+            entropy += float(-torch.special.xlogy(w, w).sum())
+            peak += float(w.amax(-1).sum())
+        assert late["entropy"] == pytest.approx(entropy / N, abs=1e-5)
+        assert late["max"] == pytest.approx(peak / N, abs=1e-5)
         assert client.get(url, params={"layer": 0, "head": 0}).status_code == 422  # whole head: over the cell limit
         assert client.get(f"/api/runs/{run_id}/next", params={"position": N - 1}).status_code == 200

@@ -52,6 +52,8 @@ REQUESTS: dict[str, list[Request]] = {
                                          ("GET", "/api/runs/{run}/attention?layer=1&head=0&size=3&pool=mean", None),
                                          ("GET", "/api/runs/{run}/attention?layer=0&q0=2&k1=5", None),
                                          ("GET", "/api/runs/{enc}/attention?layer=1&head=3&size=4", None)],
+    "GET /api/runs/{run_id}/heads": [("GET", "/api/runs/{run}/heads?wait=60", None),
+                                     ("GET", "/api/runs/{enc}/heads", None)],
     "GET /api/runs/{run_id}/residual": [("GET", "/api/runs/{run}/residual", None)],
     "GET /api/runs/{run_id}/logit-lens": [("GET", "/api/runs/{run}/logit-lens?top_k=3", None)],
     "GET /api/runs/{run_id}/sparsity": [("GET", "/api/runs/{run}/sparsity", None),

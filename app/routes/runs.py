@@ -8,6 +8,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Annotated, Any, Literal
 
+import anyio
 import numpy as np
 import torch
 from fastapi import APIRouter, Query, Response
@@ -19,6 +20,8 @@ from app.schemas import (
     AttentionOut,
     AttentionTileOut,
     ErrorOut,
+    HeadOut,
+    HeadsOut,
     LayerAttentionOut,
     LogitLensOut,
     NextOut,
@@ -89,6 +92,7 @@ class RunBody:
     predictions: list[PositionPrediction]
     heads: list[HeadScore]
     timing_ms: dict[str, float]
+    scores_pending: tuple[str, ...]
 
 
 RUN_JSON = TypeAdapter(RunBody)
@@ -99,7 +103,7 @@ def run_body(run_id: str, cache: ActivationCache) -> RunBody:
     s = cache.summary
     return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
                    n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
-                   timing_ms=s.timing_ms)
+                   timing_ms=s.timing_ms, scores_pending=s.scores_pending)
 
 
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
@@ -130,6 +134,41 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
 @router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")
 def get_run(run_id: str, engine: EngineDep) -> Response:
     return _typed_json(RUN_JSON.dump_json(run_body(run_id, engine.run(run_id))))
+
+
+MAX_WAIT_S = 60.0  # the longest a heads request may hold its connection for scores still being computed
+WAIT_POLL_S = 0.05
+
+
+@router.get(
+    "/runs/{run_id}/heads", response_model=HeadsOut, responses={**ERRORS, 202: {"model": HeadsOut}},
+    summary="Every head's scores, complete: waits for the ones still being computed if asked to",
+    description="The analyse answers right after its forward; the head scores a fused forward cannot give "
+                "on the way (entropy and max: every visible cell once more) are computed exactly right after, "
+                "in the background, and the run lists them in `scores_pending` (null in its `heads`) until "
+                "then. This endpoint returns the heads: 200 when every score is in, 202 with `scores_pending` "
+                "while some are still being computed (200 with `error` if they cannot be). `wait` "
+                "(seconds, at most 60) holds the request until they are in or the time is up: `wait=60` in a "
+                "loop is a synchronous client's way to get complete scores. 404 for an unknown run, or "
+                "one evicted (expired) before its scores were in.")
+async def run_heads(run_id: str, engine: EngineDep,
+                    wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait for scores still "
+                                                 "being computed (0: answer at once)")] = 0.0) -> Response:
+    cache = engine.run(run_id)  # a dict look-up under the store's lock: no work on the event loop
+    deadline = time.monotonic() + wait
+    while cache.summary.scores_pending and (cache.pending is None or not cache.pending.done.is_set()):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        await anyio.sleep(min(WAIT_POLL_S, left))
+    cache = engine.run(run_id)  # RunNotFound (expired) when it was evicted meanwhile
+    s = cache.summary
+    pending = list(s.scores_pending)
+    out = HeadsOut(run_id=run_id, heads=[HeadOut.model_validate(h, from_attributes=True) for h in s.heads],
+                   scores_pending=pending, timing_ms=s.timing_ms,
+                   error=cache.pending.error if pending and cache.pending is not None else None)
+    still = pending and out.error is None  # an error: those scores will not come, waiting is over
+    return _typed_json(out.model_dump_json().encode(), status=202 if still else 200)
 
 
 DEFAULT_TOP_K = 10
@@ -334,7 +373,7 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep,
     run = RUN_JSON.dump_python(run_body(run_id, cache), mode="json")
     summary = {"format": "attnscope-run/2", "run_id": run_id, "text": cache.text,
                "model_info": asdict(lm.info), "causal": cache.causal,
-               **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms")}}
+               **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms", "scores_pending")}}
     if format == "safetensors":
         body = to_safetensors(cache, {k: v for k, v in summary.items() if k != "predictions"})
         return Response(body, media_type="application/octet-stream",

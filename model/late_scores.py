@@ -1,0 +1,199 @@
+"""Head scores a run still owes, computed exactly after the analyse has answered.
+
+A forward through the fused kernel (``model.capture``) gets previous-token, first-token and induction
+from Q, K and each row's lse on the way (``model.pair_scores``); entropy and peak (a row's largest
+weight) need every visible cell once more. That sweep costs about as much as the forward itself, so
+``Engine.analyse`` answers without it: the run is stored with those fields None and named in
+``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in one background thread from
+what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as before
+(``model.hooks.complete``), then swaps the completed summary into the stored run.
+
+Bytes: nothing is attached to the run. The completed head scores replace the pending ones, which the
+store counted when the run was added (``summary_bytes`` counts ~0.6 kB a head, a head's scores with
+their floats included), so a run never grows after it was counted. The sweep's own transient memory
+(the fused kernel's output, (H, n, dh), and the row maxima) is held in the engine's byte budget
+(``model.budget.MemoryBudget``) while it runs, like a forward's.
+
+Runs evicted before their scores are computed are skipped (the worker holds them weakly and asks the
+store before and after each layer); whoever waits for them is woken and finds the run gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from model.analysis import SCORE_NAMES, HeadScore, ScoreAccumulator
+from model.attention import LayerAttention
+from model.capture import BLOCK_CELLS
+from model.hooks import complete
+
+if TYPE_CHECKING:
+    from model.budget import MemoryBudget
+    from model.cache import ActivationCache, RunStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PendingScores:
+    """The work a stored run still owes: which fields of which layers, and who waits for them.
+
+    ``done`` is set once the scores are in the run's summary, or the run was evicted first, or the
+    sweep failed (``error``)."""
+
+    fields: dict[int, frozenset[str]]  # layer -> accumulator fields owed ("entropy", "peak")
+    started: float  # perf_counter when the analyse began (for "scores_ready")
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The owed fields as HeadScore (and API) names, e.g. ["entropy", "max"]."""
+        owed = set().union(*self.fields.values()) if self.fields else set()
+        return [SCORE_NAMES[f] for f in ("entropy", "peak") if f in owed]
+
+
+def sweep_bytes(layer: LayerAttention) -> int:
+    """The sweep's transient memory for one layer: the fused kernel's P K (H, n, dh) with its lse, the
+    row statistics (a few (H, n) tensors) and a tile or block of logits."""
+    h, n, dh = layer.q.shape
+    return 4 * (h * n * (dh + 8) + 2 * BLOCK_CELLS)
+
+
+def layer_scores(kept: LayerAttention, ids: torch.Tensor, fields: frozenset[str], layer: int) -> list[HeadScore]:
+    """One layer's owed fields, exactly over every row: HeadScores whose other fields are meaningless."""
+    acc = ScoreAccumulator(kept.n_heads, ids)
+    acc.todo = set(fields)
+    complete(acc, kept)
+    return acc.finish(layer)
+
+
+def merged(heads: list[HeadScore], late: dict[int, list[HeadScore]], fields: dict[int, frozenset[str]]
+           ) -> list[HeadScore]:
+    """The run's heads with each layer's owed fields taken from ``late``."""
+    out = []
+    for s in heads:
+        if s.layer not in late:
+            out.append(s)
+            continue
+        new = late[s.layer][s.head]
+        out.append(dataclasses.replace(s, **{SCORE_NAMES[f]: getattr(new, SCORE_NAMES[f]) for f in fields[s.layer]}))
+    return out
+
+
+@dataclass(frozen=True)
+class _Job:
+    run_id: str
+    cache: weakref.ref[ActivationCache]
+
+
+class ScoreWorker:
+    """One background thread that computes the scores stored runs still owe, oldest run first.
+
+    ``pause`` (if set) is called between layers: the app passes the tile prefetch's wait for requests
+    in flight, so a tile a person waits for does not share the CPU with a sweep."""
+
+    def __init__(self, store: RunStore, budget: MemoryBudget | None = None) -> None:
+        self.store = store
+        self.budget = budget
+        self.pause: Callable[[], None] | None = None
+        self._jobs: deque[_Job] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._running = False
+
+    def submit(self, run_id: str, cache: ActivationCache) -> None:
+        with self._cond:
+            self._closed = False  # a closed worker starts again on new work (an engine shared by apps)
+            self._jobs.append(_Job(run_id, weakref.ref(cache)))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="attnscope-scores", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def pending(self) -> int:
+        """Runs waiting or being computed."""
+        with self._cond:
+            return len(self._jobs) + int(self._running)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until no job is left (tests, benchmarks, the CLI); False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._jobs and not self._running, timeout)
+
+    def close(self) -> None:
+        """Stop after the layer being computed; runs still owed stay pending (and their waiters are woken)."""
+        with self._cond:
+            self._closed = True
+            left = list(self._jobs)
+            self._jobs.clear()
+            self._cond.notify_all()
+            thread = self._thread
+        for job in left:
+            cache = job.cache()
+            if cache is not None and cache.pending is not None:
+                cache.pending.error = "the server stopped before these scores were computed"
+                cache.pending.done.set()
+        if thread is not None:
+            thread.join(timeout=30)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: bool(self._jobs) or self._closed)
+                if self._closed:
+                    return
+                job = self._jobs.popleft()
+                self._running = True
+            cache = job.cache()
+            if cache is None or cache.pending is None:
+                continue
+            try:
+                self._run(job.run_id, cache, cache.pending)
+            except Exception as err:  # a failed sweep is reported on the run, never taken down the server
+                log.exception("late head scores of run %s failed", job.run_id)
+                cache.pending.error = f"the head scores could not be computed: {err}"
+            finally:
+                cache.pending.done.set()
+            del cache
+
+    def _stored(self, run_id: str, cache: ActivationCache) -> bool:
+        return self.store.holds(run_id, cache) and not self._closed
+
+    def _run(self, run_id: str, cache: ActivationCache, pending: PendingScores) -> None:
+        t0 = time.perf_counter()
+        late: dict[int, list[HeadScore]] = {}
+        with torch.inference_mode():
+            for layer, fields in sorted(pending.fields.items()):
+                if self.pause is not None:
+                    self.pause()
+                if not self._stored(run_id, cache):
+                    log.info("run %s left the store before its head scores were computed", run_id)
+                    return
+                kept = cache.attention[layer]
+                if self.budget is None:
+                    late[layer] = layer_scores(kept, cache.input_ids, fields, layer)
+                else:
+                    with self.budget.reserve(sweep_bytes(kept)):
+                        late[layer] = layer_scores(kept, cache.input_ids, fields, layer)
+        t1 = time.perf_counter()
+        summary = cache.summary
+        done = dataclasses.replace(
+            summary, heads=merged(summary.heads, late, pending.fields), scores_pending=(),
+            timing_ms={**summary.timing_ms, "exact_scores": 1e3 * (t1 - t0),
+                       "scores_ready": 1e3 * (t1 - pending.started)})
+        if self.store.settle(run_id, cache, done):
+            log.info("run %s: exact %s in %.0f ms", run_id, " and ".join(pending.names), 1e3 * (t1 - t0))
