@@ -40,6 +40,16 @@ export async function getBlob(url, { signal } = {}) {
 
 export const isAbort = (err) => err && err.name === "AbortError";
 
+// Every head's scores, once the ones computed after the analyse (entropy, max) are in: the server
+// holds each request up to `wait` seconds and answers 202 while they are still owed.
+export async function waitHeads(runId, { wait = 30, signal } = {}) {
+  for (;;) {
+    const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/heads?wait=${wait}`, { signal }));
+    const body = await r.json();
+    if (r.status !== 202) return body;
+  }
+}
+
 // The exact weights of one head (format=f32): what hover reads, where the bytes are for drawing.
 export async function getAttentionF32(runId, layer, head) {
   const params = new URLSearchParams({ layer, head, format: "f32" });

@@ -1,10 +1,10 @@
 // The explorer: analyse a prompt once, then look at it head by head and token by token.
 import { $, el, fmt, showToken } from "./dom.js";
-import { getAttentionBin, getAttentionF32, getBlob, getJSON, getRow, isAbort, postJSON, postStream, readSSE, rowOf } from "./api.js";
+import { getAttentionBin, getAttentionF32, getBlob, getJSON, getRow, isAbort, postJSON, postStream, readSSE, rowOf, waitHeads } from "./api.js";
 import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
 import { cellText, drawHeatmap, rangesFrom, tickBudget, ticks, wireHover } from "./views/heatmap.js";
-import { HeadGrid } from "./views/headgrid.js";
+import { HeadGrid, scoreText } from "./views/headgrid.js";
 import { LiveHeatmap } from "./views/live.js";
 import { drawFocusBars, drawFocusLines, focusNote } from "./views/focus.js";
 import { EXACT_MAX, TileView, binOf, binText, poolingText, windowFrom } from "./views/tiled.js";
@@ -109,7 +109,7 @@ function cached(cache, key, load) {
 function headCaption(run, layer, head) {
   const score = run.heads.find((h) => h.layer === layer && h.head === head);
   $("#heat-title").textContent = t("x.heat.tokens", { n: run.tokens.length });
-  $("#heat-caption").textContent = t("x.heat.title", { layer, head, entropy: fmt(score.entropy, 2), prev: fmt(score.prev_token, 2), first: fmt(score.first_token, 2) }) +
+  $("#heat-caption").textContent = t("x.heat.title", { layer, head, entropy: scoreText(score.entropy, 2), prev: fmt(score.prev_token, 2), first: fmt(score.first_token, 2) }) +
     (score.induction === null ? "" : t("x.heat.induction", { ind: fmt(score.induction, 2) }));
 }
 
@@ -469,6 +469,7 @@ async function loadRun(run, initial = {}) {
   await pause("grid");
   if (state.run !== run) return;
   grid.render(run, state.sort, { layer, head }, model);
+  loadScores(run); // entropy and max, computed after the analyse answered: filled in when they arrive
   await pause("next");
   if (state.run !== run) return;
   drawNextSoon();
@@ -504,6 +505,43 @@ function loadSparsity(run) {
     })());
   }
   return sparsityAsked.get(run);
+}
+
+// Entropy and max need every cell of every head once more: the server computes them after the
+// analyse has answered (the run lists them in scores_pending, null until then). The page draws
+// at once, says "computing…" where they belong, and fills them in (re-sorting a grid sorted by
+// them) when a waiting request for the run's heads returns them.
+const scoresAsked = new WeakMap(); // run -> the one wait for its late scores
+
+function scoresNote(run) {
+  const note = $("#scores-status");
+  note.textContent = t("x.scores.busy", { n: run.tokens.length });
+  note.hidden = !(run.scores_pending || []).length;
+}
+
+function loadScores(run) {
+  scoresNote(run);
+  if (!(run.scores_pending || []).length) return Promise.resolve();
+  if (!scoresAsked.has(run)) {
+    scoresAsked.set(run, (async () => {
+      try {
+        const done = await waitHeads(run.run_id);
+        if (done.error) throw new Error(done.error);
+        done.heads.forEach((s, i) => { run.heads[i].entropy = s.entropy; run.heads[i].max = s.max; });
+        run.scores_pending = done.scores_pending;
+        if (state.run !== run) return;
+        if (state.sort === "entropy" || state.sort === "max") grid.render(run, state.sort, state, state.model);
+        else grid.annotate(run);
+        headCaption(run, state.layer, state.head);
+      } catch (err) {
+        scoresAsked.delete(run); // a later load of this run asks again
+        if (state.run === run) report(err);
+      } finally {
+        if (state.run === run) scoresNote(run);
+      }
+    })());
+  }
+  return scoresAsked.get(run);
 }
 
 // ---- generate -------------------------------------------------------------------------------
@@ -666,6 +704,7 @@ async function repaint(fillModels) {
   markSelected($("#tokens"), state.pos);
   grid.render(state.run, $("#grid-sort").value, state, state.model);
   grid.annotate(state.run);
+  scoresNote(state.run);
   drawNextSoon();
   if (!$("#timeline-box").hidden) await showStep(Number($("#timeline").value));
   else await drawHead();

@@ -40,10 +40,16 @@ export function drawThumb(canvas, tile, head) {
   ctx.putImageData(img, 0, 0);
 }
 
+// A score, or "computing…" while the server still owes it (entropy and max follow the analyse: null until then).
+export function scoreText(value, digits) {
+  return value === null || value === undefined ? t("x.scores.pending") : fmt(value, digits);
+}
+
 function describe(s, kvHead) {
   const sparsity = s.top1 === undefined ? "" : t("x.grid.sparsity", { top1: fmt(s.top1, 2), top5: fmt(s.top5, 2), keys: fmt(s.keys_90, 1) });
   return t("x.grid.describe", {
-    layer: s.layer, head: s.head, kv: kvHead === null ? "" : t("x.grid.shares_kv", { kv: kvHead }), entropy: fmt(s.entropy, 2),
+    layer: s.layer, head: s.head, kv: kvHead === null ? "" : t("x.grid.shares_kv", { kv: kvHead }), entropy: scoreText(s.entropy, 2),
+    max: scoreText(s.max, 2),
     prev: fmt(s.prev_token, 2), first: fmt(s.first_token, 2), ind: s.induction === null ? t("x.grid.no_repeats") : fmt(s.induction, 2),
   }) + sparsity;
 }
@@ -105,7 +111,7 @@ export class HeadGrid {
     const scores = run.heads.slice();
     const byPosition = sortKey === "position";
     if (!byPosition) {
-      const sign = sortKey === "entropy" || sortKey === "keys_90" ? 1 : -1;
+      const sign = sortKey === "entropy" || sortKey === "keys_90" ? 1 : -1; // scores still owed sort last
       const missing = sign > 0 ? Infinity : -1;
       scores.sort((a, b) => sign * ((a[sortKey] ?? missing) - (b[sortKey] ?? missing)));
     }
@@ -142,10 +148,10 @@ export class HeadGrid {
         title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
         dataset: { testid: "head-cell", layer: String(s.layer), head: String(s.head),
                    ...(s.keys_90 === undefined ? {} : { keys90: fmt(s.keys_90, 1) }) },
-        "aria-label": t("x.grid.cell_aria", { layer: s.layer, head: s.head, entropy: fmt(s.entropy, 2) }),
         tabindex: "-1",
         onclick: () => this.onSelect(s.layer, s.head),
-      }, canvas, el("span", { class: "lbl", text: byPosition ? fmt(s.entropy, 2) : `L${s.layer}H${s.head} ${fmt(s.entropy, 1)}` }), badges);
+      }, canvas, el("span", { class: "lbl" }), badges);
+      this.label(cell, s);
       this.container.append(cell);
       this.canvases.set(`${s.layer}:${s.head}`, canvas);
     }
@@ -169,13 +175,22 @@ export class HeadGrid {
     }
   }
 
-  // Sparsity arrives after the run: put it in each cell's tooltip.
+  // A cell's entropy label and its spoken name ("computing…" while the entropy is still owed).
+  label(cell, s) {
+    const text = this.byPosition ? scoreText(s.entropy, 2) : `L${s.layer}H${s.head} ${scoreText(s.entropy, 1)}`;
+    cell.querySelector(".lbl").textContent = text;
+    cell.setAttribute("aria-label", t("x.grid.cell_aria", { layer: s.layer, head: s.head, entropy: scoreText(s.entropy, 2) }));
+    cell.dataset.pending = s.entropy === null ? "1" : "";
+  }
+
+  // Scores that arrive after the run (entropy and max, sparsity): into each cell's label and tooltip.
   annotate(run) {
     const kv = this.container.querySelectorAll("[data-testid=kv-group]").length || run.n_heads;
     const group = run.n_heads / kv;
     for (const cell of this.container.querySelectorAll(".head-cell")) {
       const s = run.heads.find((h) => h.layer === Number(cell.dataset.layer) && h.head === Number(cell.dataset.head));
       cell.title = describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null);
+      this.label(cell, s);
       if (s.keys_90 !== undefined) cell.dataset.keys90 = fmt(s.keys_90, 1);
     }
   }

@@ -1,0 +1,56 @@
+"""The explorer while entropy and max are still being computed after the analyse answered: the page
+draws at once, the head grid and the heatmap caption say "computing…", and the scores fill in (a grid
+sorted by entropy re-sorts) when they arrive."""
+
+from __future__ import annotations
+
+import threading
+from urllib.parse import quote
+
+import pytest
+
+from model.engine import Engine
+
+pytestmark = pytest.mark.browser
+TEXT = "The cat sat on the mat. The dog sat on the log. The cat sat on the mat."
+
+
+def test_the_head_grid_says_computing_and_fills_in(page: object, base_url: str, bundled_engine: Engine) -> None:
+    gate = threading.Event()
+    before = bundled_engine.scores.pause
+
+    def hold() -> None:  # the worker waits here, before each layer, until the test has looked
+        gate.wait(120)
+
+    bundled_engine.scores.pause = hold
+    try:
+        with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as posted:
+            page.goto(f"{base_url}/?text={quote(TEXT)}&sort=entropy")
+        run = posted.value.json()
+        assert run["scores_pending"] == ["entropy", "max"]
+        # everything but the late scores is drawn while they are owed
+        page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n "
+                               "&& document.querySelectorAll('[data-testid=head-cell]').length > 0", timeout=60_000)
+        cells = page.get_by_test_id("head-cell")
+        assert cells.count() == run["n_layers"] * run["n_heads"]
+        assert page.locator("[data-testid=head-cell][data-pending='1']").count() == cells.count()
+        assert "computing…" in cells.first.locator(".lbl").inner_text()
+        assert "computing…" in (cells.first.get_attribute("aria-label") or "")
+        assert "computing…" in page.locator("#heat-caption").inner_text()
+        status = page.get_by_test_id("scores-status")
+        assert status.is_visible() and str(len(run["tokens"])) in status.inner_text()
+        gate.set()
+        page.wait_for_function("() => !document.querySelector('[data-testid=head-cell][data-pending=\"1\"]')",
+                               timeout=60_000)
+        assert status.is_hidden()
+        heads = bundled_engine.wait_scores(run["run_id"], 60).summary.heads
+        want = sorted(heads, key=lambda h: h.entropy if h.entropy is not None else float("inf"))
+        shown = [(int(c.get_attribute("data-layer") or -1), int(c.get_attribute("data-head") or -1))
+                 for c in cells.all()]
+        assert shown == [(h.layer, h.head) for h in want]  # re-sorted by the entropies that arrived
+        first = want[0]
+        assert cells.first.locator(".lbl").inner_text() == f"L{first.layer}H{first.head} {first.entropy:.1f}"
+        assert "computing…" not in page.locator("#heat-caption").inner_text()
+    finally:
+        bundled_engine.scores.pause = before
+        gate.set()
