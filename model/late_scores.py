@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from model.cache import ActivationCache, RunStore
 
 log = logging.getLogger(__name__)
+STOPPED = "the server stopped before these scores were computed"
 
 
 @dataclass
@@ -143,7 +144,7 @@ class ScoreWorker:
         for job in left:
             cache = job.cache()
             if cache is not None and cache.pending is not None:
-                cache.pending.error = "the server stopped before these scores were computed"
+                cache.pending.error = STOPPED
                 cache.pending.done.set()
         if thread is not None:
             thread.join(timeout=30)
@@ -170,9 +171,6 @@ class ScoreWorker:
                 cache.pending.done.set()
             del cache
 
-    def _stored(self, run_id: str, cache: ActivationCache) -> bool:
-        return self.store.holds(run_id, cache) and not self._closed
-
     def _run(self, run_id: str, cache: ActivationCache, pending: PendingScores) -> None:
         t0 = time.perf_counter()
         late: dict[int, list[HeadScore]] = {}
@@ -180,7 +178,10 @@ class ScoreWorker:
             for layer, fields in sorted(pending.fields.items()):
                 if self.pause is not None:
                     self.pause()
-                if not self._stored(run_id, cache):
+                if self._closed:
+                    pending.error = STOPPED
+                    return
+                if not self.store.holds(run_id, cache):
                     log.info("run %s left the store before its head scores were computed", run_id)
                     return
                 kept = cache.attention[layer]

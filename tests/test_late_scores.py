@@ -190,3 +190,18 @@ def test_a_failed_sweep_is_reported_not_pending_forever(llama: tuple[Engine, Loa
         assert body["scores_pending"] == ["entropy", "max"] and "out of paper" in body["error"]
         assert all(h["entropy"] is None for h in body["heads"])
         assert client.get("/api/models").status_code == 200  # the server goes on
+
+
+def test_closing_the_engine_says_the_scores_will_not_come(llama: tuple[Engine, LoadedModel]) -> None:
+    engine, _ = llama
+    gate = Gate()
+    engine.scores.pause = gate
+    result = engine.analyse(TEXT)
+    closing = threading.Thread(target=engine.close)
+    closing.start()  # while the worker waits before its first layer
+    gate.open.set()
+    closing.join(WAIT)
+    assert not closing.is_alive()
+    pending = result.cache.pending
+    assert pending is not None and pending.done.is_set() and pending.error == late_scores.STOPPED
+    assert engine.wait_scores(result.run_id, 0).summary.scores_pending == ("entropy", "max")
