@@ -105,7 +105,8 @@ def _query_cases(run: str) -> list[str]:
     cases += ["/api/models/%2Fetc%2Fpasswd/embedding?id=1", "/api/models/nope/anatomy", "/api/models/nope/positions",
               "/api/models/tiny-gpt2/positions?count=0", "/api/models/tiny-gpt2/positions?count=5000",
               "/api/compare?a=nope&b=nope", "/api/compare?a=x", "/api/runs/nope", "/api/runs/nope/residual",
-              "/api/runs/nope/sparsity", "/api/nothing-here"]
+              "/api/runs/nope/sparsity", "/api/runs/nope/heads", "/api/nothing-here"]
+    cases += [f"/api/runs/{run}/heads?wait={v}" for v in ("-1", "61", "1e400", "nan", "x", "")]
     return cases
 
 
