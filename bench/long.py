@@ -211,8 +211,8 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
     table = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
                       + ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows])
     body = (f"Load average (1/5/15 min) at the start: {load_start}; at the end: {load_average()} — a 2-core "
-            "machine shared with other work (a training job on both cores, and other sessions' tests: the load "
-            "averages say how much), so times are upper bounds and ratios are noisy.\n"
+            "machine shared with other work (a training job on both cores and other sessions' tests, at times: the "
+            "load averages say how much), so times are upper bounds and ratios are noisy.\n"
             "long-llama: Llama shape, 2 layers, d_model 128, 4 heads, 2 K/V heads, 32,768 positions; "
             "gpt2-small-shape: 12 layers x 12 heads, d_model 768. Both float32 on the CPU, random weights. "
             "'capture forward' is the forward through attnscope's capture point: layer outputs and row "
