@@ -56,6 +56,7 @@ COLLECT = r"""() => {
       if (Array.isArray(tr.text)) add(tokens, tr.text.flat().join(" "));
       if (Array.isArray(tr.hovertext)) add(tokens, tr.hovertext.flat().join(" "));
       if (gd.dataset.tokenX && Array.isArray(tr.x)) add(tokens, tr.x.join(" "));
+      if (gd.dataset.tokenY && Array.isArray(tr.y)) add(tokens, tr.y.join(" "));
     }
     const L = gd.layout || {};
     for (const [k, v] of Object.entries(L)) {

@@ -32,6 +32,7 @@ export async function render(body, ctx) {
   }
   const scanButton = el("button", { type: "button", "data-testid": "ablation-scan-button", text: t("abl.scan") });
   const next = el("div", { class: "chart tool-chart short", "data-testid": "ablation-next" });
+  next.dataset.tokenY = "1"; // its categories are ranked token text (tests/i18n_check.py)
   const kl = el("div", { class: "chart tool-chart strip", "data-testid": "ablation-kl" });
   const scanDiv = el("div", { class: "chart tool-chart", "data-testid": "ablation-scan" });
   const note = el("p", { class: "legend", "data-testid": "ablation-note" });
