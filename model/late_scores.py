@@ -25,7 +25,6 @@ import logging
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -36,6 +35,7 @@ from model.analysis import SCORE_NAMES, HeadScore, ScoreAccumulator
 from model.attention import LayerAttention
 from model.capture import BLOCK_CELLS
 from model.hooks import complete
+from model.jobthread import JobThread
 
 if TYPE_CHECKING:
     from model.budget import MemoryBudget
@@ -98,49 +98,32 @@ class _Job:
     cache: weakref.ref[ActivationCache]
 
 
-class ScoreWorker:
+class ScoreWorker(JobThread[_Job]):
     """One background thread that computes the scores stored runs still owe, oldest run first.
 
     ``pause`` (if set) is called between layers: the app passes the tile prefetch's wait for requests
     in flight, so a tile a person waits for does not share the CPU with a sweep."""
 
     def __init__(self, store: RunStore, budget: MemoryBudget | None = None) -> None:
+        super().__init__("attnscope-scores")
         self.store = store
         self.budget = budget
         self.pause: Callable[[], None] | None = None
-        self._jobs: deque[_Job] = deque()
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._running = False
 
     def submit(self, run_id: str, cache: ActivationCache) -> None:
         with self._cond:
             self._closed = False  # a closed worker starts again on new work (an engine shared by apps)
             self._jobs.append(_Job(run_id, weakref.ref(cache)))
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name="attnscope-scores", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+            self._start()
 
     def pending(self) -> int:
         """Runs waiting or being computed."""
         with self._cond:
             return len(self._jobs) + int(self._running)
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Until no job is left (tests, benchmarks, the CLI); False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._jobs and not self._running, timeout)
-
     def close(self) -> None:
         """Stop after the layer being computed; runs still owed stay pending (and their waiters are woken)."""
-        with self._cond:
-            self._closed = True
-            left = list(self._jobs)
-            self._jobs.clear()
-            self._cond.notify_all()
-            thread = self._thread
+        left, thread = self._stop()
         for job in left:
             cache = job.cache()
             if cache is not None and cache.pending is not None:
@@ -149,29 +132,19 @@ class ScoreWorker:
         if thread is not None:
             thread.join(timeout=30)
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                self._running = False
-                self._cond.notify_all()
-                self._cond.wait_for(lambda: bool(self._jobs) or self._closed)
-                if self._closed:
-                    return
-                job = self._jobs.popleft()
-                self._running = True
-            cache = job.cache()
-            if cache is None or cache.pending is None:
-                continue
-            try:
-                self._run(job.run_id, cache, cache.pending)
-            except Exception as err:  # a failed sweep is reported on the run, never taken down the server
-                log.exception("late head scores of run %s failed", job.run_id)
-                cache.pending.error = f"the head scores could not be computed: {err}"
-            finally:
-                cache.pending.done.set()
-            del cache
+    def _run(self, job: _Job) -> None:
+        cache = job.cache()
+        if cache is None or cache.pending is None:
+            return
+        try:
+            self._sweep(job.run_id, cache, cache.pending)
+        except Exception as err:  # a failed sweep is reported on the run, never taken down the server
+            log.exception("late head scores of run %s failed", job.run_id)
+            cache.pending.error = f"the head scores could not be computed: {err}"
+        finally:
+            cache.pending.done.set()
 
-    def _run(self, run_id: str, cache: ActivationCache, pending: PendingScores) -> None:
+    def _sweep(self, run_id: str, cache: ActivationCache, pending: PendingScores) -> None:
         t0 = time.perf_counter()
         late: dict[int, list[HeadScore]] = {}
         with torch.inference_mode():

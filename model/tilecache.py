@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from model.attention import LayerAttention
+from model.jobthread import JobThread
 from model.tiles import TileSpec, head_tile
 
 log = logging.getLogger(__name__)
@@ -121,17 +122,13 @@ class _Job:
     attention: weakref.ref[LayerAttention]
 
 
-class Prefetch:
+class Prefetch(JobThread[_Job]):
     """One background thread computing overview tiles into a :class:`TileCache`, requests first."""
 
     def __init__(self, cache: TileCache) -> None:
+        super().__init__("attnscope-overviews")
         self.cache = cache
-        self._jobs: deque[_Job] = deque()
         self._foreground = 0
-        self._cond = threading.Condition()
-        self._thread: threading.Thread | None = None
-        self._closed = False
-        self._running = False  # a job is being computed
 
     def submit(self, run_id: str, layers: list[LayerAttention], first: tuple[int, int] = (0, 0)) -> None:
         """Every head's overview of this run, ``first`` first; replaces the overviews still waiting."""
@@ -142,10 +139,7 @@ class Prefetch:
                 return
             self._jobs.clear()
             self._jobs.extend(_Job(run_id, layer, head, weakref.ref(layers[layer])) for layer, head in order)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._work, name="attnscope-overviews", daemon=True)
-                self._thread.start()
-            self._cond.notify_all()
+            self._start()
 
     @contextmanager
     def foreground(self) -> Iterator[None]:
@@ -168,18 +162,10 @@ class Prefetch:
         with self._cond:
             self._cond.wait_for(lambda: self._foreground == 0 or self._closed)
 
-    def wait_idle(self, timeout: float) -> bool:
-        """Until no job is left (tests, benchmarks); False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._jobs and not self._running, timeout)
-
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._jobs.clear()
-            self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        _left, thread = self._stop()
+        if thread is not None:
+            thread.join(timeout=10)
 
     def _yield(self) -> None:
         """Between blocks of a background tile: wait while a request computes one; stop on close."""
@@ -188,17 +174,8 @@ class Prefetch:
             if self._closed:
                 raise _Closed
 
-    def _work(self) -> None:
-        while True:
-            with self._cond:
-                self._running = False
-                self._cond.notify_all()
-                self._cond.wait_for(lambda: (self._jobs and self._foreground == 0) or self._closed)
-                if self._closed:
-                    return
-                job = self._jobs.popleft()
-                self._running = True
-            self._run(job)
+    def _ready(self) -> bool:
+        return bool(self._jobs) and self._foreground == 0
 
     def _run(self, job: _Job) -> None:
         layer = job.attention()

@@ -1,0 +1,66 @@
+"""One background thread that runs queued jobs one at a time, started on the first job.
+
+The skeleton shared by the tile prefetch (``model.tilecache.Prefetch``) and the late head
+scores (``model.late_scores.ScoreWorker``): a queue and a flag guarded by one condition, a
+daemon thread that waits for work, takes one job under the lock and runs it outside it, and
+``wait_idle`` for tests, benchmarks and the CLI. Subclasses say what a job does (``_run``),
+when one may start (``_ready``), and what closing does with the jobs left (``_stop``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Generic, TypeVar
+
+J = TypeVar("J")
+
+
+class JobThread(Generic[J]):
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: deque[J] = deque()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._running = False  # a job is being run
+
+    def _start(self) -> None:
+        """After jobs were queued (the caller holds ``_cond``): the thread runs, and is told."""
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._thread.start()
+        self._cond.notify_all()
+
+    def _ready(self) -> bool:
+        """Whether the next job may start (the caller holds ``_cond``)."""
+        return bool(self._jobs)
+
+    def _run(self, job: J) -> None:
+        raise NotImplementedError
+
+    def _stop(self) -> tuple[list[J], threading.Thread | None]:
+        """Closed: the jobs that will not run and the thread to join (after the job it is running)."""
+        with self._cond:
+            self._closed = True
+            left = list(self._jobs)
+            self._jobs.clear()
+            self._cond.notify_all()
+            return left, self._thread
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Until no job is left; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._jobs and not self._running, timeout)
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._running = False
+                self._cond.notify_all()
+                self._cond.wait_for(lambda: self._ready() or self._closed)
+                if self._closed:
+                    return
+                job = self._jobs.popleft()
+                self._running = True
+            self._run(job)
