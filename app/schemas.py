@@ -129,12 +129,15 @@ class HeadOut(BaseModel):
     head: int
     entropy: float | None = Field(description="mean row entropy, nats, exact over every row; null while pending "
                                               "(the run's scores_pending lists it)")
-    prev_token: float = Field(description="mean attention from token i to i-1")
-    first_token: float = Field(description="mean attention from token i to token 0 (sink)")
+    prev_token: float | None = Field(description="mean attention from token i to i-1, exact over every row; null "
+                                                 "while pending (the run's scores_pending lists it)")
+    first_token: float | None = Field(description="mean attention from token i to token 0 (sink), exact over every "
+                                                  "row; null while pending (the run's scores_pending lists it)")
     max: float | None = Field(description="mean over rows of the largest weight, exact over every row; null while "
                                           "pending (the run's scores_pending lists it)")
     induction: float | None = Field(description="mean attention to the token after an earlier copy of the query's "
-                                                "token; null without repeats")
+                                                "token; null without repeats, or while pending (the run's "
+                                                "scores_pending lists it)")
 
 
 class SparsityHead(BaseModel):
@@ -163,8 +166,10 @@ class RunOut(BaseModel):
     heads: list[HeadOut]
     timing_ms: dict[str, float]
     scores_pending: list[str] = Field(
-        default=[], description="head score fields still being computed after this response (\"entropy\", "
-                                "\"max\"): null in `heads` until then; GET /api/runs/{run_id}/heads returns them")
+        default=[], description="head score fields still being computed after this response (on layers the "
+                                "fused kernel ran: \"entropy\", \"max\", \"prev_token\", \"first_token\", "
+                                "\"induction\"): null in `heads` until then; GET /api/runs/{run_id}/heads?wait=S "
+                                "returns them")
 
 
 class HeadsOut(BaseModel):

@@ -16,10 +16,10 @@ class HeadScore:
     layer: int
     head: int
     entropy: float | None  # mean over query rows of the row's entropy, nats; None while pending
-    prev_token: float  # mean attention from i to i-1 (i >= 1)
-    first_token: float  # mean attention from i to token 0 (i >= 1): the "sink"
+    prev_token: float | None  # mean attention from i to i-1 (i >= 1); None while pending
+    first_token: float | None  # mean attention from i to token 0 (i >= 1): the "sink"; None while pending
     max: float | None  # mean over rows of the largest weight: how peaked the head is; None while pending
-    induction: float | None  # mean attention to the token after an earlier copy; None if no repeats
+    induction: float | None  # mean attention to the token after an earlier copy; None if no repeats or pending
 
 
 # an accumulator's field -> the HeadScore field it fills
@@ -116,7 +116,7 @@ class ScoreAccumulator:
         return self._first_seen[ids] + 1 < torch.arange(q0, q0 + r)
 
     def finish(self, layer: int, left: frozenset[str] = frozenset()) -> list[HeadScore]:
-        """Every head's scores. ``left``: fields ("entropy", "peak") not computed here but later (a fused
+        """Every head's scores. ``left``: fields (``SCORE_FIELDS``) not computed here but later (a fused
         forward leaves them to ``model.late_scores``): None until then, never a partial sum."""
         n, m = self.n, max(self.n - 1, 1)
         out = []
@@ -124,9 +124,10 @@ class ScoreAccumulator:
             induction = float(self.induction[h] / self.induction_rows) if self.induction_rows else None
             out.append(HeadScore(layer=layer, head=h,
                                  entropy=None if "entropy" in left else float(self.entropy[h] / n),
-                                 prev_token=float(self.prev[h] / m) if n > 1 else 0.0,
-                                 first_token=float(self.first[h] / m) if n > 1 else 0.0,
-                                 max=None if "peak" in left else float(self.peak[h] / n), induction=induction))
+                                 prev_token=None if "prev" in left else float(self.prev[h] / m) if n > 1 else 0.0,
+                                 first_token=None if "first" in left else float(self.first[h] / m) if n > 1 else 0.0,
+                                 max=None if "peak" in left else float(self.peak[h] / n),
+                                 induction=None if "induction" in left else induction))
         return out
 
 

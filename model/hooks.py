@@ -77,8 +77,10 @@ class Captures(dict[str, torch.Tensor]):
         self.timing_ms: dict[str, float] = {}
         self.layers: list[LayerAttention] = []  # filled by run_with_cache / finish
         self.head_scores: list[HeadScore] | None = None
-        # layers whose entropy and peak were left for later (``finish(..., defer=True)``): the fields owed
+        # layers whose scores were left for later (``finish(..., pending=...)``): the fields owed
         self.pending: dict[int, frozenset[str]] = {}
+        # leave a fused layer's previous-token, first-token and induction to that later sweep too
+        self.defer_pairs = False
 
     def _scored(self, call: AttentionCall) -> bool:
         """Does this layer's attention feed the head scores (a forward over the whole run from 0)?"""
@@ -100,7 +102,8 @@ class Captures(dict[str, torch.Tensor]):
 
         After the block path the layer's scores are complete; after the fused kernel (every causal
         pair visible, no soft-cap) previous-token, first-token and induction are summed here from
-        single dot products, and entropy and peak are left to ``finish``."""
+        single dot products, and entropy and peak are left to ``finish`` -- or, with ``defer_pairs``,
+        every field is left (the analyse answers first; ``model.late_scores`` computes them)."""
         self.calls[layer] = call
         r = q.shape[1]
         mask = call.mask if isinstance(call.mask, LazyMask) else None
@@ -113,6 +116,8 @@ class Captures(dict[str, torch.Tensor]):
         lse = lse.float()
         if blocks and layer in self.accumulators:
             self.accumulators[layer].todo.clear()  # every row's weights went through add()
+        elif not blocks and self.ids is not None and self._scored(call) and self.defer_pairs:
+            self.accumulators[layer] = ScoreAccumulator(q.shape[0], self.ids)  # every field owed
         elif not blocks and self.ids is not None and self._scored(call):
             if self._pairs is None:
                 self._pairs = pair_scores.InductionPairs.of(self.ids)
@@ -260,17 +265,23 @@ def publish(store: Captures, n_layers: int) -> None:
             store[name] = layer.k
 
 
-DEFERRABLE = frozenset({"entropy", "peak"})  # what a fused forward leaves; a later sweep computes it exactly
-
-
 def complete(acc: ScoreAccumulator, kept: LayerAttention) -> None:
-    """The scores a fused forward left (entropy, peak; induction too where the block path is needed),
-    exactly, with one more pass over the layer's visible cells."""
+    """The scores a fused forward left, exactly: on a fused causal layer from Q, K and lse
+    (``model.pair_scores``: previous-token, first-token and induction from single dot products, entropy
+    and peak with one more pass of the fused kernel), else with one more pass over the visible cells."""
     if not acc.todo:
         return
-    if acc.todo <= {"entropy", "peak"} and kept.fused_causal:
-        entropy, peak = pair_scores.entropy_and_peak(kept.q, kept.k, kept.lse, kept.scaling)
-        acc.add_sums(entropy=entropy, peak=peak)
+    if kept.fused_causal and kept.lse is not None:
+        q, k, lse, todo = kept.q, kept.k, kept.lse, acc.todo
+        sums: dict[str, torch.Tensor] = {}
+        if todo & {"prev", "first"}:
+            sums["prev"], sums["first"] = pair_scores.prev_first_sums(q, k, lse, scaling=kept.scaling, softcap=None)
+        if "induction" in todo:
+            sums["induction"] = pair_scores.induction_sums(q, k, lse, pair_scores.InductionPairs.of(acc.ids),
+                                                           scaling=kept.scaling, softcap=None)
+        if todo & {"entropy", "peak"}:
+            sums["entropy"], sums["peak"] = pair_scores.entropy_and_peak(q, k, lse, kept.scaling)
+        acc.add_sums(**{field: value for field, value in sums.items() if field in todo})
         return
     for q0, _q1, weights, _visible in kept.blocks():
         acc.add(q0, weights)
@@ -285,7 +296,8 @@ def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None,
     fields left by a fused forward, else from one sweep). ``timing`` gets "exact_scores": the ms of
     that sweep (fields left by the fused kernel, or every field of a recorded generation).
 
-    With ``pending`` (a dict to fill), the entropy and peak a fused forward left are not computed here:
+    With ``pending`` (a dict to fill), the fields a fused forward left (entropy and peak; every field
+    where the forward deferred its pair scores too: ``Captures.defer_pairs``) are not computed here:
     their heads' fields are None and ``pending[layer]`` names them, for ``model.late_scores`` to compute
     exactly from the kept layer after the caller has answered."""
     n_layers = lm.info.n_layers
@@ -310,7 +322,7 @@ def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None,
     if ids is None:
         return layers, None
     for i, acc in inline.items():
-        if pending is not None and acc.todo and acc.todo <= DEFERRABLE:
+        if pending is not None and acc.todo:
             pending[i] = frozenset(acc.todo)
         else:
             complete(acc, layers[i])
@@ -337,8 +349,10 @@ def run_with_cache(
     kept attention (``layers``) and, with ``scores``, every head's scores (``head_scores``);
     ``timing_ms``: "forward" (the model's forward with everything the capture computes on the way)
     and "exact_scores" (the sweep after it for the scores that need every cell again).
-    With ``defer``, that sweep is left out: the fields it owes are None in ``head_scores`` and named by
-    layer in ``pending`` (``model.late_scores`` computes them later, from the kept layers).
+    With ``defer``, that sweep is left out, and so are the fused layers' previous-token, first-token and
+    induction sums (about a third of the capture's own cost at 1k tokens): the fields owed are None in
+    ``head_scores`` and named by layer in ``pending`` (``model.late_scores`` computes them later, exactly,
+    from the kept layers).
 
     ``names`` keeps only what was asked for (a list of names or a predicate), like
     TransformerLens' ``names_filter``; a pattern asked for by name is rebuilt whole from the
@@ -348,6 +362,7 @@ def run_with_cache(
     ids = input_ids.to(lm.input_device)
     extra = {} if wanted(LOGITS) else last_logits_only(lm)
     with hooked(lm, wanted, ids if scores else None) as store, torch.inference_mode():
+        store.defer_pairs = defer
         t0 = time.perf_counter()
         out = lm.model(input_ids=ids[None, :], use_cache=False, **extra)
         store.layers, store.head_scores = finish(lm, [store], ids if scores else None, store.timing_ms,

@@ -1,9 +1,11 @@
 """Head scores a run still owes, computed exactly after the analyse has answered.
 
-A forward through the fused kernel (``model.capture``) gets previous-token, first-token and induction
-from Q, K and each row's lse on the way (``model.pair_scores``); entropy and peak (a row's largest
-weight) need every visible cell once more. That sweep costs about as much as the forward itself, so
-``Engine.analyse`` answers without it: the run is stored with those fields None and named in
+A forward through the fused kernel (``model.capture``) keeps Q, K and each row's lse; every head score
+follows from them exactly (``model.pair_scores``): previous-token, first-token and induction from single
+dot products, entropy and peak (a row's largest weight) from every visible cell once more. That sweep
+costs about as much as the forward itself, and even the dot products cost a third of the capture's own
+time at 1k tokens, so ``Engine.analyse`` answers without any of them (``run_with_cache(defer=True)``;
+a layer that took the block path has its scores complete): the run is stored with those fields None and named in
 ``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in one background thread from
 what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as before
 (``model.hooks.complete``), then swaps the completed summary into the stored run.
@@ -31,7 +33,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.analysis import SCORE_NAMES, HeadScore, ScoreAccumulator
+from model.analysis import SCORE_FIELDS, SCORE_NAMES, HeadScore, ScoreAccumulator
 from model.attention import LayerAttention
 from model.capture import BLOCK_CELLS
 from model.hooks import complete
@@ -52,23 +54,25 @@ class PendingScores:
     ``done`` is set once the scores are in the run's summary, or the run was evicted first, or the
     sweep failed (``error``)."""
 
-    fields: dict[int, frozenset[str]]  # layer -> accumulator fields owed ("entropy", "peak")
+    fields: dict[int, frozenset[str]]  # layer -> accumulator fields owed (``SCORE_FIELDS``)
     started: float  # perf_counter when the analyse began (for "scores_ready")
     done: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
 
     @property
     def names(self) -> list[str]:
-        """The owed fields as HeadScore (and API) names, e.g. ["entropy", "max"]."""
+        """The owed fields as HeadScore (and API) names, e.g. ["entropy", "max", "prev_token", "first_token",
+        "induction"]."""
         owed = set().union(*self.fields.values()) if self.fields else set()
-        return [SCORE_NAMES[f] for f in ("entropy", "peak") if f in owed]
+        return [SCORE_NAMES[f] for f in SCORE_FIELDS if f in owed]
 
 
 def sweep_bytes(layer: LayerAttention) -> int:
     """The sweep's transient memory for one layer: the fused kernel's P K (H, n, dh) with its lse, the
-    row statistics (a few (H, n) tensors) and a tile or block of logits."""
+    row statistics (a few (H, n) tensors), a tile or block of logits, and the induction pairs' layout
+    (``InductionPairs``: 56 bytes a position, with the sort's temporaries under 96)."""
     h, n, dh = layer.q.shape
-    return 4 * (h * n * (dh + 8) + 2 * BLOCK_CELLS)
+    return 4 * (h * n * (dh + 8) + 2 * BLOCK_CELLS) + 96 * n
 
 
 def layer_scores(kept: LayerAttention, ids: torch.Tensor, fields: frozenset[str], layer: int) -> list[HeadScore]:

@@ -44,7 +44,8 @@ def main() -> None:
         n = len(tokens)
         half = n // 2
         second = range(half, n - 1)  # predictions of tokens 2..k of the second copy
-        scored = [h for h in run["heads"] if h["induction"] is not None]
+        heads = client.get(f"/api/runs/{rid}/heads", params={"wait": 60}).json()["heads"]  # the late scores in
+        scored = [h for h in heads if h["induction"] is not None]
         best = max(scored, key=lambda h: h["induction"])
         control = min(scored, key=lambda h: h["induction"])
         rows = []

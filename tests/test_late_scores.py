@@ -1,5 +1,5 @@
 """Head scores that follow the analyse (model/late_scores.py): the analyse answers after its forward
-with entropy and max pending, a background sweep computes them exactly (equal to the scores of
+with a fused layer's scores pending, a background sweep computes them exactly (equal to the scores of
 ``output_attentions=True``), the API says which are pending and hands them out when ready, and a run
 evicted before its scores are in is skipped without harm."""
 
@@ -26,6 +26,7 @@ from tests.tinytok import tiny_tokenizer
 
 TEXT = "the cat sat on the mat; the cat sat on the hat. " * 2  # 96 tokens: within the families' 128 positions
 WAIT = 60.0
+ALL = ("entropy", "max", "prev_token", "first_token", "induction")  # what a fused layer owes after the analyse
 
 
 def _lm(family: Family) -> LoadedModel:
@@ -80,11 +81,10 @@ def test_late_scores_equal_output_attentions(family: Family) -> None:
         ids = ids_tensor(tokenize(lm.tokenizer, TEXT))
         want = _reference(lm, ids)
         for got, ref in zip(first.heads, want, strict=True):  # what the response carries
-            for field in ("prev_token", "first_token", "induction"):
-                assert getattr(got, field) == pytest.approx(getattr(ref, field), abs=1e-5), (got, field)
-            for field in ("entropy", "max"):  # a layer's value is the score, or None while it is pending
-                if getattr(got, field) is None:
-                    assert field in first.scores_pending
+            late = got.entropy is None  # a fused layer owes every score; a block-path layer has them all
+            for field in ("entropy", "prev_token", "first_token", "max", "induction"):
+                if late:
+                    assert getattr(got, field) is None and field in first.scores_pending, (got, field)
                 else:
                     assert getattr(got, field) == pytest.approx(getattr(ref, field), abs=1e-5), (got, field)
         assert bool(first.scores_pending) == any(h.entropy is None for h in first.heads)
@@ -99,20 +99,21 @@ def test_late_scores_equal_output_attentions(family: Family) -> None:
         engine.close()
 
 
-def test_the_fused_path_leaves_entropy_and_max_and_the_run_does_not_grow(llama: tuple[Engine, LoadedModel]) -> None:
+def test_the_fused_path_leaves_its_scores_and_the_run_does_not_grow(llama: tuple[Engine, LoadedModel]) -> None:
     engine, lm = llama
     gate = Gate()
     engine.scores.pause = gate
     result = engine.analyse(TEXT)
     s = result.cache.summary
-    assert s.scores_pending == ("entropy", "max") and all(h.entropy is None and h.max is None for h in s.heads)
+    assert s.scores_pending == ALL and all(h.entropy is h.max is h.prev_token is h.first_token is h.induction is None
+                                           for h in s.heads)
     assert {"forward", "total"} <= set(s.timing_ms) and "exact_scores" not in s.timing_ms
     counted, kept = engine.store.nbytes, result.cache.nbytes
     assert kept == estimate(lm, len(s.tokens), 10).keep  # the pending heads are counted as complete ones
     gate.open.set()
     done = engine.wait_scores(result.run_id, WAIT)
     assert done is result.cache and done.summary.scores_pending == ()
-    assert all(h.entropy is not None and h.max is not None for h in done.summary.heads)
+    assert all(None not in (h.entropy, h.max, h.prev_token, h.first_token, h.induction) for h in done.summary.heads)
     assert engine.store.nbytes == counted and done.nbytes == kept  # nothing attached, nothing grew
     assert engine.scores.wait_idle(WAIT) and engine.scores.pending() == 0
 
@@ -133,7 +134,7 @@ def test_a_run_evicted_before_its_scores_is_skipped(llama: tuple[Engine, LoadedM
         assert err.value.expired
         assert engine.wait_scores(new.run_id, WAIT).summary.scores_pending == ()
         assert engine.scores.wait_idle(WAIT)
-        assert old.cache.summary.scores_pending == ("entropy", "max")  # the evicted run was left alone
+        assert old.cache.summary.scores_pending == ALL  # the evicted run was left alone
         assert old.cache.pending is not None and old.cache.pending.done.is_set() and old.cache.pending.error is None
         assert engine.store.nbytes == new.cache.nbytes
     finally:
@@ -150,11 +151,11 @@ def test_the_api_marks_pending_scores_and_hands_them_out(llama: tuple[Engine, Lo
         assert r.status_code == 201
         run = r.json()
         rid = run["run_id"]
-        assert run["scores_pending"] == ["entropy", "max"]
-        assert all(h["entropy"] is None and h["max"] is None and h["prev_token"] is not None for h in run["heads"])
+        assert run["scores_pending"] == list(ALL)
+        assert all(h[f] is None for h in run["heads"] for f in ALL)
         assert "exact_scores" not in run["timing_ms"]
         early = client.get(f"/api/runs/{rid}/heads")
-        assert early.status_code == 202 and early.json()["scores_pending"] == ["entropy", "max"]
+        assert early.status_code == 202 and early.json()["scores_pending"] == list(ALL)
         assert client.get(f"/api/runs/{rid}/heads", params={"wait": 0.2}).status_code == 202  # time up, still owed
         gate.open.set()
         late = client.get(f"/api/runs/{rid}/heads", params={"wait": WAIT})
@@ -187,7 +188,7 @@ def test_a_failed_sweep_is_reported_not_pending_forever(llama: tuple[Engine, Loa
         r = client.get(f"/api/runs/{rid}/heads", params={"wait": WAIT})
         assert r.status_code == 200
         body = r.json()
-        assert body["scores_pending"] == ["entropy", "max"] and "out of paper" in body["error"]
+        assert body["scores_pending"] == list(ALL) and "out of paper" in body["error"]
         assert all(h["entropy"] is None for h in body["heads"])
         assert client.get("/api/models").status_code == 200  # the server goes on
 
@@ -204,4 +205,4 @@ def test_closing_the_engine_says_the_scores_will_not_come(llama: tuple[Engine, L
     assert not closing.is_alive()
     pending = result.cache.pending
     assert pending is not None and pending.done.is_set() and pending.error == late_scores.STOPPED
-    assert engine.wait_scores(result.run_id, 0).summary.scores_pending == ("entropy", "max")
+    assert engine.wait_scores(result.run_id, 0).summary.scores_pending == ALL

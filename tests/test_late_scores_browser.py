@@ -27,7 +27,7 @@ def test_the_head_grid_says_computing_and_fills_in(page: object, base_url: str, 
         with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as posted:
             page.goto(f"{base_url}/?text={quote(TEXT)}&sort=entropy")
         run = posted.value.json()
-        assert run["scores_pending"] == ["entropy", "max"]
+        assert run["scores_pending"] == ["entropy", "max", "prev_token", "first_token", "induction"]
         # everything but the late scores is drawn while they are owed
         page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n "
                                "&& document.querySelectorAll('[data-testid=head-cell]').length > 0", timeout=60_000)
@@ -37,6 +37,7 @@ def test_the_head_grid_says_computing_and_fills_in(page: object, base_url: str, 
         assert "computing…" in cells.first.locator(".lbl").inner_text()
         assert "computing…" in (cells.first.get_attribute("aria-label") or "")
         assert "computing…" in page.locator("#heat-caption").inner_text()
+        assert page.locator("[data-testid=head-cell] [data-badge]").count() == 0  # no badge from a missing score
         status = page.get_by_test_id("scores-status")
         assert status.is_visible() and str(len(run["tokens"])) in status.inner_text()
         gate.set()
@@ -51,6 +52,11 @@ def test_the_head_grid_says_computing_and_fills_in(page: object, base_url: str, 
         first = want[0]
         assert cells.first.locator(".lbl").inner_text() == f"L{first.layer}H{first.head} {first.entropy:.1f}"
         assert "computing…" not in page.locator("#heat-caption").inner_text()
+        induction = [h for h in heads if (h.induction or 0.0) >= 0.3]  # the headgrid's threshold for "I"
+        assert induction  # the prompt repeats itself: the bundled model's induction heads light up
+        badged = page.locator("[data-testid=head-cell]:has([data-badge=ind])")
+        assert sorted((int(c.get_attribute("data-layer") or -1), int(c.get_attribute("data-head") or -1))
+                      for c in badged.all()) == sorted((h.layer, h.head) for h in induction)
     finally:
         bundled_engine.scores.pause = before
         gate.set()

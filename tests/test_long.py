@@ -97,8 +97,13 @@ def test_a_16k_run_is_analysed_in_bounded_memory_and_its_tiles_are_exact() -> No
         np.testing.assert_allclose(pooled[-1], want_last, atol=1e-5, rtol=1e-4)  # float32 sums over 16k keys
         assert np.isnan(pooled[0, 1:]).all() and not np.isnan(np.diag(pooled)).any()
 
-        # head scores are exact over every row: previous-token from the references' rows
-        prev = next(h for h in run["heads"] if h["layer"] == 1 and h["head"] == 3)["prev_token"]
+        # every head score follows the response (model/late_scores.py), exact over every row
+        late_fields = ["entropy", "max", "prev_token", "first_token", "induction"]
+        assert run["scores_pending"] == late_fields and all(run["heads"][0][f] is None for f in late_fields)
+        heads = client.get(f"/api/runs/{run_id}/heads", params={"wait": 60})
+        assert heads.status_code == 200, heads.text[:300]
+        late = next(h for h in heads.json()["heads"] if h["layer"] == 1 and h["head"] == 3)
+        prev = late["prev_token"]  # previous-token from the references' rows
         diagonal = []
         for q0 in range(1, N, 2048):
             q1 = min(N, q0 + 2048)
@@ -106,11 +111,7 @@ def test_a_16k_run_is_analysed_in_bounded_memory_and_its_tiles_are_exact() -> No
             diagonal.append(block.diagonal())  # row i, key i - 1
         assert prev == pytest.approx(float(torch.cat(diagonal).double().mean()), abs=1e-6)
 
-        # entropy and max follow the response (every cell once more), exact over every row
-        assert run["scores_pending"] == ["entropy", "max"] and run["heads"][0]["entropy"] is None
-        heads = client.get(f"/api/runs/{run_id}/heads", params={"wait": 60})
-        assert heads.status_code == 200, heads.text[:300]
-        late = next(h for h in heads.json()["heads"] if h["layer"] == 1 and h["head"] == 3)
+        # entropy and max (every cell once more)
         entropy = peak = 0.0
         for q0 in range(0, N, 1024):
             w = cache.attention[1].rows(3, q0, q0 + 1024, 0, q0 + 1024)[0].double()  # (r, keys up to the last row)

@@ -385,7 +385,7 @@ export default {
  "attr.title": "direct contributions to {what}",
  "attr.summary": "{what} = {logit} = embeddings {embed} + heads + biases + MLPs + final norm shift {shift} (float residue {residue}). The final norm's scale at this position is frozen, so the terms add up. Click a head to select it.",
  "x.sparsity.busy": "computing sparsity: every cell of every head over {n} tokens…",
- "x.scores.busy": "computing entropy and largest weight: every cell of every head over {n} tokens, after the analyse…",
+ "x.scores.busy": "computing the head scores (entropy, largest weight, previous-token, first-token, induction) over {n} tokens, after the analyse…",
  "x.scores.pending": "computing…",
  "attr.note": " Note: {note}.",
  "attr.final": "after the LM head the model {steps}; the attributed logit is the one before that",

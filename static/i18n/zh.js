@@ -385,7 +385,7 @@ export default {
  "attr.title": "对 {what} 的直接贡献",
  "attr.summary": "{what} = {logit} = Embedding {embed} + 各个头 + 偏置 + 各层 FFN + 最终归一化的平移 {shift}（浮点残差 {residue}）。这个位置上最终归一化的缩放系数被固定，所以各项正好相加。点击一个头可以选中它。",
  "x.sparsity.busy": "正在计算稀疏度：{n} 个 token 上每个头的每个格子…",
- "x.scores.busy": "正在计算熵和最大权重：分析之后，{n} 个 token 上每个头的每个格子…",
+ "x.scores.busy": "分析之后正在计算 {n} 个 token 上各注意力头的分数（熵、最大权重、前一 token、首 token、归纳）…",
  "x.scores.pending": "计算中…",
  "attr.note": " 注：{note}。",
  "attr.final": "在 LM Head 之后，模型{steps}；这里分解的 logit 是这一步之前的值",

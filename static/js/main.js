@@ -4,7 +4,7 @@ import { getAttentionBin, getAttentionF32, getBlob, getJSON, getRow, isAbort, po
 import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
 import { cellText, drawHeatmap, rangesFrom, tickBudget, ticks, wireHover } from "./views/heatmap.js";
-import { HeadGrid, scoreText } from "./views/headgrid.js";
+import { HeadGrid, inductionText, pending, scoreText } from "./views/headgrid.js";
 import { LiveHeatmap } from "./views/live.js";
 import { drawFocusBars, drawFocusLines, focusNote } from "./views/focus.js";
 import { EXACT_MAX, TileView, binOf, binText, poolingText, windowFrom } from "./views/tiled.js";
@@ -109,8 +109,8 @@ function cached(cache, key, load) {
 function headCaption(run, layer, head) {
   const score = run.heads.find((h) => h.layer === layer && h.head === head);
   $("#heat-title").textContent = t("x.heat.tokens", { n: run.tokens.length });
-  $("#heat-caption").textContent = t("x.heat.title", { layer, head, entropy: scoreText(score.entropy, 2), prev: fmt(score.prev_token, 2), first: fmt(score.first_token, 2) }) +
-    (score.induction === null ? "" : t("x.heat.induction", { ind: fmt(score.induction, 2) }));
+  $("#heat-caption").textContent = t("x.heat.title", { layer, head, entropy: scoreText(score.entropy, 2), prev: scoreText(score.prev_token, 2), first: scoreText(score.first_token, 2) }) +
+    (score.induction === null && !pending(score) ? "" : t("x.heat.induction", { ind: inductionText(score, 2) }));
 }
 
 function wireHeatmap(div) {
@@ -507,10 +507,12 @@ function loadSparsity(run) {
   return sparsityAsked.get(run);
 }
 
-// Entropy and max need every cell of every head once more: the server computes them after the
-// analyse has answered (the run lists them in scores_pending, null until then). The page draws
-// at once, says "computing…" where they belong, and fills them in (re-sorting a grid sorted by
-// them) when a waiting request for the run's heads returns them.
+// A fused layer's head scores (entropy and max need every cell of every head once more; previous-token,
+// first-token and induction a few dot products a row): the server computes them after the analyse has
+// answered (the run lists them in scores_pending, null until then). The page draws at once, says
+// "computing…" where they belong, and fills them in (badges too; re-sorting a grid sorted by them)
+// when a waiting request for the run's heads returns them.
+const LATE_SORTS = new Set(["entropy", "max", "prev_token", "first_token", "induction"]);
 const scoresAsked = new WeakMap(); // run -> the one wait for its late scores
 
 function scoresNote(run) {
@@ -527,10 +529,10 @@ function loadScores(run) {
       try {
         const done = await waitHeads(run.run_id);
         if (done.error) throw new Error(done.error);
-        done.heads.forEach((s, i) => { run.heads[i].entropy = s.entropy; run.heads[i].max = s.max; });
+        done.heads.forEach((s, i) => Object.assign(run.heads[i], s));
         run.scores_pending = done.scores_pending;
         if (state.run !== run) return;
-        if (state.sort === "entropy" || state.sort === "max") grid.render(run, state.sort, state, state.model);
+        if (LATE_SORTS.has(state.sort)) grid.render(run, state.sort, state, state.model);
         else grid.annotate(run);
         headCaption(run, state.layer, state.head);
       } catch (err) {

@@ -40,9 +40,21 @@ export function drawThumb(canvas, tile, head) {
   ctx.putImageData(img, 0, 0);
 }
 
-// A score, or "computing…" while the server still owes it (entropy and max follow the analyse: null until then).
+// A score, or "computing…" while the server still owes it (a fused layer's scores follow the analyse:
+// null until then).
 export function scoreText(value, digits) {
   return value === null || value === undefined ? t("x.scores.pending") : fmt(value, digits);
+}
+
+// Is this head's layer still owed its scores? Entropy is owed with the others on every deferred layer.
+export function pending(s) {
+  return s.entropy === null;
+}
+
+// The induction score: "computing…" while owed, "n/a (no repeats)" when the prompt repeats no token.
+export function inductionText(s, digits) {
+  if (s.induction !== null) return fmt(s.induction, digits);
+  return pending(s) ? t("x.scores.pending") : t("x.grid.no_repeats");
 }
 
 function describe(s, kvHead) {
@@ -50,7 +62,7 @@ function describe(s, kvHead) {
   return t("x.grid.describe", {
     layer: s.layer, head: s.head, kv: kvHead === null ? "" : t("x.grid.shares_kv", { kv: kvHead }), entropy: scoreText(s.entropy, 2),
     max: scoreText(s.max, 2),
-    prev: fmt(s.prev_token, 2), first: fmt(s.first_token, 2), ind: s.induction === null ? t("x.grid.no_repeats") : fmt(s.induction, 2),
+    prev: scoreText(s.prev_token, 2), first: scoreText(s.first_token, 2), ind: inductionText(s, 2),
   }) + sparsity;
 }
 
@@ -66,6 +78,12 @@ function badgesFor(score, n) {
   const chance = uniformScore(n);
   return BADGES.filter(([name, key, threshold]) => score[key] !== null &&
     score[key] >= (name === "ind" ? threshold : Math.max(threshold, 2 * chance)));
+}
+
+// A cell's P/S/I badges (none while its scores are owed; set again when they arrive).
+function fillBadges(badges, s, n) {
+  badges.replaceChildren(...badgesFor(s, n).map(([name, , , , letter]) =>
+    el("b", { class: `badge ${name}`, text: letter, title: t(`x.badge.${name}_title`), dataset: { badge: name } })));
 }
 
 export class HeadGrid {
@@ -140,9 +158,7 @@ export class HeadGrid {
       }
       const canvas = el("canvas", { width: THUMB, height: THUMB });
       const badges = el("span", { class: "badges" });
-      for (const [name, , , , letter] of badgesFor(s, run.tokens.length)) {
-        badges.append(el("b", { class: `badge ${name}`, text: letter, title: t(`x.badge.${name}_title`), dataset: { badge: name } }));
-      }
+      fillBadges(badges, s, run.tokens.length);
       const cell = el("button", {
         type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",
         title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
@@ -175,15 +191,16 @@ export class HeadGrid {
     }
   }
 
-  // A cell's entropy label and its spoken name ("computing…" while the entropy is still owed).
+  // A cell's entropy label and its spoken name ("computing…" while its scores are still owed).
   label(cell, s) {
     const text = this.byPosition ? scoreText(s.entropy, 2) : `L${s.layer}H${s.head} ${scoreText(s.entropy, 1)}`;
     cell.querySelector(".lbl").textContent = text;
     cell.setAttribute("aria-label", t("x.grid.cell_aria", { layer: s.layer, head: s.head, entropy: scoreText(s.entropy, 2) }));
-    cell.dataset.pending = s.entropy === null ? "1" : "";
+    cell.dataset.pending = pending(s) ? "1" : "";
   }
 
-  // Scores that arrive after the run (entropy and max, sparsity): into each cell's label and tooltip.
+  // Scores that arrive after the run (a fused layer's head scores, sparsity): into each cell's label,
+  // tooltip and badges.
   annotate(run) {
     const kv = this.container.querySelectorAll("[data-testid=kv-group]").length || run.n_heads;
     const group = run.n_heads / kv;
@@ -191,6 +208,7 @@ export class HeadGrid {
       const s = run.heads.find((h) => h.layer === Number(cell.dataset.layer) && h.head === Number(cell.dataset.head));
       cell.title = describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null);
       this.label(cell, s);
+      fillBadges(cell.querySelector(".badges"), s, run.tokens.length);
       if (s.keys_90 !== undefined) cell.dataset.keys90 = fmt(s.keys_90, 1);
     }
   }
