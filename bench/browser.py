@@ -240,7 +240,7 @@ def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
         page.evaluate(PROBE)
         runs = [page.evaluate(ANALYSE_TO_OVERVIEW) for _ in range(repeats)]
         n = runs[-1]["n"]
-        # the head grid's thumbnails and the late entropy and max load after the overview: let them finish
+        # the head grid's thumbnails and the late head scores load after the overview: let them finish
         # (sparsity is not waited for: above 2,048 tokens the explorer asks for it only when a sort needs it)
         page.wait_for_function("() => document.querySelector('[data-testid=head-grid]').dataset.thumbLayers === "
                                "String(document.querySelector('#layer-picker').options.length) && "

@@ -6,7 +6,7 @@ For each model and prompt length n, alternates R times between
             residual stream, attention and MLP outputs, logits) kept
   POST:     the full HTTP request POST /api/runs through the ASGI app (tokenize, hooked
             forward, head scores, predictions at every position, JSON response; on the fused
-            path entropy and max follow the response in the background and are not in it)
+            path the head scores follow the response in the background and are not in it)
 and reports medians and their ratios to bare, plus the bytes per visible cell of one
 head's binary and JSON attention responses.
 
@@ -105,7 +105,7 @@ def measure(name: str, source: str, lengths: list[int], repeats: int) -> list[di
                 r = client.post("/api/runs", json={"text": text, "top_k": 10})
                 t3 = time.perf_counter()
                 assert r.status_code == 201, r.text
-                # entropy and max follow the response in the background: let them finish outside the timings
+                # the fused path's head scores follow the response in the background: let them finish outside the timings
                 client.get(f"/api/runs/{r.json()['run_id']}/heads", params={"wait": 60})
                 if rep:
                     bare_t.append(t1 - t0)

@@ -10,12 +10,12 @@ d_model 768, 1,024 positions) at 256 and 1,024. Per row:
 * SDPA: one plain forward of the same model with ``attn_implementation="sdpa"`` (last logits only);
 * capture forward: the engine's forward through attnscope's capture point (the "forward" of the run's
   ``timing_ms``): the layer outputs from torch's fused kernel with each row's lse, the kept Q/K and
-  residual stream, and the head scores that need no weight matrix (previous-token, first-token,
-  induction, from Q, K and lse);
+  residual stream (every head score follows from these after the response);
 * analyse → response: the whole ``engine.analyse`` (tokenize, the capture forward, predictions at every
   position, keeping the run) until it returns — what a client waits for the response;
-* exact entropy + peak: the sweep for the two scores that need every visible cell again (entropy: the
-  fused kernel once more, keys as values; each row's largest weight: tiled Q K^T maxima), which runs
+* exact scores: every head score from the kept Q, K and lse -- previous-token, first-token and
+  induction from single dot products, entropy and peak from every visible cell again (entropy: the
+  fused kernel once more, keys as values; each row's largest weight: tiled Q K^T maxima) -- which runs
   *after* the response in the engine's background worker (``model/late_scores.py``;
   ``timing_ms["exact_scores"]`` of the completed run);
 * capture + exact / SDPA: both model passes against SDPA — the model work of every exact score;
@@ -147,10 +147,10 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
         result = engine.analyse(text, key, top_k=10)
         analyses.append(1e3 * (time.perf_counter() - t0))
         assert "exact_scores" not in result.cache.summary.timing_ms  # the response did not wait for them
-        cache = engine.wait_scores(result.run_id, None)  # the background sweep for entropy and peak
+        cache = engine.wait_scores(result.run_id, None)  # the background sweep for the head scores
         timing = cache.summary.timing_ms
         captures.append(timing["forward"])  # the capture forward, inside analyse
-        exacts.append(timing["exact_scores"])  # the entropy + peak sweep, after the response
+        exacts.append(timing["exact_scores"])  # the head scores' sweep, after the response
         readies.append(timing["scores_ready"])  # analyse start -> the last score in
         peak = peak_rss()
     sdpa_ms, capture_ms, analyse_ms = statistics.median(sdpas), statistics.median(captures), statistics.median(analyses)
@@ -168,7 +168,7 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
     return {
         "model": key, "n": f"{n:,}", "SDPA forward": f"{sdpa_ms:,.0f} ms", "capture forward": f"{capture_ms:,.0f} ms",
         "capture / SDPA": f"{capture_ms / sdpa_ms:.2f}x", "analyse → response": f"{analyse_ms:,.0f} ms",
-        "exact entropy + peak (after the response)": f"{exact_ms:,.0f} ms",
+        "exact scores (after the response)": f"{exact_ms:,.0f} ms",
         "capture + exact / SDPA": f"{(capture_ms + exact_ms) / sdpa_ms:.2f}x",
         "analyse → all scores": f"{ready_ms:,.0f} ms",
         "kept": f"{cache.nbytes / MIB:,.1f} MiB", "dense fp32 patterns": f"{dense / MIB:,.0f} MiB",
@@ -216,12 +216,12 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
             "long-llama: Llama shape, 2 layers, d_model 128, 4 heads, 2 K/V heads, 32,768 positions; "
             "gpt2-small-shape: 12 layers x 12 heads, d_model 768. Both float32 on the CPU, random weights. "
             "'capture forward' is the forward through attnscope's capture point: layer outputs and row "
-            "normalisers from torch's fused kernel (the one SDPA runs), Q/K and the residual stream kept, and the "
-            "previous-token, first-token and induction scores from Q, K and lse (no weight matrix). 'analyse → "
+            "normalisers from torch's fused kernel (the one SDPA runs), Q/K and the residual stream kept. 'analyse → "
             "response' is the whole engine.analyse until it returns: tokenize, the capture forward, next-token "
-            "predictions at every position (top-10) and keeping the run. 'exact entropy + peak' is the sweep for "
-            "the two scores that need every visible cell again (the fused kernel once more with the keys as "
-            "values, and tiled Q K^T row maxima): it runs after the response, in the engine's background worker; "
+            "predictions at every position (top-10) and keeping the run. 'exact scores' is the sweep for every head "
+            "score from the kept Q, K and lse: previous-token, first-token and induction from single dot products, "
+            "entropy and peak from every visible cell again (the fused kernel once more with the keys as values, "
+            "and tiled Q K^T row maxima): it runs after the response, in the engine's background worker; "
             "'capture + exact / SDPA' is the model work of every exact score against SDPA, and 'analyse → all "
             "scores' the time from the analyse's start until the last of them is in. "
             "'Chromium' (with --browser): the explorer in headless Chromium on the same prompt — from the analyse "
