@@ -1,6 +1,6 @@
-"""The explorer while entropy and max are still being computed after the analyse answered: the page
+"""The explorer while the head scores are still being computed after the analyse answered: the page
 draws at once, the head grid and the heatmap caption say "computing…", and the scores fill in (a grid
-sorted by entropy re-sorts) when they arrive."""
+sorted by entropy re-sorts, the badges appear) when they arrive; a new run cancels the last one's wait."""
 
 from __future__ import annotations
 
@@ -57,6 +57,37 @@ def test_the_head_grid_says_computing_and_fills_in(page: object, base_url: str, 
         badged = page.locator("[data-testid=head-cell]:has([data-badge=ind])")
         assert sorted((int(c.get_attribute("data-layer") or -1), int(c.get_attribute("data-head") or -1))
                       for c in badged.all()) == sorted((h.layer, h.head) for h in induction)
+    finally:
+        bundled_engine.scores.pause = before
+        gate.set()
+
+
+def test_a_new_run_cancels_the_last_runs_wait(page: object, base_url: str, bundled_engine: Engine) -> None:
+    """The page waits for one run's scores at a time: a wait left open for a run the page has moved on from
+    would hold one of the browser's few connections to the server while tiles are asked for."""
+    gate = threading.Event()
+    before = bundled_engine.scores.pause
+    bundled_engine.scores.pause = lambda: gate.wait(120)  # no score is computed until the test has looked
+    failed: list[str] = []
+    page.on("requestfailed", lambda r: failed.append(r.url) if "/heads?wait=" in r.url else None)
+    try:
+        with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as posted:
+            page.goto(f"{base_url}/?text={quote(TEXT)}")
+        first = posted.value.json()["run_id"]
+        page.wait_for_function("() => document.querySelector('[data-testid=head-cell][data-pending=\"1\"]')",
+                               timeout=60_000)
+        page.fill("[data-testid=prompt-input]", "A second prompt, analysed while the first one's scores are owed.")
+        with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as second:
+            page.get_by_test_id("analyze-button").click()
+        assert second.value.json()["run_id"] != first
+        page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell]').length > 0", timeout=60_000)
+        page.wait_for_timeout(500)
+        assert any(f"/runs/{first}/heads" in url for url in failed)  # the first run's wait was cancelled
+        assert not any(f"/runs/{second.value.json()['run_id']}/heads" in url for url in failed)
+        gate.set()
+        page.wait_for_function("() => !document.querySelector('[data-testid=head-cell][data-pending=\"1\"]')",
+                               timeout=60_000)
+        assert page.get_by_test_id("error-message").is_hidden()  # the cancelled wait is not reported as an error
     finally:
         bundled_engine.scores.pause = before
         gate.set()

@@ -469,7 +469,7 @@ async function loadRun(run, initial = {}) {
   await pause("grid");
   if (state.run !== run) return;
   grid.render(run, state.sort, { layer, head }, model);
-  loadScores(run); // entropy and max, computed after the analyse answered: filled in when they arrive
+  loadScores(run); // the head scores computed after the analyse answered: filled in when they arrive
   await pause("next");
   if (state.run !== run) return;
   drawNextSoon();
@@ -513,6 +513,9 @@ function loadSparsity(run) {
 // "computing…" where they belong, and fills them in (badges too; re-sorting a grid sorted by them)
 // when a waiting request for the run's heads returns them.
 const LATE_SORTS = new Set(["entropy", "max", "prev_token", "first_token", "induction"]);
+// the page's one wait for late scores: a new run's wait cancels the last run's, so that stale waits never
+// hold the browser's few connections to the server while tiles are asked for
+let scoresWait = null; // { run, controller }
 const scoresAsked = new WeakMap(); // run -> the one wait for its late scores
 
 function scoresNote(run) {
@@ -523,11 +526,18 @@ function scoresNote(run) {
 
 function loadScores(run) {
   scoresNote(run);
+  if (scoresWait && scoresWait.run !== run) {
+    scoresWait.controller.abort();
+    scoresAsked.delete(scoresWait.run); // coming back to that run asks again
+    scoresWait = null;
+  }
   if (!(run.scores_pending || []).length) return Promise.resolve();
   if (!scoresAsked.has(run)) {
+    const controller = new AbortController();
+    scoresWait = { run, controller };
     scoresAsked.set(run, (async () => {
       try {
-        const done = await waitHeads(run.run_id);
+        const done = await waitHeads(run.run_id, { signal: controller.signal });
         if (done.error) throw new Error(done.error);
         done.heads.forEach((s, i) => Object.assign(run.heads[i], s));
         run.scores_pending = done.scores_pending;
@@ -537,8 +547,9 @@ function loadScores(run) {
         headCaption(run, state.layer, state.head);
       } catch (err) {
         scoresAsked.delete(run); // a later load of this run asks again
-        if (state.run === run) report(err);
+        if (state.run === run && !isAbort(err)) report(err);
       } finally {
+        if (scoresWait && scoresWait.run === run) scoresWait = null;
         if (state.run === run) scoresNote(run);
       }
     })());
