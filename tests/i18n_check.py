@@ -29,7 +29,7 @@ ALLOWED = {
     "Causal", "Mask", "d_model", "d_head", "hidden", "representation", "residual", "stream", "Residual", "Stream", "Hidden", "Representation", "LM", "Head",
     "logit", "logits", "softmax", "Transformer", "Block", "Blocks", "Encoder", "Decoder", "only", "RNN", "RoPE", "GPT", "Llama",
     "QK", "KV", "Q", "K", "V", "W_O", "v", "x", "h", "h_t", "x_t", "t", "n", "k", "i", "p", "cos", "tanh", "E", "X",
-    "attnscope", "PNG", "SVG", "JSON", "ALiBi", "KL", "ln", "safetensors",
+    "attnscope", "PNG", "SVG", "JSON", "OpenAPI", "ALiBi", "KL", "ln", "safetensors",
 }
 
 # Every string a reader can see or hover, and the token text among it, from the live page.

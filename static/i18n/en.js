@@ -3,6 +3,9 @@
 export default {
  "page.learn": "attnscope — learn",
  "page.explorer": "attnscope — see inside a transformer",
+ "page.docs": "attnscope API",
+ "docs.intro": "The JSON API behind the explorer (OpenAPI 3.1,",
+ "docs.intro_tail": "). Every page of the app draws from these endpoints. The endpoints' own descriptions below are in English.",
  "nav.explorer": "Explorer",
  "nav.learn": "Learn",
  "nav.api": "API",

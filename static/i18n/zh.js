@@ -3,6 +3,9 @@
 export default {
  "page.learn": "attnscope — 学习",
  "page.explorer": "attnscope — 看见 Transformer 的内部",
+ "page.docs": "attnscope 接口文档",
+ "docs.intro": "探索器背后的 JSON 接口（OpenAPI 3.1，",
+ "docs.intro_tail": "）。应用的每个页面都从这些接口取数据。下面各个接口自己的说明是英文的。",
  "nav.explorer": "探索器",
  "nav.learn": "学习",
  "nav.api": "接口文档",

@@ -1,7 +1,8 @@
 // One message catalogue per language (static/i18n/en.js, static/i18n/zh.js), shared by
 // Learn and the explorer. Keys are flat ("l3.note.adjacent"); "{name}" is a placeholder.
-// The language comes from ?lang=zh|en, else from the browser; switching rewrites every
-// [data-i18n*] node and calls each registered painter, without a reload.
+// The language comes from ?lang=zh|en, else from the reader's last choice (localStorage, so
+// it carries across pages), else from the browser; switching rewrites every [data-i18n*] node,
+// the nav links' ?lang= and calls each registered painter, without a reload.
 
 import en from "../i18n/en.js";
 import zh from "../i18n/zh.js";
@@ -10,10 +11,29 @@ export const LANGUAGES = ["en", "zh"];
 const catalogues = { en, zh };
 const painters = new Set();
 let current = "en";
+const STORE = "attnscope.lang";
+
+function stored() {
+  try {
+    return localStorage.getItem(STORE);
+  } catch {
+    return null; // storage blocked (private mode, file://): the URL still carries the choice
+  }
+}
+
+function remember(l) {
+  try {
+    localStorage.setItem(STORE, l);
+  } catch {
+    // storage blocked: the nav links' ?lang= still carry the choice
+  }
+}
 
 export function pickLanguage() {
   const fromUrl = new URLSearchParams(location.search).get("lang");
   if (LANGUAGES.includes(fromUrl)) return fromUrl;
+  const saved = stored();
+  if (LANGUAGES.includes(saved)) return saved;
   const wanted = navigator.languages && navigator.languages.length ? navigator.languages : [navigator.language || "en"];
   for (const l of wanted) {
     const base = String(l).toLowerCase().split("-")[0];
@@ -49,7 +69,17 @@ export function onLanguage(fn) {
   return () => painters.delete(fn);
 }
 
+// The site's own links (the nav) carry the language, so it follows the reader to the next page.
+function linkLanguage() {
+  for (const a of document.querySelectorAll("header.top nav a[href^='/']")) {
+    const url = new URL(a.getAttribute("href"), location.origin);
+    url.searchParams.set("lang", current);
+    a.setAttribute("href", `${url.pathname}${url.search}${url.hash}`);
+  }
+}
+
 function mark() {
+  linkLanguage();
   document.documentElement.lang = current === "zh" ? "zh-CN" : "en";
   document.documentElement.dataset.lang = current;
   if (document.body.dataset.titleKey) document.title = t(document.body.dataset.titleKey);
@@ -58,6 +88,7 @@ function mark() {
 export async function setLanguage(next) {
   if (!LANGUAGES.includes(next)) return;
   current = next;
+  remember(next);
   const params = new URLSearchParams(location.search);
   params.set("lang", next);
   history.replaceState(history.state, "", `${location.pathname}?${params}`);
