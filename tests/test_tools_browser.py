@@ -31,7 +31,9 @@ def chart(page: object, testid: str) -> dict:
     page.wait_for_function(f"() => {{ const d = document.querySelector('[data-testid={testid}]'); return d && d.data; }}")
     return page.evaluate(f"""() => {{
         const d = document.querySelector('[data-testid={testid}]');
-        return {{z: d.data[0].z, x: d.data[0].x, y: d.data[0].y, data: {{...d.dataset}}}};
+        const tr = d.data.find((x) => x.type === 'heatmap') || d.data[0];  // a hatched mask trace may lie under it
+        return {{z: tr.z, x: tr.x, y: tr.y, zmin: tr.zmin, zmax: tr.zmax, types: d.data.map((x) => x.type),
+                 fillpattern: d.data[0].fillpattern || null, layout: d.layout, data: {{...d.dataset}}}};
     }}""")
 
 
@@ -64,9 +66,13 @@ def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> 
     page.wait_for_selector("[data-testid=ablation-panel][data-heads='0']")
     kl = chart(page, "ablation-kl")
     assert kl["data"]["max"] == "0"  # nothing ablated: the model's own distribution
+    # KL >= 0 on a 0-based sequential scale: KL = 0 is the scale's white end, not mid-scale
+    assert kl["zmin"] == 0 and kl["zmax"] > 0
     page.get_by_test_id("ablate-1-1").click()
     page.wait_for_selector("[data-testid=ablation-panel][data-heads='1']")
     page.wait_for_function("() => Number(document.querySelector('[data-testid=ablation-kl]').dataset.max) > 0")
+    kl = chart(page, "ablation-kl")
+    assert kl["zmin"] == 0 and abs(kl["zmax"] - float(kl["data"]["max"])) < 1e-9
     assert page.get_by_test_id("ablate-1-1").get_attribute("aria-pressed") == "true"
     assert "1 head(s) ablated (zero)" in page.get_by_test_id("ablation-note").text_content()
     assert parse_qs(urlparse(page.url).query)["ablate"] == ["1.1"]
@@ -123,6 +129,11 @@ def test_compare_a_head_on_two_prompts(page: object, base_url: str) -> None:
     assert float(box.get_attribute("data-max-diff")) > 0
     diff = chart(page, "compare-diff")
     assert diff["z"][0][1] is None  # the causal mask stays empty in the difference
+    # ... and is hatched, as in the explorer's heatmap, in all three charts (never plain white)
+    for testid in ("compare-a", "compare-b", "compare-diff"):
+        drawn = chart(page, testid)
+        assert drawn["types"] == ["scatter", "heatmap"] and drawn["fillpattern"]["shape"] == "/"
+        assert drawn["data"]["masked"] == "1"
     assert "Both prompts have" in page.get_by_test_id("compare-note").text_content()
     shot(page, "tools-compare")
 
@@ -142,6 +153,26 @@ def test_compare_long_prompts_as_tiles(page: object, base_url: str) -> None:
     diff = chart(page, "compare-diff")
     assert len(diff["z"]) == 256 and len(diff["x"]) == 257 and diff["x"][-1] == n - 0.5
     assert diff["z"][0][-1] is None  # the causal future stays empty
+    assert diff["types"] == ["scatter", "heatmap"] and diff["fillpattern"]["shape"] == "/"  # and hatched
     note = page.get_by_test_id("compare-note").text_content()
     assert "256 × 256 grid" in note and "Largest change" in note
     assert page.get_by_test_id("error-message").is_hidden()
+
+
+def test_residual_cosine_axis_shows_a_negative_cosine(page: object, base_url: str) -> None:
+    """A cosine below 0 stays on the plot: the axis reaches down past it (it is not fixed at [0, 1])."""
+
+    def negative(route: object) -> None:
+        response = route.fetch()
+        body = response.json()
+        for layer in body["layers"]:
+            layer["cos_prev"] = [-0.63 for _ in layer["cos_prev"]]
+        route.fulfill(response=response, json=body)
+
+    page.route("**/api/runs/*/residual", negative)
+    open_view(page, base_url, "residual")
+    res = chart(page, "residual-chart")
+    low, high = res["layout"]["yaxis2"]["range"]
+    assert low < -0.63 and high >= 1
+    cos = page.evaluate("() => document.querySelector('[data-testid=residual-chart]').data[1].y")
+    assert all(low <= c <= high for c in cos)

@@ -61,10 +61,13 @@ export async function render(body, ctx) {
       xaxis: { rangemode: "tozero", title: { text: t("x.next.x") } },
       title: { text: t("abl.next_title", { pos }), font: { size: 12 } } });
     const ticks = tokenTicks(run.tokens);
-    await plot(kl, [{ type: "heatmap", z: [res.positions.map((q) => q.kl)], y: ["KL"], colorscale: SCALE, zmin: 0,
+    // KL >= 0: a sequential scale from 0 (white); nothing ablated is all white, not mid-scale
+    const kls = res.positions.map((q) => q.kl);
+    const klMax = Math.max(0, ...kls.filter(Number.isFinite));
+    await plot(kl, [{ type: "heatmap", z: [kls], y: ["KL"], colorscale: SCALE, zmin: 0, zmax: klMax > 0 ? klMax : 1,
       hovertemplate: t("abl.kl_hover"), colorbar: { thickness: 8, nticks: 3 } }],
     { margin: { l: 40, r: 10, t: 24, b: 60 }, xaxis: ticks, title: { text: t("abl.kl_title"), font: { size: 12 } } });
-    kl.dataset.max = String(Math.max(...res.positions.map((q) => q.kl)));
+    kl.dataset.max = String(klMax);
     panel.dataset.heads = String(heads.length);
     const a = p.actual_next;
     note.textContent = heads.length === 0 ? t("abl.none") :

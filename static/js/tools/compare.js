@@ -6,7 +6,7 @@ import { getAttentionBin, getTile, postJSON, rowOf } from "../api.js";
 import { TILE } from "../views/tiled.js";
 import { el, fmt } from "../dom.js";
 import { SCALE } from "../views/colour.js";
-import { DIVERGING, plot, tokenTicks } from "./common.js";
+import { DIVERGING, maskTriangle, plot, tokenTicks } from "./common.js";
 import { t } from "../i18n.js";
 
 function dense(slice) {
@@ -25,12 +25,16 @@ function rowsOf(tile) {
     (v) => (Number.isNaN(v) ? null : v)));
 }
 
-// edges: {x, y} bin boundaries of a pooled tile (positions on the axes), or null for one cell a token
-function draw(div, z, tokens, title, diff = false, edges = null) {
+// edges: {x, y} bin boundaries of a pooled tile (positions on the axes), or null for one cell a token;
+// causal: the head masks the future (hatched under the heatmap, never white like a zero weight)
+function draw(div, z, tokens, title, diff = false, edges = null, causal = false) {
   const ticks = edges ? { tickformat: "d", tickangle: -50 } : tokenTicks(tokens, 32);
   const where = edges ? { x: Array.from(edges.x, (e) => e - 0.5), y: Array.from(edges.y, (e) => e - 0.5) } : {};
-  return plot(div, [{ type: "heatmap", z, ...where, colorscale: diff ? DIVERGING : SCALE, zmin: diff ? -1 : 0, zmax: 1,
-    hovertemplate: t(edges ? "cmp.hover_bin" : "cmp.hover"), showscale: diff }],
+  const n = edges ? edges.x[edges.x.length - 1] : z.length;
+  const heat = { type: "heatmap", z, ...where, colorscale: diff ? DIVERGING : SCALE, zmin: diff ? -1 : 0, zmax: 1,
+    hovertemplate: t(edges ? "cmp.hover_bin" : "cmp.hover"), showscale: diff };
+  div.dataset.masked = causal && n > 1 ? "1" : "0";
+  return plot(div, causal && n > 1 ? [maskTriangle(n), heat] : [heat],
   { title: { text: title, font: { size: 12 } }, xaxis: ticks, yaxis: { ...ticks, autorange: "reversed", tickangle: 0 },
     margin: { l: 70, r: 10, t: 30, b: 70 } });
 }
@@ -43,9 +47,10 @@ async function compareTiles(ctx, run, runB, { a, b, d, box, note }) {
   const za = rowsOf(ta), zb = rowsOf(tb);
   const zd = za.map((row, i) => row.map((v, j) => (v === null || zb[i][j] === null ? null : zb[i][j] - v)));
   const edges = { x: ta.kEdges, y: ta.qEdges };
-  await draw(a, za, run.tokens, t("cmp.a", { layer: ctx.layer, head: ctx.head }), false, edges);
-  await draw(b, zb, runB.tokens, t("cmp.b", { layer: ctx.layer, head: ctx.head }), false, edges);
-  await draw(d, zd, runB.tokens, "B − A", true, edges);
+  const causal = ta.causal && tb.causal;
+  await draw(a, za, run.tokens, t("cmp.a", { layer: ctx.layer, head: ctx.head }), false, edges, causal);
+  await draw(b, zb, runB.tokens, t("cmp.b", { layer: ctx.layer, head: ctx.head }), false, edges, causal);
+  await draw(d, zd, runB.tokens, "B − A", true, edges, causal);
   let biggest = 0;
   for (const row of zd) for (const v of row) if (v !== null) biggest = Math.max(biggest, Math.abs(v));
   box.dataset.n = String(n);
@@ -86,9 +91,9 @@ export async function render(body, ctx) {
       const n = Math.min(sa.n, sb.n);
       const zd = Array.from({ length: n }, (_, i) => Array.from({ length: n }, (_, j) =>
         (za[i][j] === null || zb[i][j] === null ? null : zb[i][j] - za[i][j])));
-      await draw(a, za, run.tokens, t("cmp.a", { layer: ctx.layer, head: ctx.head }));
-      await draw(b, zb, runB.tokens, t("cmp.b", { layer: ctx.layer, head: ctx.head }));
-      await draw(d, zd, runB.tokens.slice(0, n), "B − A", true);
+      await draw(a, za, run.tokens, t("cmp.a", { layer: ctx.layer, head: ctx.head }), false, null, sa.causal);
+      await draw(b, zb, runB.tokens, t("cmp.b", { layer: ctx.layer, head: ctx.head }), false, null, sb.causal);
+      await draw(d, zd, runB.tokens.slice(0, n), "B − A", true, null, sa.causal && sb.causal);
       let biggest = 0;
       for (const row of zd) for (const v of row) if (v !== null) biggest = Math.max(biggest, Math.abs(v));
       box.dataset.n = String(n);
