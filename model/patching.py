@@ -42,7 +42,7 @@ from model.intervene import (
     with_hidden,
 )
 from model.loading import LoadedModel
-from model.tokens import display
+from model.tokens import tokenize
 
 Site = Literal["resid", "attn_out", "mlp_out", "heads"]
 SITES: tuple[Site, ...] = ("resid", "attn_out", "mlp_out", "heads")
@@ -185,9 +185,13 @@ def single_token(lm: LoadedModel, text: str, what: str) -> int:
     """The id of ``text`` if it is exactly one token (no special tokens added)."""
     ids: list[int] = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
-        pieces = [display(raw) for raw in lm.tokenizer.convert_ids_to_tokens(ids)]
+        pieces = [t.text for t in tokenize(lm.tokenizer, text, add_special_tokens=False)]  # display text, not BPE bytes
+        if len(pieces) > 1 and text.startswith(" ") and not pieces[0].strip():
+            hint = "here the leading space is a token of its own: try it without the space"
+        else:
+            hint = "a leading space is often part of an English word's token, e.g. ' Paris'"
         raise BadInput(f"{what} {text!r} is {len(ids)} tokens for this model ({pieces}); it must be exactly one "
-                       "token (a leading space is often part of the token, e.g. ' Paris')")
+                       f"token ({hint})")
     return int(ids[0])
 
 

@@ -177,3 +177,15 @@ def test_head_scores_come_from_the_engine(default_client: TestClient) -> None:
         scores = m["induction_scores"]
         assert len(scores) == m["n_layers"] and len(scores[0]) == m["n_heads"]
         assert len({round(v, 6) for row in scores for v in row}) > 1  # measured, not constant
+
+
+def test_a_multi_token_answer_is_named_in_display_text(default_client: TestClient) -> None:
+    """Patching's one-token check shows the pieces as the token strip does (never byte-level BPE strings like
+    'èĥ½'), and its hint fits the case: a Chinese answer with a space before it is two tokens because of it."""
+    body = {"clean": "我爱人工智", "corrupted": "我爱人工智", "answer": " 能", "wrong": "力"}
+    r = default_client.post("/api/patch", json=body)
+    assert r.status_code == 422
+    message = r.json()["message"]
+    assert "'能'" in message and "è" not in message and "the leading space is a token of its own" in message
+    r = default_client.post("/api/patch", json={**body, "answer": " Maryland"})
+    assert r.status_code == 422 and "' Paris'" in r.json()["message"] and "'land'" in r.json()["message"]
