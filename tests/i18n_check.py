@@ -17,9 +17,11 @@ I18N = Path(__file__).resolve().parents[1] / "static" / "i18n"
 
 
 def catalogue(lang: str) -> dict[str, str]:
-    """static/i18n/{lang}.js: a comment, then `export default {json};`."""
+    """static/i18n/{lang}.js: a comment, then `export default {json};` (whose own lines may be
+    `// ...` comments that head a block of keys)."""
     text = (I18N / f"{lang}.js").read_text(encoding="utf-8")
     body = text[text.index("export default ") + len("export default "):].rstrip().removesuffix(";")
+    body = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("//"))
     return dict(json.loads(body))
 WORD = re.compile(r"[A-Za-z][A-Za-z_]*")
 MATH = re.compile(r"[A-Za-z]_[A-Za-z]?")  # h_t, x_t, h_{t-1}: symbols with a subscript

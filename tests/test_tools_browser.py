@@ -100,8 +100,31 @@ def test_patch_view_from_the_url(page: object, base_url: str) -> None:
     # a bad pair: the message names the token counts
     page.get_by_test_id("patch-corrupted").fill("When Peter and John went to the store, Peter gave a drink to her")
     page.get_by_test_id("patch-run").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=error-message]').textContent.includes('tokens and the corrupted one')")
-    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
+    # shown in the tool's own panel by its button (not the page's banner far above), and the earlier
+    # result marked as belonging to the earlier inputs
+    page.wait_for_function("() => document.querySelector('[data-testid=tool-error]').textContent.includes('tokens and the corrupted one')")
+    alert = page.get_by_test_id("tool-error")
+    assert alert.is_visible() and alert.get_attribute("role") == "alert"
+    assert "earlier inputs" in alert.text_content()
+    assert page.get_by_test_id("tool-view-patch").get_attribute("data-stale") == "1"
+    assert page.evaluate("() => getComputedStyle(document.querySelector('[data-testid=patch-summary]')).opacity") == "0.4"
+    assert page.get_by_test_id("error-message").is_hidden()
+    # the alert sits right under the form with the Patch button
+    gap = page.evaluate("""() => document.querySelector('[data-testid=tool-error]').getBoundingClientRect().top
+        - document.querySelector('[data-testid=patch-run]').getBoundingClientRect().bottom""")
+    assert 0 <= gap < 80
+    # an answer of two tokens is refused the same way
+    page.get_by_test_id("patch-corrupted").fill("When Peter and John went to the store, Peter gave a drink to")
+    page.get_by_test_id("patch-answer").fill(" Mary Ann")
+    page.get_by_test_id("patch-run").click()
+    page.wait_for_function("() => !document.querySelector('[data-testid=tool-error]').textContent.includes('tokens and the corrupted one')")
+    page.wait_for_function("() => document.querySelector('[data-testid=tool-error]').textContent.includes('earlier inputs')")
+    # a good pair again: the alert goes, the result is current
+    page.get_by_test_id("patch-answer").fill(" Peter")
+    page.get_by_test_id("patch-run").click()
+    page.wait_for_selector("[data-testid=tool-view-patch][data-stale='0']")
+    assert page.get_by_test_id("tool-error").is_hidden()
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusals, expected
     query = parse_qs(urlparse(page.url).query)
     assert query["view"] == ["patch"] and query["answer"] == [" Peter"]
     shot(page, "tools-patch")
@@ -136,6 +159,14 @@ def test_compare_a_head_on_two_prompts(page: object, base_url: str) -> None:
         assert drawn["data"]["masked"] == "1"
     assert "Both prompts have" in page.get_by_test_id("compare-note").text_content()
     shot(page, "tools-compare")
+    # a refused prompt: the error by the Compare button, the earlier charts marked as the earlier inputs'
+    page.get_by_test_id("compare-prompt").fill("")
+    page.get_by_test_id("compare-run").click()
+    page.wait_for_selector("[data-testid=tool-view-compare][data-stale='1']")
+    alert = page.get_by_test_id("tool-error")
+    assert alert.is_visible() and "earlier inputs" in alert.text_content()
+    assert page.get_by_test_id("error-message").is_hidden()
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
 
 
 def test_compare_long_prompts_as_tiles(page: object, base_url: str) -> None:

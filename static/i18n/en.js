@@ -445,5 +445,8 @@ export default {
  "cmp.differ": "The prompts have {a} and {b} tokens: the difference covers the first {n} positions.",
  "cmp.pooled": " Each cell is the largest weight in its bin of the {bins} × {bins} grid ({w} × {w} tokens), the same bins for both prompts; the difference is bin by bin.",
  "cmp.hover_bin": "query ≈ %{y:.0f} → key ≈ %{x:.0f}: bin max %{z:.3f}<extra></extra>",
- "cmp.largest": " Largest change in a weight: {d}."
+ "cmp.largest": " Largest change in a weight: {d}.",
+ // tool panels (helper i17)
+ "tool.stale": "The results below are still those of the earlier inputs.",
+ "x.stale": "The panels below still show the previous prompt: {prompt}"
 };

@@ -445,5 +445,8 @@ export default {
  "cmp.differ": "两个提示词分别有 {a} 和 {b} 个 token：差值只覆盖前 {n} 个位置。",
  "cmp.pooled": "每个格子是 {bins} × {bins} 网格中一个分箱（{w} × {w} 个 token）里的最大权重，两个提示词用同样的分箱；差值逐箱计算。",
  "cmp.hover_bin": "查询 ≈ %{y:.0f} → 键 ≈ %{x:.0f}：分箱最大值 %{z:.3f}<extra></extra>",
- "cmp.largest": "权重的最大变化：{d}。"
+ "cmp.largest": "权重的最大变化：{d}。",
+ // tool panels (helper i17)
+ "tool.stale": "下方仍是之前输入的结果。",
+ "x.stale": "下方各面板显示的仍是上一个提示词：{prompt}"
 };

@@ -35,11 +35,11 @@ export async function render(body, ctx) {
   next.dataset.tokenY = "1"; // its categories are ranked token text (tests/i18n_check.py)
   const kl = el("div", { class: "chart tool-chart strip", "data-testid": "ablation-kl" });
   const scanDiv = el("div", { class: "chart tool-chart", "data-testid": "ablation-scan" });
-  const note = el("p", { class: "legend", "data-testid": "ablation-note" });
+  const note = el("p", { class: "legend tool-result", "data-testid": "ablation-note" });
   const panel = el("div", { "data-testid": "ablation-panel", class: "ablation-panel" },
     el("div", { class: "tool-controls" }, t("abl.mode"), mode, " ", scanButton,
       el("span", { class: "muted", text: t("abl.hint", { pos, token: showToken(run.tokens[pos].text) }) })),
-    toggles, note, next, kl, scanDiv);
+    ctx.alert, toggles, note, next, kl, scanDiv);
   body.replaceChildren(panel);
 
   let seq = 0;
@@ -49,6 +49,7 @@ export async function render(body, ctx) {
     ctx.setParams({ ablate: [...off].join(","), mode: mode.value });
     const res = await postJSON(`/api/runs/${encodeURIComponent(run.run_id)}/ablate`, { heads, mode: mode.value, top_k: 8 });
     if (mine !== seq) return;
+    ctx.error("");
     const p = res.positions[pos];
     const top = p.top.slice().reverse();
     const names = top.map((c, i) => `${top.length - i}. ${label(c.token)}`);
@@ -77,6 +78,7 @@ export async function render(body, ctx) {
 
   async function scan() {
     scanButton.disabled = true;
+    ctx.error("");
     try {
       const res = await postJSON(`/api/runs/${encodeURIComponent(run.run_id)}/ablate/scan`, { position: pos, mode: mode.value });
       const z = res.effects.map((row, l) => [...row, res.mlp[l]]);

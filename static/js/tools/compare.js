@@ -71,12 +71,13 @@ export async function render(body, ctx) {
   const a = el("div", { class: "chart tool-chart square", "data-testid": "compare-a" });
   const b = el("div", { class: "chart tool-chart square", "data-testid": "compare-b" });
   const d = el("div", { class: "chart tool-chart square", "data-testid": "compare-diff" });
-  const note = el("p", { class: "legend", "data-testid": "compare-note" });
+  const note = el("p", { class: "legend tool-result", "data-testid": "compare-note" });
   const box = el("div", { class: "compare-charts", "data-testid": "head-compare" }, a, b, d);
-  body.replaceChildren(el("div", { class: "tool-controls" }, t("cmp.head", { layer: ctx.layer, head: ctx.head }), other, go), note, box);
+  body.replaceChildren(el("div", { class: "tool-controls" }, t("cmp.head", { layer: ctx.layer, head: ctx.head }), other, go), ctx.alert, note, box);
 
   async function compare() {
     go.disabled = true;
+    ctx.error("");
     try {
       ctx.setParams({ compare: other.value });
       const runB = await postJSON("/api/runs", { text: other.value, model: run.model, top_k: 1 });

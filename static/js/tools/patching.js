@@ -29,7 +29,7 @@ export async function render(body, ctx) {
   const answer = field("answer", "patch-answer");
   const wrong = field("wrong", "patch-wrong");
   const go = el("button", { type: "button", "data-testid": "patch-run", text: t("patch.run") });
-  const summary = el("p", { class: "legend", "data-testid": "patch-summary" });
+  const summary = el("p", { class: "legend tool-result", "data-testid": "patch-summary" });
   const charts = el("div", { class: "patch-charts", "data-testid": "patch-heatmap" });
   const resid = el("div", { class: "chart tool-chart", "data-testid": "patch-resid" });
   const attn = el("div", { class: "chart tool-chart", "data-testid": "patch-attn" });
@@ -40,6 +40,7 @@ export async function render(body, ctx) {
     el("div", { class: "patch-form" },
       el("label", {}, t("patch.clean"), clean), el("label", {}, t("patch.corrupted"), corrupted),
       el("label", {}, t("patch.answer"), answer), el("label", {}, t("patch.wrong"), wrong), go),
+    ctx.alert,
     el("p", { class: "legend", text: t("patch.help") }),
     summary, charts);
 

@@ -3,7 +3,7 @@
 // focused position or the selected head changes. Views live in their own modules.
 import { el } from "../dom.js";
 import { urlExtras } from "../state.js";
-import { t } from "../i18n.js";
+import { errorText, t } from "../i18n.js";
 import * as attribution from "./attribution.js";
 import * as ablation from "./ablation.js";
 import * as patching from "./patching.js";
@@ -86,19 +86,32 @@ export class Tools {
         text: t("x.tool.encoder", { model: run.model }) }));
       return;
     }
+    const body = el("div", { class: "tool-view", "data-testid": `tool-view-${this.view}` });
+    // the view's own error line (each view puts it by its button; else it leads the view): a refusal
+    // is read where it was asked for, and the results of the earlier inputs are marked as such
+    const alert = el("p", { class: "error tool-error", role: "alert", "data-testid": "tool-error" });
+    alert.hidden = true;
+    const fail = (message) => {
+      const msg = message || "";
+      const earlier = Boolean(msg) && body.querySelector(".chart .main-svg") !== null;
+      alert.textContent = msg ? errorText(msg) + (earlier ? ` ${t("tool.stale")}` : "") : "";
+      alert.hidden = !msg;
+      body.classList.toggle("stale", earlier);
+      body.dataset.stale = earlier ? "1" : "0";
+      if (msg && !alert.isConnected) body.prepend(alert);
+    };
     const ctx = {
-      run, pos, layer, head, params: this.params,
+      run, pos, layer, head, params: this.params, alert,
       selectHead: this.hooks.selectHead,
-      error: this.hooks.error,
+      error: fail,
       prompt: this.hooks.prompt,
       setParams: (p) => { Object.assign(this.params, p); this.syncURL(); },
     };
-    const body = el("div", { class: "tool-view", "data-testid": `tool-view-${this.view}` });
     this.body.replaceChildren(body);
     try {
       await VIEWS[this.view].module.render(body, ctx);
     } catch (err) {
-      this.hooks.error(err.message);
+      fail(err.message);
     }
   }
 
