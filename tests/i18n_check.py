@@ -69,9 +69,14 @@ COLLECT = r"""() => {
     if (gd.dataset.tokenLegend) for (const tr of gd.data || []) add(tokens, tr.name);
     else for (const tr of gd.data || []) add(texts, tr.name);
   }
+  // headings and tabs: in Chinese mode each must say something in Chinese (a bare English term is a half-translated UI)
+  const labels = [];
+  for (const e of document.querySelectorAll("h1, h2, h3, h4, [role=tab]")) {
+    if (e.checkVisibility()) add(labels, e.textContent);
+  }
   const quoted = [];
   for (const s of texts) for (const m of s.matchAll(/[“"]([^”"]*)[”"]/g)) quoted.push(m[1]);
-  return { texts, tokens: [...tokens, ...quoted] };
+  return { texts, tokens: [...tokens, ...quoted], labels };
 }"""
 
 
@@ -100,6 +105,24 @@ def model_words(base_url: str) -> set[str]:
     return words
 
 
+HAN = re.compile("[\u3400-\u9fff]")
+# a space after a full-width stop or comma: sentences joined the English way ("0.76。 它们")
+STRAY_SPACE = re.compile(r"[。！？；，：]\s+\S")
+
+
+def half_translated(found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Chinese-mode defects the word check cannot see: a heading or tab with no Chinese in it
+    (only a seed term like "Attention" next to Chinese headings), and a space left after 。."""
+    bad: dict[str, list[str]] = {}
+    for label in found.get("labels", []):
+        if not HAN.search(label) and label.strip() != "attnscope":
+            bad.setdefault("heading or tab without Chinese", []).append(label[:80])
+    for text in found["texts"]:
+        if STRAY_SPACE.search(text):
+            bad.setdefault("space after a Chinese stop", []).append(text[:80])
+    return bad
+
+
 def english_ui_words(found: dict[str, list[str]], base_url: str | None = None, *_unused: object,
                      strict: bool = False) -> dict[str, list[str]]:
     """{word: [where it was seen]} for every English UI word outside token text.
@@ -122,4 +145,5 @@ def english_ui_words(found: dict[str, list[str]], base_url: str | None = None, *
             if not strict and w.lower() not in vocabulary:
                 continue
             bad.setdefault(w, []).append(text[:80])
+    bad.update(half_translated(found))
     return bad

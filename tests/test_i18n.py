@@ -48,3 +48,24 @@ def used_keys() -> set[str]:
 def test_every_key_used_exists() -> None:
     missing = sorted(k for k in used_keys() if k not in CATALOGUES["en"])
     assert missing == []
+
+
+def test_half_translated_chinese_is_caught() -> None:
+    """The check behind the Chinese-mode browser tests flags a heading or tab with no Chinese
+    and a space left after a full stop, and passes their fixed forms."""
+    from tests.i18n_check import half_translated
+
+    found = {"texts": ["权重 0.76。 它们", "这里。它们"], "tokens": [],
+             "labels": ["Attention", "residual stream", "9 · Residual stream", "注意力", "9 · 残差流（residual stream）"]}
+    bad = half_translated(found)
+    assert bad["heading or tab without Chinese"] == ["Attention", "residual stream", "9 · Residual stream"]
+    assert bad["space after a Chinese stop"] == ["权重 0.76。 它们"]
+
+
+def test_chinese_headings_and_tabs_say_something_in_chinese() -> None:
+    """Lesson headings, explorer panel headings and tool tabs: each holds Chinese, not only a term."""
+    cjk = re.compile("[\u3400-\u9fff]")
+    zh = CATALOGUES["zh"]
+    keys = [k for k in zh if re.fullmatch(r"l\d\.h|x\.tool\.(?!intro|encoder)\w+|x\.(attention|tokens|heads|focus|next)", k)]
+    assert {"l9.h", "x.attention", "x.tool.residual"} <= set(keys)
+    assert [k for k in keys if not cjk.search(zh[k])] == []

@@ -76,6 +76,12 @@ def test_nine_views_draw_real_numbers(page: object, base_url: str) -> None:
     assert js(page, "q('l8-flow').querySelectorAll('.stage').length") == 7
     assert js(page, "q('l9-norms').data.map(t => t.y.length)") == [7, 6]  # 7 residual stages, 6 blocks
     assert js(page, "q('l9-parts').data.map(t => t.y.length)") == [6, 6]  # attention and FFN, per block
+    # the first stage is named by the model: a rotary model adds no position vector to its embedding
+    assert js(page, "[q('l8-lens').data[0].y[0], q('l9-norms').data[0].x[0]]") == ["embedding", "embedding"]
+    assert "(embedding)" in js(page, "q('l9-note').textContent")
+    named = page.evaluate("""async () => { const c = await import('/static/js/learn/charts.js'); const { t } = await import('/static/js/i18n.js');
+      return ['learned', 'sinusoidal', 'rotary', 'alibi', 'none'].map((p) => c.embedStage(t, { position_encoding: p })); }""")
+    assert named == ["embedding + position", "embedding + position", "embedding", "embedding", "embedding"]
     # "Open in the explorer" carries the lesson's prompt, layer, head and position
     href = js(page, "q('lesson-1').querySelector('[data-testid=open-explorer]').getAttribute('href')")
     params = {k: v[0] for k, v in parse_qs(urlparse(href).query).items()}
@@ -138,6 +144,8 @@ def test_chinese_prompt_gets_a_note_and_the_lens_window_moves(page: object, base
     open_learn(page, base_url, "&lang=zh", text=text)
     note = page.get_by_test_id("lang-note")
     assert note.is_visible() and re.search(r"\d+ 个汉字", note.text_content()) and re.search(r"0\.\d{3}", note.text_content())
+    assert "训练" not in note.text_content()  # it says what was measured, not what the model saw in training
+    assert page.evaluate("() => document.querySelector('[data-testid=l9-note]').textContent").startswith("这里第一个阶段（Embedding）")
     n = js(page, "q('l3-table').querySelectorAll('tbody tr').length")  # every token
     shown = js(page, "q('l8-lens').data[0].x.length")
     assert shown < n  # a window, not every position squeezed in

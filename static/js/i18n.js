@@ -51,6 +51,12 @@ export function t(key, vars = {}) {
   return s.replace(/\{(\w+)\}/g, (m, k) => (k in vars ? String(vars[k]) : m));
 }
 
+// Sentences made into one paragraph: English puts a space between them, Chinese none (a
+// sentence there ends in 。 and the next follows at once).
+export function sentences(parts) {
+  return parts.filter((x) => x).join(current === "zh" ? "" : " ");
+}
+
 export function has(key) {
   return key in (catalogues[current] || {});
 }

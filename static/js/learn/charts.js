@@ -43,6 +43,11 @@ export function tokenAxis(tokens, max = 40, offset = 0) {
 }
 
 // "layer 2 head 5" in the current language
+// The first stage's name: "embedding + position" when the model adds a position vector to the
+// embedding (learned, sinusoidal), plain "embedding" when position enters inside attention
+// (rotary, ALiBi) or nowhere. `model` is an entry of /api/models.
+export const addsPosition = (model) => model.position_encoding === "learned" || model.position_encoding === "sinusoidal";
+export const embedStage = (t, model) => t(addsPosition(model) ? "l6.stage.embed" : "l6.stage.embed_only");
 export const headName = (t, layer, head) => t("common.layer_head", { layer, head });
 
 // A select filled with count options labelled by fn(i); keeps its value across repaints.

@@ -3,6 +3,7 @@
 import { el, fmt, showToken } from "../dom.js";
 import { postJSON, readSSE } from "../api.js";
 import { figure, plot } from "./charts.js";
+import { sentences } from "../i18n.js";
 
 const LONG = 24; // tokens timed at most: long enough for the cache to pay off, short enough to time in seconds
 const ROWS = 64; // rows of the prefix table shown
@@ -89,7 +90,7 @@ export async function render(body, ctx) {
         crange: range(tm.cache_totals_ms), urange: range(tm.no_cache_totals_ms), p: fmt(tm.parallel_ms, 1), px: fmt(c / tm.parallel_ms, 1),
       });
     });
-    verdict.textContent = `${parts.join(" ")} ${t("l2.verdict.why")}`;
+    verdict.textContent = sentences([...parts, t("l2.verdict.why")]);
   }
 
   go.addEventListener("click", async () => {

@@ -5,6 +5,7 @@ import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
 import { figure, label, plot } from "./charts.js";
 import { short } from "../views/focus.js";
+import { sentences } from "../i18n.js";
 
 const embedding = (model, id, top = 8) => getJSON(`/api/models/${encodeURIComponent(model)}/embedding?id=${id}&top=${top}`);
 
@@ -72,9 +73,9 @@ export async function render(body, ctx) {
     const adj = e.adjacent.map((a) => t("l3.pair", { id: a.id, token: showToken(a.token), cos: fmt(a.cos, 2) })).join(t("common.and"));
     const dbl = e.double.length ? t("l3.double", { k: e.id, id: e.double[0].id, token: showToken(e.double[0].token), cos: fmt(e.double[0].cos, 2) }) : t("l3.no_double", { k: e.id });
     const verdict = [...e.adjacent, ...e.double].every((a) => inBand(a.cos)) ? "l3.verdict.band" : "l3.verdict.outside";
-    note.textContent = `${t("l3.note", { k: e.id, token: showToken(e.token), adj, dbl })} ` +
-      `${t(verdict, { lo: fmt(lo, 2), hi: fmt(hi, 2), mean: fmt(e.random_mean, 2) })} ` +
-      (near.length ? t("l3.nearest", { token: showToken(near[0].token), cos: fmt(near[0].cos, 2) }) : "");
+    note.textContent = sentences([t("l3.note", { k: e.id, token: showToken(e.token), adj, dbl }),
+      t(verdict, { lo: fmt(lo, 2), hi: fmt(hi, 2), mean: fmt(e.random_mean, 2) }),
+      near.length ? t("l3.nearest", { token: showToken(near[0].token), cos: fmt(near[0].cos, 2) }) : ""]);
     warn.hidden = !e.untrained;
     warn.textContent = e.untrained ? t("l3.untrained", { k: e.id, count: e.untrained_count }) : "";
   }

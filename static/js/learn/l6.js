@@ -5,6 +5,7 @@ import { el, fmt, plotlyText, showToken } from "../dom.js";
 import { getAttentionBin, getJSON, postJSON, rowOf } from "../api.js";
 import { drawHeatmap } from "../views/heatmap.js";
 import { figure, fillOptions, headName, plot } from "./charts.js";
+import { sentences } from "../i18n.js";
 
 // blue: B attends more; white: no change; grey background: masked in both
 const DIVERGING = [[0, "#2166ac"], [0.5, "#ffffff"], [1, "#b2182b"]];
@@ -106,7 +107,7 @@ export async function render(body, ctx) {
     }
     const unmatched = c.tokens.filter((x) => x.b === null);
     if (unmatched.length) parts.push(t("l6.cos.unmatched", { tokens: unmatched.map((x) => `“${showToken(x.token)}”`).join(" ") }));
-    cosNote.textContent = parts.join(" ");
+    cosNote.textContent = sentences(parts);
     const last = (r) => r.predictions.at(-1).top.map((p) => `${showToken(p.token)} ${fmt(p.prob, 2)}`).join(", ");
     preds.textContent = `${t("l6.preds")}\nA “${aBox.value}” → ${last(a)}\nB “${bBox.value}” → ${last(b)}`;
   }

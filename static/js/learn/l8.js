@@ -2,7 +2,7 @@
 // positions that moves (readable at any prompt length).
 import { el, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { figure, plot, tokenAxis, label } from "./charts.js";
+import { embedStage, figure, plot, tokenAxis, label } from "./charts.js";
 import { SCALE } from "../views/colour.js";
 
 export async function render(body, ctx) {
@@ -39,7 +39,7 @@ export async function render(body, ctx) {
     const start = Number(slider.value);
     const end = Math.min(n, start + size);
     const x = Array.from({ length: end - start }, (_, i) => start + i);
-    const stage = (l) => (l.layer < 0 ? t("l6.stage.embed") : t("common.block", { i: l.layer }));
+    const stage = (l) => (l.layer < 0 ? embedStage(t, m) : t("common.block", { i: l.layer }));
     const z = lens.layers.map((l) => x.map((p) => l.positions[p].top[0].prob));
     const text = lens.layers.map((l) => x.map((p) => label(l.positions[p].top[0].token)));
     where.textContent = t("l8.where", { a: start, b: end - 1, n });

@@ -3,10 +3,11 @@
 // the embedding holds, which is why the direction turns there.
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { figure, plot } from "./charts.js";
+import { embedStage, figure, plot } from "./charts.js";
+import { sentences as joinSentences } from "../i18n.js";
 
 export async function render(body, ctx) {
-  const { run, t } = ctx;
+  const { run, model, t } = ctx;
   const res = await getJSON(`/api/runs/${run.run_id}/residual`);
   const pick = el("select", { "data-testid": "l9-token" });
   const pickLabel = el("span");
@@ -25,7 +26,7 @@ export async function render(body, ctx) {
     const i = Number(pick.value);
     pickLabel.textContent = t("l9.token");
     const blocks = res.layers.map((l) => t("common.block", { i: l.layer }));
-    const stages = [t("l6.stage.embed"), ...blocks];
+    const stages = [embedStage(t, model), ...blocks];
     const normY = [res.embed_norm[i], ...res.layers.map((l) => l.resid_norm[i])];
     await plot(norms, [
       { type: "scatter", mode: "lines+markers", name: t("l9.norm"), x: stages, y: normY },
@@ -41,7 +42,7 @@ export async function render(body, ctx) {
     const b0 = res.layers[0];
     const later = res.layers.slice(1);
     const sentences = [t("l9.note.first", {
-      e: fmt(e, 2), a: fmt(b0.attn_norm[i], 1), f: fmt(b0.mlp_norm[i], 1), r: fmt(b0.resid_norm[i], 1),
+      what: stages[0], e: fmt(e, 2), a: fmt(b0.attn_norm[i], 1), f: fmt(b0.mlp_norm[i], 1), r: fmt(b0.resid_norm[i], 1),
       ratio: fmt(b0.resid_norm[i] / Math.max(e, 1e-9), 0), c: fmt(b0.cos_prev[i], 2),
     })];
     if (later.length) {
@@ -49,7 +50,7 @@ export async function render(body, ctx) {
       sentences.push(t("l9.note.later", { min: fmt(Math.min(...cs), 2), max: fmt(Math.max(...cs), 2), last: fmt(res.layers.at(-1).resid_norm[i], 1) }));
     }
     sentences.push(t("l9.note.roles"));
-    note.textContent = sentences.join(" ");
+    note.textContent = joinSentences(sentences);
     ctx.link({ pos: i });
   }
   pick.addEventListener("change", () => paint().catch((e) => ctx.error(e.message)));

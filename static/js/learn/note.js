@@ -1,7 +1,7 @@
 // A plain note when the prompt is Chinese: how the tokenizer cut it, and how well the model
-// predicts it (a model trained on little Chinese predicts it badly; the numbers say how badly).
+// predicts it (the mean probability of the true next token, measured on this run).
 import { fmt } from "../dom.js";
-import { t } from "../i18n.js";
+import { sentences, t } from "../i18n.js";
 
 const HAN = /\p{Script=Han}/gu;
 
@@ -20,6 +20,6 @@ export function chineseNote(box, run, text) {
   const mean = scored.length ? scored.reduce((a, p) => a + p.actual_next.prob, 0) / scored.length : null;
   const parts = [t(pieces ? "note.zh.bytes" : "note.zh.whole", { chars, tokens: han.length })];
   if (mean !== null) parts.push(t(mean < 0.2 ? "note.zh.weak" : "note.zh.ok", { p: fmt(mean, 3) }));
-  box.textContent = parts.join(" ");
+  box.textContent = sentences(parts);
   box.hidden = false;
 }
