@@ -45,9 +45,25 @@ def error_body(detail: object, message: str) -> dict[str, object]:
 
 
 def _describe(error: dict[str, Any]) -> str:
-    where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "body"
-    msg = str(error.get("msg", "invalid"))
-    return f"{where}: {msg.removeprefix('Value error, ')}"
+    """One validation error in words a person reads: where (``heads[0][1]``, query parameters by name) and what."""
+    loc = [p for p in error.get("loc", ()) if p not in ("body", "query", "path")]
+    kind = str(error.get("type", ""))
+    if kind == "json_invalid":
+        at = f" (at character {loc[-1]})" if loc and isinstance(loc[-1], int) else ""
+        return f"the request body is not valid JSON{at}"
+    if not loc and kind in ("model_attributes_type", "dict_type"):
+        return "the request body must be a JSON object, sent with Content-Type: application/json"
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "body"
+    msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+    if kind == "missing" and loc and isinstance(loc[-1], int):
+        parent = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[:-1]).lstrip(".")
+        return f"{parent} is too short: item {loc[-1]} is missing"
+    if kind == "missing":
+        msg = "this field is required"
+    first = msg.split(" ", 1)[0]
+    if loc and first == str(loc[-1]):  # "text: text is empty" -> "text is empty"
+        return msg
+    return f"{where}: {msg}"
 
 
 def install(app: FastAPI) -> None:

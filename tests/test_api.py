@@ -331,3 +331,18 @@ def test_pooled_layer_thumbnails(client: TestClient) -> None:
     assert r.headers["x-attn-size"] == "16" and len(r.content) == 4 * 16 * 16
     small = client.get(f"/api/runs/{run['run_id']}/attention", params={"layer": 0, "format": "bin", "size": 64})
     assert "x-attn-size" not in small.headers and len(small.content) == 4 * 40 * 41 // 2
+
+
+def test_malformed_bodies_get_messages_a_person_reads(client: TestClient) -> None:
+    """Validation errors say what is wrong in words: not 'body.8: JSON decode error' or 'heads.0.1: Field required'."""
+    def message(r: object) -> str:
+        assert r.status_code == 422, r.text  # type: ignore[attr-defined]
+        return str(r.json()["message"])  # type: ignore[attr-defined]
+
+    broken = client.post("/api/runs", content=b'{"text": ', headers={"content-type": "application/json"})
+    assert message(broken).startswith("the request body is not valid JSON (at character")
+    assert "JSON object" in message(client.post("/api/runs", data={"text": "hi"}))
+    assert message(client.post("/api/runs", json={"text": " "})).startswith("text is empty")  # not "text: text is"
+    run = client.post("/api/runs", json={"text": "the cat sat"}).json()
+    short = client.post(f"/api/runs/{run['run_id']}/ablate", json={"heads": [[1]]})
+    assert message(short) == "heads[0] is too short: item 1 is missing"
