@@ -37,7 +37,8 @@ class Step:
     text: str  # the characters this token completes ("" for a special token or a partial character)
     special: bool
     partial: bool
-    prob: float  # probability of the chosen token under the (filtered) sampling distribution
+    prob: float  # probability of the chosen token under the (filtered) sampling distribution: 1 when greedy
+    model_prob: float  # the model's own probability of the chosen token at temperature 1
     top: list[tuple[int, str, float]]  # the model's own top alternatives at temperature 1
     ms: float
 
@@ -126,7 +127,7 @@ class GenerationSession:
         self.ids = torch.cat([self.ids, torch.tensor([choice])])
         self.steps += 1
         return Step(index=self.steps - 1, id=choice, token=piece.display, text=piece.text, special=piece.special,
-                    partial=piece.partial, prob=prob,
+                    partial=piece.partial, prob=prob, model_prob=float(natural[choice]),
                     top=list(zip(top_ids, strings, top.values.tolist(), strict=True)),
                     ms=1e3 * (time.perf_counter() - t0))
 

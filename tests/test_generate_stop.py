@@ -77,3 +77,14 @@ def test_length_stop(client: TestClient) -> None:
 def test_stop_at_eos_must_be_a_boolean(client: TestClient) -> None:
     r = client.post("/api/generate", json={"text": "the cat", "stop_at_eos": "sometimes"})
     assert r.status_code == 422 and "stop_at_eos" in r.json()["message"]
+
+
+def test_a_greedy_token_carries_the_models_own_probability(client: TestClient) -> None:
+    """At temperature 0 `prob` is the sampling distribution's (1: greedy); `model_prob` is the model's, as in `top`."""
+    events = sse_events(client.post("/api/generate", json={"text": "the cat", "max_new_tokens": 3, "temperature": 0,
+                                                            "top_k": 0, "top_p": 1.0, "seed": 0}).text)
+    tokens = [data for name, data in events if name == "token"]
+    assert len(tokens) == 3
+    for t in tokens:
+        assert t["prob"] == 1.0 and t["top"][0]["id"] == t["id"]  # greedy: the model's top choice
+        assert t["model_prob"] == pytest.approx(t["top"][0]["prob"], abs=1e-6) and 0 < t["model_prob"] <= 1

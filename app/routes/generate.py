@@ -22,12 +22,13 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["generate"])
 
 SSE_DOC = """Server-Sent Events. One `token` event per new token:
-`{"step", "id", "token", "text", "special", "partial", "prob", "top": [{"id", "token", "prob"}], "ms"}`
+`{"step", "id", "token", "text", "special", "partial", "prob", "model_prob", "top": [{"id", "token", "prob"}], "ms"}`
 (`token` is the display string — a special token's name such as `<|endoftext|>`, or a
 byte-level token that holds only part of a character as its bytes, e.g. `‹e6 88›`; `text`
 is the characters this token completes, so that joining every event's `text` gives the
 generated text exactly once; `prob` is the chosen token's probability under the sampling
-distribution, `top` the model's own top-5 at temperature 1, `ms` the step's time: one
+distribution (1 at temperature 0: greedy), `model_prob` the model's own probability of it at
+temperature 1, `top` the model's own top-5 at temperature 1, `ms` the step's time: one
 forward over the newest token with the KV cache, the first step being the prefill over
 the whole prompt). A final `done` event: `{"text", "n_new", "stop", "total_ms"}`, where
 `text` is the generated text (special tokens left out) and `stop` says why it stopped:
@@ -86,6 +87,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
                 step = await run_in_threadpool(session.step)
                 event = {"step": step.index, "id": step.id, "token": step.token, "text": step.text,
                          "special": step.special, "partial": step.partial, "prob": step.prob,
+                         "model_prob": step.model_prob,
                          "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top], "ms": step.ms}
                 if watch and session.recorder is not None:
                     event["rows"] = session.recorder.new_rows(*watch)
