@@ -225,3 +225,47 @@ def test_repeated_sentence_example_shows_an_induction_head(page: object, base_ur
     cell = page.locator("[data-testid=head-cell]:has([data-badge=ind])").first
     assert int(cell.get_attribute("data-layer")) > 0  # an induction head reads a previous-token head's output
     shot(page, "induction-example")
+
+
+def test_a_failed_analyse_marks_the_previous_runs_panels(page: object, base_url: str) -> None:
+    """The new prompt sits above the last run's panels when its analyse is refused: they are faded and a
+    note names the prompt they show, until a run loads again."""
+    analyse(page, base_url, PROMPT)
+    assert page.get_by_test_id("stale-note").is_hidden()
+
+    def refuse(route: object) -> None:
+        if route.request.method == "POST":
+            route.fulfill(status=422, content_type="application/json", json={"detail": "the prompt is refused (test)"})
+        else:
+            route.fallback()
+
+    page.route("**/api/runs", refuse)
+    page.get_by_test_id("prompt-input").fill("A different prompt entirely")
+    page.get_by_test_id("analyze-button").click()
+    page.wait_for_selector("[data-testid=stale-note]:not([hidden])")
+    note = page.get_by_test_id("stale-note").text_content()
+    assert PROMPT in note and "previous prompt" in note
+    assert page.evaluate("() => document.body.dataset.stale") == "1"
+    assert page.evaluate("() => getComputedStyle(document.querySelector('#explorer')).opacity") == "0.45"
+    assert "refused (test)" in page.get_by_test_id("error-message").text_content()
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
+    # a run that loads clears the mark
+    page.unroute("**/api/runs", refuse)
+    page.get_by_test_id("analyze-button").click()
+    page.wait_for_selector("[data-testid=stale-note][hidden]", state="attached", timeout=60_000)
+    assert page.evaluate("() => document.body.dataset.stale") == "0"
+    assert page.evaluate("() => getComputedStyle(document.querySelector('#explorer')).opacity") == "1"
+
+
+def test_a_refused_generation_says_so_by_the_generate_button(page: object, base_url: str) -> None:
+    analyse(page, base_url, PROMPT)
+    page.route("**/api/generate", lambda route: route.fulfill(status=422, content_type="application/json",
+                                                             json={"detail": "generation refused (test)"}))
+    page.get_by_test_id("generate-button").click()
+    page.wait_for_selector("[data-testid=generate-status]:not([hidden])")
+    status = page.get_by_test_id("generate-status").text_content()
+    assert "Generation failed" in status and "generation refused (test)" in status
+    gap = page.evaluate("""() => document.querySelector('[data-testid=generate-status]').getBoundingClientRect().top
+        - document.querySelector('[data-testid=generate-button]').getBoundingClientRect().bottom""")
+    assert 0 <= gap < 80
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected

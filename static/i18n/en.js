@@ -449,5 +449,6 @@ export default {
  "cmp.largest": " Largest change in a weight: {d}.",
  // tool panels (helper i17)
  "tool.stale": "The results below are still those of the earlier inputs.",
- "x.stale": "The panels below still show the previous prompt: {prompt}"
+ "x.stale": "The panels below still show the previous prompt: {prompt}",
+ "x.gen.failed": "Generation failed: {message}"
 };

@@ -449,5 +449,6 @@ export default {
  "cmp.largest": "权重的最大变化：{d}。",
  // tool panels (helper i17)
  "tool.stale": "下方仍是之前输入的结果。",
- "x.stale": "下方各面板显示的仍是上一个提示词：{prompt}"
+ "x.stale": "下方各面板显示的仍是上一个提示词：{prompt}",
+ "x.gen.failed": "生成失败：{message}"
 };

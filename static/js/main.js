@@ -32,6 +32,19 @@ function showError(message) {
   box.hidden = !lastError;
 }
 
+// A failed analyse leaves the previous run's panels on the page under the new prompt: they are
+// faded and a note above them names the prompt they show, until a run loads.
+let staleRun = null;
+function markStale(run) {
+  staleRun = run || null;
+  const note = $("#stale-note");
+  const shown = staleRun ? (staleRun.text.length > 120 ? `${staleRun.text.slice(0, 120)}…` : staleRun.text) : "";
+  note.textContent = staleRun ? t("x.stale", { prompt: `“${shown}”` }) : "";
+  note.hidden = !staleRun;
+  for (const id of ["#tokens", "#explorer", "#tools"]) $(id).classList.toggle("stale-panels", Boolean(staleRun));
+  document.body.dataset.stale = staleRun ? "1" : "0";
+}
+
 // Report a failed fetch to the person; an aborted one was replaced on purpose.
 function report(err) {
   if (isAbort(err)) return;
@@ -433,13 +446,17 @@ async function analyse(initial = {}) {
     if (!latest(req)) return;
     await loadRun(run, initial);
   } catch (err) {
-    if (latest(req)) report(err);
+    if (latest(req)) {
+      report(err);
+      if (!isAbort(err) && state.run) markStale(state.run);
+    }
   } finally {
     end(req);
   }
 }
 
 async function loadRun(run, initial = {}) {
+  markStale(null);
   const model = state.models.find((m) => m.name === run.model);
   const clamp = (v, hi, dflt) => (Number.isInteger(v) && v >= 0 && v < hi ? v : dflt);
   const layer = clamp(initial.layer, run.n_layers, 0);
@@ -664,6 +681,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
       $("#gen-status").dataset.stop = "client";
     } else {
       report(err);
+      showStatus("x.gen.failed", { message: errorText(err && err.message ? err.message : String(err)) }); // by the button too
     }
   } finally {
     cancelAnimationFrame(frame);
@@ -705,6 +723,7 @@ const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).ca
 async function repaint(fillModels) {
   fillModels();
   showError(lastError);
+  markStale(staleRun);
   busy(current);
   if (lastStatus) showStatus(lastStatus.key, lastStatus.vars, lastStatus.offerContinue);
   tools.labels();
