@@ -16,6 +16,8 @@ EMOJI = "I love 🤖 and 👩\u200d👩\u200d👧"
 
 
 def strip_markers(s: str) -> str:
+    """The strip's text as typed: invisible characters shown as ‹U+200D› back to themselves, byte markers out."""
+    s = re.sub(r"‹U\+([0-9A-F]{4,6})›", lambda m: chr(int(m.group(1), 16)), s)
     return re.sub(r"‹[^›]*›", "", s)
 
 
@@ -75,3 +77,14 @@ def test_chinese_renders_as_glyphs_not_boxes(page: object, base_url: str) -> Non
         return pixels('我') === pixels('爱');
     }""", family)
     assert not same, "no CJK font: scripts/dev.sh installs fonts-wqy-zenhei next to chromium"
+
+
+def test_invisible_characters_and_byte_markers_are_shown_as_such(page: object, base_url: str) -> None:
+    """A zero-width joiner, a right-to-left override or a NUL is not an empty chip (nor flips its neighbours), and a
+    partial character's bytes keep their marker's own spaces."""
+    page.goto(base_url + "/")
+    shown = page.evaluate(r"""async () => {
+        const { showToken } = await import('/static/js/dom.js');
+        return ['\u200d', 'a\u202eb', '\u0000', '‹e2 80›', ' the', 'x\ny', '👩\u200d👧'].map(showToken);
+    }""")
+    assert shown == ["‹U+200D›", "a‹U+202E›b", "‹U+0000›", "‹e2 80›", "␣the", "x⏎y", "👩‹U+200D›👧"]

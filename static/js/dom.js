@@ -32,9 +32,16 @@ export function plotlyText(s) {
   return String(s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
 }
 
-// A token as a person should read it: spaces and newlines made visible.
+// Characters that draw nothing or reorder what follows (controls, zero-width joiners and spaces, bidi
+// overrides such as U+202E): a token made of them would be an empty chip, or would flip its neighbours.
+const INVISIBLE = /[\p{Cc}\p{Cf}]/gu;
+const codePoint = (c) => `‹U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}›`;
+
+// A token as a person should read it: spaces, newlines, tabs and invisible characters made visible
+// (the latter as ‹U+200D›); a partial character's byte marker (‹e6 88›) is kept as it is.
 export function showToken(s) {
-  return String(s).replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥") || "∅";
+  return String(s).split(/(‹[0-9a-f]{2}(?: [0-9a-f]{2})*›)/).map((part, i) => i % 2 ? part :
+    part.replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥").replace(INVISIBLE, codePoint)).join("") || "∅";
 }
 
 export function fmt(p, digits = 3) {
