@@ -91,7 +91,8 @@ class RunRequest(Strict):
     @model_validator(mode="after")
     def _text_or_messages(self) -> RunRequest:
         if (self.text is None) == (self.messages is None):
-            raise ValueError('send either "text" or "messages" (a chat), not both and not neither')
+            raise ValueError('send either "text" (the prompt) or "messages" (a chat, for a model with a chat '
+                             'template), not both')
         return self
 
 
