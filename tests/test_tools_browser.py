@@ -113,6 +113,7 @@ def test_patch_view_from_the_url(page: object, base_url: str) -> None:
     gap = page.evaluate("""() => document.querySelector('[data-testid=tool-error]').getBoundingClientRect().top
         - document.querySelector('[data-testid=patch-run]').getBoundingClientRect().bottom""")
     assert 0 <= gap < 80
+    shot(page, "tools-patch-refused")
     # an answer of two tokens is refused the same way
     page.get_by_test_id("patch-corrupted").fill("When Peter and John went to the store, Peter gave a drink to")
     page.get_by_test_id("patch-answer").fill(" Mary Ann")

@@ -94,7 +94,9 @@ export class Tools {
     const fail = (message) => {
       const msg = message || "";
       const earlier = Boolean(msg) && body.querySelector(".chart .main-svg") !== null;
-      alert.textContent = msg ? errorText(msg) + (earlier ? ` ${t("tool.stale")}` : "") : "";
+      const said = errorText(msg).trim();
+      const stop = /[.!?。！？]$/.test(said) ? "" : /[\u2e80-\uffff]$/.test(said) ? "。" : ".";
+      alert.textContent = msg ? said + (earlier ? `${stop} ${t("tool.stale")}` : "") : "";
       alert.hidden = !msg;
       body.classList.toggle("stale", earlier);
       body.dataset.stale = earlier ? "1" : "0";
