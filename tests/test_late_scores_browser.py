@@ -50,7 +50,7 @@ def test_the_head_grid_says_computing_and_fills_in(page: object, base_url: str, 
                  for c in cells.all()]
         assert shown == [(h.layer, h.head) for h in want]  # re-sorted by the entropies that arrived
         first = want[0]
-        assert cells.first.locator(".lbl").inner_text() == f"L{first.layer}H{first.head} {first.entropy:.1f}"
+        assert cells.first.locator(".lbl").inner_text() == f"L{first.layer}H{first.head}\n{first.entropy:.2f}"
         assert "computing…" not in page.locator("#heat-caption").inner_text()
         induction = [h for h in heads if (h.induction or 0.0) >= 0.3]  # the headgrid's threshold for "I"
         assert induction  # the prompt repeats itself: the bundled model's induction heads light up

@@ -119,6 +119,10 @@ def test_head_grid_is_legible_from_4_to_32_heads(browser: object, wide_url: str,
     if model == "minilm-l6":
         assert got["badges"] > 0  # the 12-head grid whose "sink sink sink" badges overlapped
     page.get_by_test_id("head-grid").screenshot(path=str(shot(page, f"grid-{model}").with_name(f"grid-{model}.png")))
+    page.select_option("#grid-sort", "induction")  # sorted, each cell names its head too ("L4H0 0.6" was cut)
+    page.wait_for_function("() => document.querySelector('[data-testid=head-cell] .lbl.named')")
+    got = page.evaluate(GRID)
+    assert got["problems"] == []
     page.close()
 
 

@@ -193,8 +193,11 @@ export class HeadGrid {
 
   // A cell's entropy label and its spoken name ("computing…" while its scores are still owed).
   label(cell, s) {
-    const text = this.byPosition ? scoreText(s.entropy, 2) : `L${s.layer}H${s.head} ${scoreText(s.entropy, 1)}`;
-    cell.querySelector(".lbl").textContent = text;
+    // sorted, a cell also names its head: on a line of its own, so that neither is cut in a narrow cell
+    const text = this.byPosition ? scoreText(s.entropy, 2) : `L${s.layer}H${s.head}\n${scoreText(s.entropy, 2)}`;
+    const lbl = cell.querySelector(".lbl");
+    lbl.textContent = text;
+    lbl.classList.toggle("named", !this.byPosition);
     cell.setAttribute("aria-label", t("x.grid.cell_aria", { layer: s.layer, head: s.head, entropy: scoreText(s.entropy, 2) }));
     cell.dataset.pending = pending(s) ? "1" : "";
   }
