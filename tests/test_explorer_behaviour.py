@@ -242,3 +242,29 @@ def test_no_cloud_buttons_in_any_chart(page: object, base_url: str) -> None:
     assert titles and not [t for t in titles if re.search(r"cloud|chart studio|edit in", t, re.IGNORECASE)]
     configs = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map((d) => d._context.showSendToCloud)")
     assert configs and not any(configs)
+
+
+def test_zoom_boxes_say_what_they_changed(page: object, base_url: str) -> None:
+    """A zoom past the last token or given last-first is shown, and a note says what was changed (in Chinese too);
+    a reset clears the note."""
+    text = "The cat sat on the mat. The cat sat on the mat."
+    page.goto(f"{base_url}/?text={quote(text)}")
+    drawn(page)
+    n = heat_n(page)
+    note = page.get_by_test_id("zoom-note")
+    zoom_to(page, 6, 2, 0, 99)
+    page.get_by_test_id("zoom-apply").click()
+    page.wait_for_function("() => document.querySelector('#zoom-q0').value === '2'")
+    assert [page.input_value(f"#zoom-{k}") for k in ("q0", "q1", "k0", "k1")] == ["2", "6", "0", str(n - 1)]
+    assert note.is_visible()
+    said = note.inner_text()
+    assert f"99 is outside this run (positions 0–{n - 1}): {n - 1} is used." in said
+    assert "The queries were given last-first: shown as 2–6." in said
+    page.get_by_test_id("zoom-reset").click()
+    assert note.is_hidden()
+    page.goto(f"{base_url}/?lang=zh&text={quote(text)}")
+    drawn(page)
+    zoom_to(page, 0, 3, 5, 1)
+    page.get_by_test_id("zoom-apply").click()
+    page.wait_for_function("() => !document.querySelector('[data-testid=zoom-note]').hidden")
+    assert note.inner_text() == "键的起止填反了：按 1–5 显示。"

@@ -447,6 +447,11 @@ export default {
  "cmp.pooled": " Each cell is the largest weight in its bin of the {bins} × {bins} grid ({w} × {w} tokens), the same bins for both prompts; the difference is bin by bin.",
  "cmp.hover_bin": "query ≈ %{y:.0f} → key ≈ %{x:.0f}: bin max %{z:.3f}<extra></extra>",
  "cmp.largest": " Largest change in a weight: {d}.",
+ // zoom boxes (lead)
+ "x.zoom_queries_word": "queries",
+ "x.zoom.note.nan": "“{v}” is not a position; that box was left out.",
+ "x.zoom.note.clamped": "{v} is outside this run (positions 0–{last}): {c} is used.",
+ "x.zoom.note.swapped": "The {what} were given last-first: shown as {a}–{b}.",
  // tool panels (helper i17)
  "tool.stale": "The results below are still those of the earlier inputs.",
  "x.stale": "The panels below still show the previous prompt: {prompt}",

@@ -447,6 +447,11 @@ export default {
  "cmp.pooled": "每个格子是 {bins} × {bins} 网格中一个分箱（{w} × {w} 个 token）里的最大权重，两个提示词用同样的分箱；差值逐箱计算。",
  "cmp.hover_bin": "查询 ≈ %{y:.0f} → 键 ≈ %{x:.0f}：分箱最大值 %{z:.3f}<extra></extra>",
  "cmp.largest": "权重的最大变化：{d}。",
+ // zoom boxes (lead)
+ "x.zoom_queries_word": "查询",
+ "x.zoom.note.nan": "“{v}”不是位置，这一格已忽略。",
+ "x.zoom.note.clamped": "{v} 超出了本次运行的范围（位置 0–{last}）：改用 {c}。",
+ "x.zoom.note.swapped": "{what}的起止填反了：按 {a}–{b} 显示。",
  // tool panels (helper i17)
  "tool.stale": "下方仍是之前输入的结果。",
  "x.stale": "下方各面板显示的仍是上一个提示词：{prompt}",

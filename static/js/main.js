@@ -9,7 +9,7 @@ import { LiveHeatmap } from "./views/live.js";
 import { drawFocusBars, drawFocusLines, focusNote } from "./views/focus.js";
 import { EXACT_MAX, TileView, binOf, binText, poolingText, windowFrom } from "./views/tiled.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
-import { errorText, initLanguage, lang, onLanguage, t } from "./i18n.js";
+import { errorText, initLanguage, lang, onLanguage, sentences, t } from "./i18n.js";
 import { urlExtras } from "./state.js";
 import { Tools } from "./tools/tools.js"; // causal tools (issue 17): attribution, ablation, patching, lens, residual, compare
 
@@ -394,10 +394,22 @@ function onRelayout(ev) {
 function zoom() {
   if (!state.run) return;
   const n = isLong(state.run) ? shown() : state.run.tokens.length;
-  const get = (id, dflt) => { const v = $(id).value; return v === "" ? dflt : Math.max(0, Math.min(n - 1, Math.round(Number(v)))); };
+  const notes = [];
+  const get = (id, dflt) => {
+    const v = $(id).value;
+    if (v === "") return dflt;
+    const x = Math.round(Number(v));
+    if (!Number.isFinite(x)) { notes.push(t("x.zoom.note.nan", { v })); return dflt; }
+    const c = Math.max(0, Math.min(n - 1, x));
+    if (c !== x) notes.push(t("x.zoom.note.clamped", { v: x, c, last: n - 1 }));
+    return c;
+  };
   let [q0, q1, k0, k1] = [get("#zoom-q0", 0), get("#zoom-q1", n - 1), get("#zoom-k0", 0), get("#zoom-k1", n - 1)];
-  if (q0 > q1) [q0, q1] = [q1, q0];
-  if (k0 > k1) [k0, k1] = [k1, k0];
+  if (q0 > q1) { [q0, q1] = [q1, q0]; notes.push(t("x.zoom.note.swapped", { what: t("x.zoom_queries_word"), a: q0, b: q1 })); }
+  if (k0 > k1) { [k0, k1] = [k1, k0]; notes.push(t("x.zoom.note.swapped", { what: t("x.zoom_keys"), a: k0, b: k1 })); }
+  const note = $("#zoom-note");
+  note.textContent = sentences(notes);
+  note.hidden = !notes.length;
   const z = q0 === 0 && k0 === 0 && q1 === n - 1 && k1 === n - 1 ? null : { q0, q1, k0, k1 };
   set({ zoom: z });
   if (isLong(state.run)) {
@@ -470,6 +482,7 @@ async function loadRun(run, initial = {}) {
   set({ run, model, layer, head, pos, key, slice: null, exact: null, row: null, zoom: zoomOk ? z : null });
   extent = null;
   tiles.reset();
+  $("#zoom-note").hidden = true; // a note about the last run's zoom boxes
   $("#explorer").hidden = false;
   // a long run's overview tile is asked for before the token strip and pickers are built, and
   // drawn as soon as it arrives
@@ -811,7 +824,11 @@ async function init() {
     toURL();
     return state.run && isLong(state.run) && tiles.show(tileView());
   }));
-  $("#zoom-reset").addEventListener("click", safely(() => { set({ zoom: null }); return state.run && drawHead(); }));
+  $("#zoom-reset").addEventListener("click", safely(() => {
+    set({ zoom: null });
+    $("#zoom-note").hidden = true;
+    return state.run && drawHead();
+  }));
   $("#heatmap").addEventListener("keydown", heatmapKeys);
   $("#export-json").addEventListener("click", safely(async () => {
     if (!state.run) return;
