@@ -249,7 +249,9 @@ def test_phone_width(long_page: object) -> None:
     before = heat(page)["tiles"]
     page.get_by_test_id("zoom-reset").click()
     wait_tiles(page, before)
-    assert page.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    wide = page.evaluate("""() => [...document.querySelectorAll('body *')].filter((e) => e.getBoundingClientRect().right > 391)
+        .slice(0, 8).map((e) => `${e.tagName}#${e.id}.${e.className?.baseVal ?? e.className} ${Math.round(e.getBoundingClientRect().right)}`)""")
+    assert page.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth"), wide
     assert page.get_by_test_id("token").count() < 2000
     shot(page, "long-overview-390")
     page.set_viewport_size({"width": 1400, "height": 1000})

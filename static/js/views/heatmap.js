@@ -108,11 +108,14 @@ export function wireHover(div, tip, textAt) {
     tip.textContent = text;
     const box = div.getBoundingClientRect();
     const host = div.parentElement.getBoundingClientRect();
-    tip.style.left = `${Math.min(ev.event.clientX - host.left + 14, host.width - 260)}px`;
-    tip.style.top = `${ev.event.clientY - host.top + 14}px`;
     tip.hidden = !(ev.event.clientX >= box.left);
+    // beside the pointer, but never past the panel's right edge (measured: a long token widens it)
+    const right = Math.min(host.width, document.documentElement.clientWidth - host.left);
+    tip.style.left = `${Math.max(0, Math.min(ev.event.clientX - host.left + 14, right - tip.offsetWidth - 4))}px`;
+    tip.style.top = `${ev.event.clientY - host.top + 14}px`;
   });
   div.on("plotly_unhover", () => { tip.hidden = true; });
+  window.addEventListener("resize", () => { tip.hidden = true; }); // a tip placed for the old width
 }
 
 export function cellText({ run, slice, exact }, q, k) {
