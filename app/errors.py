@@ -44,6 +44,11 @@ def error_body(detail: object, message: str) -> dict[str, object]:
     return {"detail": detail, "message": message}
 
 
+def _path(loc: list[Any]) -> str:
+    """A location as a person writes it: ``heads[0][1]``, ``text``."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
 def _describe(error: dict[str, Any]) -> str:
     """One validation error in words a person reads: where (``heads[0][1]``, query parameters by name) and what."""
     loc = [p for p in error.get("loc", ()) if p not in ("body", "query", "path")]
@@ -53,11 +58,10 @@ def _describe(error: dict[str, Any]) -> str:
         return f"the request body is not valid JSON{at}"
     if not loc and kind in ("model_attributes_type", "dict_type"):
         return "the request body must be a JSON object, sent with Content-Type: application/json"
-    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".") or "body"
+    where = _path(loc) or "body"
     msg = str(error.get("msg", "invalid")).removeprefix("Value error, ")
     if kind == "missing" and loc and isinstance(loc[-1], int):
-        parent = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc[:-1]).lstrip(".")
-        return f"{parent} is too short: item {loc[-1]} is missing"
+        return f"{_path(loc[:-1])} is too short: item {loc[-1]} is missing"
     if kind == "missing":
         msg = "this field is required"
     first = msg.split(" ", 1)[0]

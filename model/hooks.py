@@ -116,16 +116,15 @@ class Captures(dict[str, torch.Tensor]):
         lse = lse.float()
         if blocks and layer in self.accumulators:
             self.accumulators[layer].todo.clear()  # every row's weights went through add()
-        elif not blocks and self.ids is not None and self._scored(call) and self.defer_pairs:
-            self.accumulators[layer] = ScoreAccumulator(q.shape[0], self.ids)  # every field owed
         elif not blocks and self.ids is not None and self._scored(call):
-            if self._pairs is None:
-                self._pairs = pair_scores.InductionPairs.of(self.ids)
-            acc = ScoreAccumulator(q.shape[0], self.ids)
-            scaling, softcap = call.scaling, call.softcap
-            prev, first = pair_scores.prev_first_sums(q, k, lse, scaling=scaling, softcap=softcap)
-            induction = pair_scores.induction_sums(q, k, lse, self._pairs, scaling=scaling, softcap=softcap)
-            acc.add_sums(prev=prev, first=first, induction=induction)
+            acc = ScoreAccumulator(q.shape[0], self.ids)  # with defer_pairs, every field is owed
+            if not self.defer_pairs:
+                if self._pairs is None:
+                    self._pairs = pair_scores.InductionPairs.of(self.ids)
+                scaling, softcap = call.scaling, call.softcap
+                prev, first = pair_scores.prev_first_sums(q, k, lse, scaling=scaling, softcap=softcap)
+                induction = pair_scores.induction_sums(q, k, lse, self._pairs, scaling=scaling, softcap=softcap)
+                acc.add_sums(prev=prev, first=first, induction=induction)
             self.accumulators[layer] = acc
         self.records[layer] = LayerRecord(q=q.float(), k=added, lse=lse, scaling=call.scaling,
                                           softcap=call.softcap, groups=call.groups, bias=call.bias, mask=mask)
@@ -265,10 +264,11 @@ def publish(store: Captures, n_layers: int) -> None:
             store[name] = layer.k
 
 
-def complete(acc: ScoreAccumulator, kept: LayerAttention) -> None:
+def complete(acc: ScoreAccumulator, kept: LayerAttention, pairs: pair_scores.InductionPairs | None = None) -> None:
     """The scores a fused forward left, exactly: on a fused causal layer from Q, K and lse
     (``model.pair_scores``: previous-token, first-token and induction from single dot products, entropy
-    and peak with one more pass of the fused kernel), else with one more pass over the visible cells."""
+    and peak with one more pass of the fused kernel), else with one more pass over the visible cells.
+    ``pairs``: the run's induction pairs, if the caller has them (one run's layers share them)."""
     if not acc.todo:
         return
     if kept.fused_causal and kept.lse is not None:
@@ -277,8 +277,8 @@ def complete(acc: ScoreAccumulator, kept: LayerAttention) -> None:
         if todo & {"prev", "first"}:
             sums["prev"], sums["first"] = pair_scores.prev_first_sums(q, k, lse, scaling=kept.scaling, softcap=None)
         if "induction" in todo:
-            sums["induction"] = pair_scores.induction_sums(q, k, lse, pair_scores.InductionPairs.of(acc.ids),
-                                                           scaling=kept.scaling, softcap=None)
+            pairs = pairs if pairs is not None else pair_scores.InductionPairs.of(acc.ids)
+            sums["induction"] = pair_scores.induction_sums(q, k, lse, pairs, scaling=kept.scaling, softcap=None)
         if todo & {"entropy", "peak"}:
             sums["entropy"], sums["peak"] = pair_scores.entropy_and_peak(q, k, lse, kept.scaling)
         acc.add_sums(**{field: value for field, value in sums.items() if field in todo})

@@ -38,6 +38,7 @@ from model.attention import LayerAttention
 from model.capture import BLOCK_CELLS
 from model.hooks import complete
 from model.jobthread import JobThread
+from model.pair_scores import InductionPairs
 
 if TYPE_CHECKING:
     from model.budget import MemoryBudget
@@ -69,17 +70,20 @@ class PendingScores:
 
 def sweep_bytes(layer: LayerAttention) -> int:
     """The sweep's transient memory for one layer: the fused kernel's P K (H, n, dh) with its lse, the
-    row statistics (a few (H, n) tensors), a tile or block of logits, and the induction pairs' layout
-    (``InductionPairs``: 56 bytes a position, with the sort's temporaries under 96)."""
+    row statistics (a few (H, n) tensors), a tile or block of logits, and the run's induction pairs
+    (``InductionPairs``, found once per run and held through the sweep: 56 bytes a position, with the
+    sort's temporaries under 96)."""
     h, n, dh = layer.q.shape
     return 4 * (h * n * (dh + 8) + 2 * BLOCK_CELLS) + 96 * n
 
 
-def layer_scores(kept: LayerAttention, ids: torch.Tensor, fields: frozenset[str], layer: int) -> list[HeadScore]:
-    """One layer's owed fields, exactly over every row: HeadScores whose other fields are meaningless."""
+def layer_scores(kept: LayerAttention, ids: torch.Tensor, fields: frozenset[str], layer: int,
+                 pairs: InductionPairs | None = None) -> list[HeadScore]:
+    """One layer's owed fields, exactly over every row: HeadScores whose other fields are meaningless.
+    ``pairs``: the run's induction pairs (found once for all its layers)."""
     acc = ScoreAccumulator(kept.n_heads, ids)
     acc.todo = set(fields)
-    complete(acc, kept)
+    complete(acc, kept, pairs)
     return acc.finish(layer)
 
 
@@ -151,6 +155,8 @@ class ScoreWorker(JobThread[_Job]):
     def _sweep(self, run_id: str, cache: ActivationCache, pending: PendingScores) -> None:
         t0 = time.perf_counter()
         late: dict[int, list[HeadScore]] = {}
+        owes_induction = any("induction" in fields for fields in pending.fields.values())
+        pairs = InductionPairs.of(cache.input_ids) if owes_induction else None  # one sort for every layer
         with torch.inference_mode():
             for layer, fields in sorted(pending.fields.items()):
                 if self.pause is not None:
@@ -163,10 +169,10 @@ class ScoreWorker(JobThread[_Job]):
                     return
                 kept = cache.attention[layer]
                 if self.budget is None:
-                    late[layer] = layer_scores(kept, cache.input_ids, fields, layer)
+                    late[layer] = layer_scores(kept, cache.input_ids, fields, layer, pairs)
                 else:
                     with self.budget.reserve(sweep_bytes(kept)):
-                        late[layer] = layer_scores(kept, cache.input_ids, fields, layer)
+                        late[layer] = layer_scores(kept, cache.input_ids, fields, layer, pairs)
         t1 = time.perf_counter()
         summary = cache.summary
         done = dataclasses.replace(
