@@ -111,6 +111,23 @@ def test_url_round_trips(page: object, base_url: str, browser: object) -> None:
     assert watch.errors == []
 
 
+def test_a_link_to_an_unknown_model_says_so(page: object, base_url: str) -> None:
+    """?model= naming a model this server lacks: the page shows the default, and says so."""
+    page.goto(base_url + "/?model=nope-7b&text=dog%20bites%20man")
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+    note = page.get_by_test_id("model-note")
+    assert note.is_visible()
+    text = note.text_content()
+    assert "nope-7b" in text and "attnscope-tiny" in text
+    assert page.get_by_test_id("model-picker").input_value() == "attnscope-tiny"
+    page.get_by_test_id("lang-switch").click()  # the note follows the language
+    page.wait_for_function("() => /[\u4e00-\u9fff]/.test(document.querySelector('[data-testid=model-note]').textContent)")
+    assert "nope-7b" in note.text_content()
+    page.goto(base_url + "/?model=attnscope-tiny&text=dog%20bites%20man")  # a served model: no note
+    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt")
+    assert not page.get_by_test_id("model-note").is_visible()
+
+
 def test_hostile_prompt_stays_text(page: object, base_url: str) -> None:
     analyse(page, base_url, XSS)
     page.wait_for_timeout(300)

@@ -69,3 +69,19 @@ def test_chinese_headings_and_tabs_say_something_in_chinese() -> None:
     keys = [k for k in zh if re.fullmatch(r"l\d\.h|x\.tool\.(?!intro|encoder)\w+|x\.(attention|tokens|heads|focus|next)", k)]
     assert {"l9.h", "x.attention", "x.tool.residual"} <= set(keys)
     assert [k for k in keys if not cjk.search(zh[k])] == []
+
+
+def test_singular_forms_pair_with_their_plural() -> None:
+    """A "key.one" form (read by t() when vars.n is 1) sits beside its plural, with the same
+    placeholders, and says something else in English: "1 head ablated", not "1 heads"."""
+    en = CATALOGUES["en"]
+    ones = [k for k in en if k.endswith(".one")]
+    assert {"abl.note.one", "patch.summary.one", "x.heat.tokens.one"} <= set(ones)
+    for key in ones:
+        plural = key.removesuffix(".one")
+        assert plural in en, key
+        assert "n" in PLACEHOLDER.findall(en[plural]), key
+        assert set(PLACEHOLDER.findall(en[key])) == set(PLACEHOLDER.findall(en[plural])), key
+        assert en[key] != en[plural] and "(s)" not in en[plural], key
+    i18n = (ROOT / "static" / "js" / "i18n.js").read_text(encoding="utf-8")
+    assert "vars.n === 1" in i18n and "`${key}.one`" in i18n

@@ -44,8 +44,10 @@ export function pickLanguage() {
 
 export const lang = () => current;
 
-// The text for `key` in the current language, placeholders filled from `vars`.
+// The text for `key` in the current language, placeholders filled from `vars`. A count of one
+// (vars.n === 1) reads the key's singular form, "key.one", where the catalogue has one.
 export function t(key, vars = {}) {
+  if (vars.n === 1 && catalogues[current]?.[`${key}.one`] !== undefined) key = `${key}.one`;
   const s = catalogues[current]?.[key] ?? catalogues.en?.[key];
   if (s === undefined) return key;
   return s.replace(/\{(\w+)\}/g, (m, k) => (k in vars ? String(vars[k]) : m));

@@ -733,8 +733,17 @@ function download(name, blob) {
 const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).catch(report);
 
 // Redraw every translated piece of the explorer in the current language, from what is loaded.
+// the model a shared link asked for when this server does not serve it (null: none, or resolved)
+let unknownModel = null;
+function showModelNote() {
+  const note = $("#model-note");
+  note.textContent = unknownModel ? t("x.model.unknown", { wanted: unknownModel, model: $("#model-picker").value }) : "";
+  note.hidden = !unknownModel;
+}
+
 async function repaint(fillModels) {
   fillModels();
+  showModelNote();
   showError(lastError);
   markStale(staleRun);
   busy(current);
@@ -857,6 +866,11 @@ async function init() {
   // a shared link reopens the same view; a first visit analyses the prefilled example at once
   const want = fromURL();
   if (want.model && models.some((m) => m.name === want.model)) picker.value = want.model;
+  else if (want.model) { // a link to a model this server lacks: say so, rather than quietly show another
+    unknownModel = want.model;
+    showModelNote();
+    picker.addEventListener("change", () => { unknownModel = null; showModelNote(); }, { once: true });
+  }
   if (want.sort && [...$("#grid-sort").options].some((o) => o.value === want.sort)) set({ sort: want.sort });
   if (want.colour && [...$("#colour-scale").options].some((o) => o.value === want.colour)) set({ colour: want.colour });
   if (want.pool === "mean") set({ pool: "mean" });

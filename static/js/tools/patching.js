@@ -67,7 +67,7 @@ export async function render(body, ctx) {
       charts.dataset.positions = String(tokens.length);
       summary.textContent = t("patch.summary", { model: res.model, answer: showToken(res.answer.token), wrong: showToken(res.wrong.token),
         pos: res.position, clean: fmt(res.clean.metric, 3), corrupted: fmt(res.corrupted.metric, 3), diff: res.first_difference,
-        token: showToken(tokens[res.first_difference].text), forwards: res.forwards });
+        token: showToken(tokens[res.first_difference].text), n: res.forwards });
     } catch (err) {
       ctx.error(err.message);
     } finally {
