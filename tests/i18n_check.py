@@ -23,6 +23,20 @@ def catalogue(lang: str) -> dict[str, str]:
     body = text[text.index("export default ") + len("export default "):].rstrip().removesuffix(";")
     body = "\n".join(line for line in body.splitlines() if not line.lstrip().startswith("//"))
     return dict(json.loads(body))
+
+
+def server_error_key(message: str) -> str | None:
+    """The catalogue key static/js/i18n.js's SERVER_ERRORS gives a server message (None: shown
+    as the server wrote it, after a translated lead). Its patterns are written in the subset of
+    JavaScript regex syntax that Python's re reads the same."""
+    source = (I18N.parent / "js" / "i18n.js").read_text(encoding="utf-8")
+    table = source[source.index("const SERVER_ERRORS = ["):]
+    for pattern, key in re.findall(r'^\s*\[/(.+)/, "([\w.]+)"\],$', table[: table.index("\n];")], re.M):
+        if re.search(pattern, message):
+            return str(key)
+    return None
+
+
 WORD = re.compile(r"[A-Za-z][A-Za-z_]*")
 MATH = re.compile(r"[A-Za-z]_[A-Za-z]?")  # h_t, x_t, h_{t-1}: symbols with a subscript
 # exact spellings (case matters: "LM Head" is the seed's term, a bare "head" is not)

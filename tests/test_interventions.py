@@ -12,6 +12,7 @@ from model.engine import Engine
 from model.loading import LoadedModel
 from model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
+from tests.i18n_check import server_error_key
 
 TEXT = "The cat sat on the mat. The cat sat on the mat again."
 CLEAN = "When Peter and John went to the store, John gave a drink to"
@@ -201,8 +202,9 @@ def test_patching_refuses_what_it_cannot_do(tiny_models: dict[str, LoadedModel])
     pieces = len(lm.tokenizer(" Peter Peter", add_special_tokens=False)["input_ids"])
     with pytest.raises(patching.BadInput, match=f"is {pieces} tokens for this model.*exactly one token"):
         patching.single_token(lm, " Peter Peter", "answer")
-    with pytest.raises(patching.BadInput, match="TFLOP"):
+    with pytest.raises(patching.BadInput, match="TFLOP") as refused:
         patching.patch(lm, clean, corrupted, answer, wrong, max_flops=1.0)
+    assert server_error_key(str(refused.value)) == "err.patch_flops"  # the Chinese page translates it
 
 
 @pytest.mark.parametrize("arch", ARCHS)

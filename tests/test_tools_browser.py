@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import parse_qs, urlencode, urlparse
 
 import pytest
@@ -129,6 +130,29 @@ def test_patch_view_from_the_url(page: object, base_url: str) -> None:
     query = parse_qs(urlparse(page.url).query)
     assert query["view"] == ["patch"] and query["answer"] == [" Peter"]
     shot(page, "tools-patch")
+
+
+def test_patch_refusals_read_in_chinese(page: object, base_url: str) -> None:
+    """The Patch tool's refusals, on the Chinese page: translated, with the server's numbers."""
+    open_view(page, base_url, "patch", lang="zh", clean="When Peter and John went to the store, John gave a drink to",
+              corrupted="When Peter and John went to the store, Peter gave a drink to her", answer=" Peter", wrong=" John")
+    alert = page.get_by_test_id("tool-error")
+    page.wait_for_function("() => document.querySelector('[data-testid=tool-error]')?.textContent.includes('损坏提示词有')")
+    said = alert.text_content()
+    assert "token 数相同" in said and "corrupted" not in said
+    clean, corrupted = (int(x) for x in re.findall(r"\d+", said)[:2])  # the server's counts: one token apart
+    assert corrupted == clean + 1
+    page.get_by_test_id("patch-corrupted").fill("When Peter and John went to the store, Peter gave a drink to")
+    page.get_by_test_id("patch-answer").fill(" Mary Ann")
+    page.get_by_test_id("patch-run").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=tool-error]').textContent.includes('恰好是一个 token')")
+    assert "Mary Ann" in alert.text_content() and "must be" not in alert.text_content()
+    page.get_by_test_id("patch-answer").fill(" Peter")
+    page.get_by_test_id("patch-wrong").fill(" Peter")
+    page.get_by_test_id("patch-run").click()
+    page.wait_for_function("() => document.querySelector('[data-testid=tool-error]').textContent.includes('同一个 token')")
+    assert "Peter" in alert.text_content() and "服务器返回" not in alert.text_content()
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusals, expected
 
 
 def test_lens_and_residual_views(page: object, base_url: str) -> None:

@@ -152,6 +152,13 @@ const SERVER_ERRORS = [
   [/^this prompt's run would keep ([\d,]+ MiB) \(([\d,]+) tokens; its forward peaks near ([\d,]+ MiB)\); the run cache holds at most ([\d,]+ MiB)/, "err.run_too_big"],
   [/^this prompt's forward would need ([\d,]+ MiB) at its peak; forwards in flight may use at most ([\d,]+ MiB)/, "err.forward_too_big"],
   [/^this prompt's forward would need ([\d,]+ MiB); the server is busy/, "err.forward_busy"],
+  // the Patch tool's
+  [/^(?:answer|wrong) (.+) is (\d+) tokens for this model \((.*)\); it must be exactly one token \(here the leading space/, "err.patch_space"],
+  [/^(?:answer|wrong) (.+) is (\d+) tokens for this model \((.*)\); it must be exactly one token/, "err.patch_one"],
+  [/^the clean prompt has (\d+) tokens and the corrupted one (\d+)/, "err.patch_lengths"],
+  [/^answer and wrong are the same token \((.*)\): the metric would always be 0/, "err.patch_same_token"],
+  [/^both prompts give the same metric \(logit\(answer\) - logit\(wrong\) = (\S+) and (\S+)\)/, "err.patch_same"],
+  [/^patching these prompts takes (\d+) patched forwards of (\d+) tokens \(about (\d+) TFLOP\), more than this server's limit of (\d+)/, "err.patch_flops"],
 ];
 
 // A server message in the reader's language: a known message is translated; any other keeps
