@@ -57,6 +57,9 @@ def test_nine_views_draw_real_numbers(page: object, base_url: str) -> None:
     assert js(page, "q('l4-neighbours').children.length") == 10
     layers = js(page, "q('l5-chart').data.map(t => t.y.length)")
     assert len(layers) == 3 and len(set(layers)) == 1 and 4 <= layers[0] <= 8  # one bar per block
+    # blocks numbered on the axis (its title says what they are), named in the hover: no long labels to overlap
+    assert js(page, "q('l5-chart').data[0].x") == list(range(layers[0]))
+    assert js(page, "q('l5-chart').layout.xaxis.title.text") == "block (layer)"
     assert "8 × 32 = 256" in js(page, "q('l5-facts').textContent")
     # 6: position table; the two orders, their difference, the same tokens stage by stage
     assert js(page, "[q('l6-positions').data[0].z.length, q('l6-positions').data[0].z[0].length]") == [64, 16]  # rotary: one column per pair of d_head's 32 dimensions

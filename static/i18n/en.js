@@ -143,6 +143,7 @@ export default {
  "l5.part.attention": "Attention",
  "l5.part.mlp": "FFN",
  "l5.part.norms": "norms",
+ "l5.blocks": "block (layer)",
  "l5.y": "parameters",
  "l6.h": "6 · Position information",
  "l6.p": "Attention compares token representations, so without position information the same tokens would look alike in any order — the seed's “dog bites man” and “man bites dog”. The token embedding says what a token is; the position signal says where it is. Models give it in different ways: GPT-2 adds a learned position vector to each token's embedding, the original transformer adds sinusoids, and Llama-style models (this app's default among them) rotate Q and K by an angle that grows with the position (RoPE), so position enters inside every attention layer and the embedding itself carries none. The first chart shows what this model uses. Below, the same tokens in another order (with “the”, so that each word is the same token in both: “dog” at the start and “␣dog” after a space are different tokens).",

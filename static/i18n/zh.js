@@ -143,6 +143,7 @@ export default {
  "l5.part.attention": "Attention",
  "l5.part.mlp": "FFN",
  "l5.part.norms": "归一化层",
+ "l5.blocks": "块（层）",
  "l5.y": "参数量",
  "l6.h": "6 · 位置信息",
  "l6.p": "Attention 比较的是 token 的表示，如果没有位置信息，同样的 token 换个顺序看起来几乎一样——就像笔记里的 “dog bites man” 和 “man bites dog”。token Embedding 说明“是什么”，位置信息说明“在哪里”。不同模型的做法不同：GPT-2 给每个 token 的 Embedding 加上一个学到的位置向量，原始 Transformer 加上正弦编码，而 Llama 一类的模型（包括本应用的默认模型）按位置把 Q 和 K 旋转一个随位置增大的角度（RoPE），位置信息在每个 Attention 层内部才进入，Embedding 本身不含位置。第一张图显示本模型用的是哪一种。下面把同样的 token 换个顺序（加上 “the”，让每个词在两句中都是同一个 token：句首的 “dog” 与空格之后的 “␣dog” 是不同的 token）。",

@@ -11,7 +11,7 @@ export async function render(body, ctx) {
   const n = run.tokens.length;
   const factsTable = el("table", { "data-testid": "l5-facts" });
   const shapesTable = el("table", { "data-testid": "l5-shapes" });
-  const chart = figure("l5-chart");
+  const chart = figure("l5-chart", "chart tall");
   body.replaceChildren(factsTable, shapesTable, chart.box);
   const fill = (table, rows) => table.replaceChildren(el("tbody", {}, ...rows.map(([k, v]) => el("tr", {}, el("th", { text: t(`l5.${k}`) }), el("td", { class: "mono", text: String(v) })))));
 
@@ -28,12 +28,14 @@ export async function render(body, ctx) {
       ["scores", `${n} × ${n}`], ["heads_out", `${m.n_heads} × (${n} × ${m.d_head})`],
       ["concat", `${n} × ${m.n_heads * m.d_head} = ${n} × ${m.d_model}`], ["block_out", `${n} × ${m.d_model}`],
     ]);
-    const layers = a.per_layer.map((l) => t("common.block", { i: l.layer }));
-    await plot(chart, [
-      { type: "bar", name: t("l5.part.attention"), x: layers, y: a.per_layer.map((l) => l.attention) },
-      { type: "bar", name: t("l5.part.mlp"), x: layers, y: a.per_layer.map((l) => l.mlp) },
-      { type: "bar", name: t("l5.part.norms"), x: layers, y: a.per_layer.map((l) => l.norms) },
-    ], { barmode: "stack", yaxis: { title: { text: t("l5.y") } }, xaxis: { automargin: true, tickangle: 0 },
+    // blocks on a numbered axis: "block 0".."block 35" as tick labels overlap on a phone
+    const x = a.per_layer.map((l) => l.layer);
+    const names = a.per_layer.map((l) => t("common.block", { i: l.layer }));
+    const bar = (part, key) => ({ type: "bar", name: t(key), x, y: a.per_layer.map((l) => l[part]), customdata: names,
+      hovertemplate: "%{customdata}: %{y:,}<extra>%{fullData.name}</extra>" });
+    await plot(chart, [bar("attention", "l5.part.attention"), bar("mlp", "l5.part.mlp"), bar("norms", "l5.part.norms")], {
+      barmode: "stack", yaxis: { title: { text: t("l5.y") } },
+      xaxis: { title: { text: t("l5.blocks") }, automargin: true, tickangle: 0, tickmode: x.length <= 12 ? "linear" : "auto", dtick: 1 },
       legend: { orientation: "h", x: 0, y: 1.15 }, margin: { t: 40 } }); // the legend above: every block's label fits
   });
   ctx.link({});
