@@ -172,6 +172,16 @@ def test_generate_and_record_fills_rows_then_timeline(page: object, base_url: st
     assert 1 <= steps <= 6 and n == n0 + steps and state["n"] == n and state["rows"] == n
     page.get_by_test_id("timeline").fill("0")
     page.wait_for_function(f"() => document.querySelector('[data-testid=attention-heatmap]').data.find(t => t.type === 'heatmap').z.length === {n0}")
+    # the rest of the explorer moves with it: the prompt's last token is focused, and the next-token
+    # panel shows what the model predicted there, the first generated token being the actual one
+    page.wait_for_function(f"() => new URLSearchParams(location.search).get('pos') === '{n0 - 1}'")
+    assert "selected" in page.get_by_test_id("token").nth(n0 - 1).get_attribute("class")
+    first = page.get_by_test_id("token").nth(n0).locator(".t").text_content()
+    page.wait_for_function("() => document.querySelector('[data-testid=next-actual]').textContent.includes('rank')")
+    actual = page.get_by_test_id("next-actual").text_content()
+    assert actual.startswith("Actual next token") and first in actual
+    page.get_by_test_id("timeline").fill(str(steps))
+    page.wait_for_function(f"() => new URLSearchParams(location.search).get('pos') === '{n - 1}'")
     shot(page, "recorded-generation")
 
 

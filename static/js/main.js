@@ -705,17 +705,23 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
 }
 
 // Step back through a recorded generation: show the rows that existed after step k.
-function showStep(k) {
+// Step k of a recorded generation: the heatmap as it stood then, and the newest token of that
+// step focused, so that the focus row, the readout and the next-token chart (what the model
+// predicted there, and the token it went on to write) move with the timeline too.
+async function showStep(k) {
   const { run, slice } = state;
   const total = Number($("#timeline").max);
   const n = run.tokens.length - (total - k);
   $("#timeline-value").textContent = k === total ? t("x.timeline.all", { n: total }) : t("x.timeline.step", { k, n: total });
+  if (state.pos !== n - 1) set({ pos: n - 1, key: n - 1 }); // drawn with the step's heatmap below
   if (isLong(run)) { // the rows and keys that existed after step k, from tiles like the rest
     extent = k === total ? null : n;
-    return tiles.show(tileView(), 30);
+    await tiles.show(tileView(), 30);
+  } else {
+    const data = slice.data.subarray(0, (n * (n + 1)) / 2);
+    await drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: t("x.step", { layer: state.layer, head: state.head, k }) });
   }
-  const data = slice.data.subarray(0, (n * (n + 1)) / 2);
-  return drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: t("x.step", { layer: state.layer, head: state.head, k }) });
+  if (state.run === run) selectCell(n - 1);
 }
 
 // ---- start ----------------------------------------------------------------------------------
@@ -732,7 +738,6 @@ function download(name, blob) {
 // Run a handler and show what goes wrong instead of dropping it.
 const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).catch(report);
 
-// Redraw every translated piece of the explorer in the current language, from what is loaded.
 // the model a shared link asked for when this server does not serve it (null: none, or resolved)
 let unknownModel = null;
 function showModelNote() {
@@ -741,6 +746,7 @@ function showModelNote() {
   note.hidden = !unknownModel;
 }
 
+// Redraw every translated piece of the explorer in the current language, from what is loaded.
 async function repaint(fillModels) {
   fillModels();
   showModelNote();
