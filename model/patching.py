@@ -189,7 +189,7 @@ def single_token(lm: LoadedModel, text: str, what: str) -> int:
         if len(pieces) > 1 and text.startswith(" ") and not pieces[0].strip():
             hint = "here the leading space is a token of its own: try it without the space"
         else:
-            hint = "a leading space is often part of an English word's token, e.g. ' Paris'"
+            hint = "a leading space is often part of an English word's token, e.g. ' Peter'"
         raise BadInput(f"{what} {text!r} is {len(ids)} tokens for this model ({pieces}); it must be exactly one "
                        f"token ({hint})")
     return int(ids[0])

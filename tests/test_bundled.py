@@ -188,4 +188,7 @@ def test_a_multi_token_answer_is_named_in_display_text(default_client: TestClien
     message = r.json()["message"]
     assert "'能'" in message and "è" not in message and "the leading space is a token of its own" in message
     r = default_client.post("/api/patch", json={**body, "answer": " Maryland"})
-    assert r.status_code == 422 and "' Paris'" in r.json()["message"] and "'land'" in r.json()["message"]
+    assert r.status_code == 422 and "' Peter'" in r.json()["message"] and "'land'" in r.json()["message"]
+    r = default_client.post("/api/patch", json={**body, "clean": "I met Peter", "corrupted": "I met John",
+                                                "answer": " Peter", "wrong": " John"})
+    assert r.status_code == 200  # the hint's example is itself one token here

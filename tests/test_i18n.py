@@ -27,7 +27,7 @@ def test_chinese_keeps_only_the_seeds_english_terms() -> None:
     """Latin words in the Chinese catalogue are the technical terms the seed note writes in
     English, symbols, names and quoted example text — nothing else."""
     examples = {"x.placeholder": "I love artificial intelligence", "l6.p": "dog bites man the",
-                "lang.switch": "English", "err.patch_one": "Paris",  # the Patch tool's example answer
+                "lang.switch": "English", "err.patch_one": "Peter",  # the Patch tool's example answer
                 "err.patch_same": "answer wrong", "err.patch_same_token": "answer wrong",
                 "err.patch_flops": "TFLOP"}  # a language switch names the other language in its own words
     for key, text in CATALOGUES["zh"].items():

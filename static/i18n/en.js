@@ -350,7 +350,7 @@ export default {
  "err.forward_too_big": "This prompt's forward would need {1} at its peak; forwards in flight may use at most {2}.",
  "err.forward_busy": "This prompt's forward would need {1}; the server is busy with other long prompts: try again shortly.",
  "err.patch_space": "{1} is {2} tokens for this model ({3}): the leading space is a token of its own here; try it without the space.",
- "err.patch_one": "{1} is {2} tokens for this model ({3}); it must be exactly one token (a leading space is often part of an English word's token, e.g. ' Paris').",
+ "err.patch_one": "{1} is {2} tokens for this model ({3}); it must be exactly one token (a leading space is often part of an English word's token, e.g. ' Peter').",
  "err.patch_lengths": "The clean prompt has {1} tokens and the corrupted one {2}: patching needs prompts of the same token count.",
  "err.patch_same_token": "The answer and the wrong answer are the same token ({1}): logit(answer) − logit(wrong) would always be 0.",
  "err.patch_same": "Both prompts give the same metric (logit(answer) − logit(wrong) = {1} and {2}): there is no difference for patching to recover.",

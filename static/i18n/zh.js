@@ -350,7 +350,7 @@ export default {
  "err.forward_too_big": "这个提示词的前向计算峰值需要 {1}，而同时进行的前向计算最多只能使用 {2}。",
  "err.forward_busy": "这个提示词的前向计算需要 {1}；服务器正忙于其他长提示词，请稍后再试。",
  "err.patch_space": "{1} 在这个模型里是 {2} 个 token（{3}）：这里开头的空格自成一个 token，请去掉空格再试。",
- "err.patch_one": "{1} 在这个模型里是 {2} 个 token（{3}）；这里必须恰好是一个 token（英语单词前的空格常常是它 token 的一部分，例如 ' Paris'）。",
+ "err.patch_one": "{1} 在这个模型里是 {2} 个 token（{3}）；这里必须恰好是一个 token（英语单词前的空格常常是它 token 的一部分，例如 ' Peter'）。",
  "err.patch_lengths": "干净提示词有 {1} 个 token，损坏提示词有 {2} 个：激活修补需要两个提示词的 token 数相同。",
  "err.patch_same_token": "答案和错误答案是同一个 token（{1}）：logit(answer) − logit(wrong) 永远是 0。",
  "err.patch_same": "两个提示词给出相同的指标（logit(answer) − logit(wrong) = {1} 和 {2}）：没有差异可供修补恢复。",
