@@ -194,6 +194,18 @@ def test_compare_a_head_on_two_prompts(page: object, base_url: str) -> None:
     page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
 
 
+def test_compare_offers_the_same_tokens_reordered(page: object, base_url: str) -> None:
+    """The default second prompt differs from the first in either language: two words swapped,
+    or, in Chinese (no spaces), two characters."""
+    query = urlencode({"text": "我爱人工智能", "model": "attnscope-tiny", "view": "compare"})
+    page.goto(f"{base_url}/?{query}")
+    page.wait_for_selector("[data-testid=head-compare][data-n]")
+    assert page.get_by_test_id("compare-prompt").input_value() == "爱我人工智能"
+    out = page.evaluate("""async () => { const { reordered } = await import('/static/js/tools/compare.js');
+        return ['dog bites man', '我爱人工智能', '  好好学习', 'x', '😀🙂 ok'].map(reordered); }""")
+    assert out == ["bites dog man", "爱我人工智能", "  好学好习", "x", "🙂😀 ok"]
+
+
 def test_compare_long_prompts_as_tiles(page: object, base_url: str) -> None:
     """Above the tile size both heads are fetched as max-pooled tiles of their common positions (the
     same bins), never whole: the difference is bin by bin and the note says how it pools."""

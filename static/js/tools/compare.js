@@ -63,10 +63,22 @@ async function compareTiles(ctx, run, runB, { a, b, d, box, note }) {
     t("cmp.largest", { d: fmt(biggest, 3) });
 }
 
+// The default second prompt: the same tokens in another order, as in the seed's "dog bites man":
+// the first two words swapped, or, in text without spaces (Chinese), the first two characters.
+export function reordered(text) {
+  const swapped = text.replace(/\b(\w+) (\w+)\b/, "$2 $1");
+  if (swapped !== text) return swapped;
+  const chars = Array.from(text);
+  const i = chars.findIndex((c, k) => k + 1 < chars.length && /\S/.test(c) && /\S/.test(chars[k + 1]) && c !== chars[k + 1]);
+  if (i < 0) return text;
+  [chars[i], chars[i + 1]] = [chars[i + 1], chars[i]];
+  return chars.join("");
+}
+
 export async function render(body, ctx) {
   const { run } = ctx;
   const other = el("input", { type: "text", class: "patch-input", "data-testid": "compare-prompt", spellcheck: "false" });
-  other.value = ctx.params.compare ?? ctx.prompt().replace(/\b(\w+) (\w+)\b/, "$2 $1");
+  other.value = ctx.params.compare ?? reordered(ctx.prompt());
   const go = el("button", { type: "button", "data-testid": "compare-run", text: t("cmp.run") });
   const a = el("div", { class: "chart tool-chart square", "data-testid": "compare-a" });
   const b = el("div", { class: "chart tool-chart square", "data-testid": "compare-b" });
