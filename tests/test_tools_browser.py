@@ -42,10 +42,18 @@ def test_attribution_view_from_the_url_sums_and_selects_a_head(page: object, bas
     open_view(page, base_url, "attribution")
     layers, heads = shape(page)
     heat = chart(page, "attribution-heatmap")
-    assert len(heat["z"]) == layers and len(heat["z"][0]) == heads + 2  # layers x (heads, attention bias, MLP)
+    # layers x (heads, FFN): a Llama has no attention biases, so no empty column for them
+    assert len(heat["z"]) == layers and len(heat["z"][0]) == heads + 1 and heat["x"][-1] == "FFN"
     data = heat["data"]
     assert abs(float(data["sum"]) + float(data["error"]) - float(data["logit"])) < 1e-6
-    assert "float residue" in page.get_by_test_id("attribution-summary").text_content()
+    summary = page.get_by_test_id("attribution-summary").text_content()
+    assert "float residue" in summary and "no biases" in summary
+    # the summary's parts, each a number, add up to the logit
+    parts = re.search(r"= (-?[\d.]+) = embeddings (-?[\d.]+) \+ heads (-?[\d.]+) \+ FFNs (-?[\d.]+) \+ final norm shift (-?[\d.]+)",
+                      summary.replace("−", "-"))
+    assert parts, summary
+    logit, *terms = (float(v) for v in parts.groups())
+    assert abs(sum(terms) - logit) < 0.01
     # a difference of two logits
     options = page.locator("[data-testid=attribution-token-b] option")
     page.get_by_test_id("attribution-token-b").select_option(options.nth(2).get_attribute("value"))

@@ -37,16 +37,18 @@ export async function render(body, ctx) {
     const a = await getJSON(`/api/runs/${encodeURIComponent(run.run_id)}/attribution?${params}`);
     const L = run.n_layers;
     const H = run.n_heads;
-    const cols = [...Array.from({ length: H }, (_, h) => t("common.head", { i: h })), t("attr.bias"), t("tool.mlp")];
-    const z = Array.from({ length: L }, () => new Array(H + 2).fill(null));
-    let embed = 0;
-    let finalBias = 0;
+    // a model without attention biases (Llama, Qwen3…) has no bias terms: no empty column for them
+    const hasBias = a.terms.some((term) => term.kind === "bias" && term.layer !== null);
+    const mlpCol = hasBias ? H + 1 : H;
+    const cols = [...Array.from({ length: H }, (_, h) => t("common.head", { i: h })), ...(hasBias ? [t("attr.bias")] : []), t("tool.mlp")];
+    const z = Array.from({ length: L }, () => new Array(mlpCol + 1).fill(null));
+    const sums = { embed: 0, heads: 0, biases: 0, mlps: 0, shift: 0 };
     for (const term of a.terms) {
-      if (term.kind === "head") z[term.layer][term.head] = term.value;
-      else if (term.kind === "bias" && term.layer !== null) z[term.layer][H] = term.value;
-      else if (term.kind === "mlp") z[term.layer][H + 1] = term.value;
-      else if (term.kind === "embed") embed = term.value;
-      else finalBias = term.value;
+      if (term.kind === "head") { z[term.layer][term.head] = term.value; sums.heads += term.value; }
+      else if (term.kind === "bias" && term.layer !== null) { z[term.layer][H] = term.value; sums.biases += term.value; }
+      else if (term.kind === "mlp") { z[term.layer][mlpCol] = term.value; sums.mlps += term.value; }
+      else if (term.kind === "embed") sums.embed += term.value;
+      else sums.shift += term.value;
     }
     const m = symmetric(z.map((r) => r.filter((v) => v !== null)));
     const what = a.token_b ? `logit(${showToken(a.token.token)}) − logit(${showToken(a.token_b.token)})` : `logit(${showToken(a.token.token)})`;
@@ -57,7 +59,10 @@ export async function render(body, ctx) {
     chart.dataset.sum = String(a.terms.reduce((s, term) => s + term.value, 0));
     chart.dataset.logit = String(a.logit);
     chart.dataset.error = String(a.error);
-    summary.textContent = t("attr.summary", { what, logit: fmt(a.logit, 3), embed: fmt(embed, 3), shift: fmt(finalBias, 3),
+    chart.dataset.columns = String(cols.length);
+    const f = (v) => fmt(v, 3);
+    summary.textContent = t(hasBias ? "attr.summary" : "attr.summary.nobias", { what, logit: f(a.logit), embed: f(sums.embed),
+      heads: f(sums.heads), biases: f(sums.biases), mlps: f(sums.mlps), shift: f(sums.shift),
       residue: a.error.toExponential(1) }) + (a.final_steps.length ? t("attr.note", { note: finalNote(a.final_steps) }) : "");
   }
   await draw();
