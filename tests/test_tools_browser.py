@@ -168,6 +168,9 @@ def test_lens_and_residual_views(page: object, base_url: str) -> None:
     layers, _ = shape(page)
     lens = chart(page, "logit-lens")
     assert len(lens["z"]) == layers + 1  # embeddings + every block
+    # the help says where the output is: plotly draws the first category (embeddings) at the bottom
+    assert lens["y"][0] == "embed" and lens["layout"]["yaxis"].get("autorange") != "reversed"
+    assert "the top row is the model’s output" in page.get_by_test_id("tool-view-lens").text_content()
     page.get_by_test_id("tool-tab-residual").click()
     res = chart(page, "residual-chart")
     assert res["x"] == ["embed"] + [f"block {i}" for i in range(layers)]

@@ -442,7 +442,7 @@ export default {
  "patch.t_heads": "each head's output at every position (layer × head)",
  "patch.summary": "{model}: logit({answer}) − logit({wrong}) at position {pos} is {clean} on the clean prompt and {corrupted} on the corrupted one; the prompts first differ at position {diff} ({token}). {n} batched forwards.",
  "patch.summary.one": "{model}: logit({answer}) − logit({wrong}) at position {pos} is {clean} on the clean prompt and {corrupted} on the corrupted one; the prompts first differ at position {diff} ({token}). {n} batched forward.",
- "lens.help": "Positions {lo}–{hi} of {n}: the top next-token guess after each block (cell text) and its probability (colour). Rows: embeddings, then each block; the last row is the model's output.",
+ "lens.help": "Positions {lo}–{hi} of {n}: the top next-token guess after each block (cell text) and its probability (colour). Rows, from the bottom up: embeddings, then each block; the top row is the model’s output.",
  "lens.hover": "%{y} · position %{x}: %{text} (p=%{z:.3f})<extra></extra>",
  "resid.help": "Token {pos} {token}: the residual stream's norm after each block and its cosine to the previous stage; below, how much each block's attention and FFN add.",
  "resid.norm_name": "‖residual‖",

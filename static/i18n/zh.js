@@ -442,7 +442,7 @@ export default {
  "patch.t_heads": "每个头在所有位置上的输出（层 × 头）",
  "patch.summary": "{model}：位置 {pos} 上的 logit({answer}) − logit({wrong}) 在干净提示词上是 {clean}，在损坏提示词上是 {corrupted}；两个提示词从位置 {diff}（{token}）开始不同。共 {n} 次批量前向计算。",
  "patch.summary.one": "{model}：位置 {pos} 上的 logit({answer}) − logit({wrong}) 在干净提示词上是 {clean}，在损坏提示词上是 {corrupted}；两个提示词从位置 {diff}（{token}）开始不同。共 {n} 次批量前向计算。",
- "lens.help": "位置 {lo}–{hi}（共 {n} 个）：每个块之后对下一个 token 的最高猜测（格中文字）及其概率（颜色）。各行依次是 Embedding 和每个块；最后一行就是模型的输出。",
+ "lens.help": "位置 {lo}–{hi}（共 {n} 个）：每个块之后对下一个 token 的最高猜测（格中文字）及其概率（颜色）。各行自下而上依次是 Embedding 和每个块；最上面一行就是模型的输出。",
  "lens.hover": "%{y} · 位置 %{x}：%{text}（p=%{z:.3f}）<extra></extra>",
  "resid.help": "第 {pos} 个 token {token}：每个块之后 residual stream 的范数，以及它与上一阶段的余弦相似度；下图是每个块的 Attention 和 FFN 各加上了多少。",
  "resid.norm_name": "‖residual stream‖",
