@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
@@ -209,6 +210,14 @@ def test_sparsity_sort_zoom_and_exports(page: object, base_url: str) -> None:
     with page.expect_download() as svg:
         page.get_by_test_id("export-svg").click()
     assert svg.value.suggested_filename.endswith(".svg")
+    # the image says what it shows, and leaves out the page's selection box
+    image = Path(svg.value.path()).read_text(encoding="utf-8")
+    layer, head = heatmap_state(page)["layer"], heatmap_state(page)["head"]
+    assert f"attnscope-tiny · layer {layer} head {head} · {heatmap_state(page)['n']} tokens" in image
+    assert "#d6336c" not in image and "rgb(214, 51, 108)" not in image
+    with page.expect_download() as png:
+        page.get_by_test_id("export-png").click()
+    assert Path(png.value.path()).read_bytes()[:4] == b"\x89PNG"
     with page.expect_download() as run_json:
         page.get_by_test_id("export-json").click()
     assert run_json.value.suggested_filename.endswith(".json")

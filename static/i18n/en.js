@@ -345,6 +345,7 @@ export default {
  "x.focus.top": "The {k} keys with the largest weights, of {n}, in position order; together they hold {mass}% of this row's attention.",
  "x.export_kept": "Run data (safetensors)",
  "x.export_kept_title": "what the run keeps, O(n·d): each layer's post-rotary Q and K, row normalisers and the residual stream; model.export.KeptRun.load(path).pattern(layer, head) rebuilds any head exactly",
+ "x.export.title": "{model} · layer {layer} head {head} · {n} tokens",
  "x.export.json_refused": "The JSON export of this run would hold {cells} attention cells (every head's full pattern), more than this server sends at once ({limit}). Press “Run data (safetensors)” instead: it holds what the run keeps, from which any head is rebuilt exactly (model.export.KeptRun).",
  "err.run_too_big": "This prompt's run would keep {1} ({2} tokens; its forward peaks near {3}); the run cache holds at most {4}. Shorten the prompt or raise ATTNSCOPE_CACHE_BYTES.",
  "err.forward_too_big": "This prompt's forward would need {1} at its peak; forwards in flight may use at most {2}.",

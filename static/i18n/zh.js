@@ -345,6 +345,7 @@ export default {
  "x.focus.top": "权重最大的 {k} 个键（共 {n} 个），按位置排列；它们合计占这一行注意力的 {mass}%。",
  "x.export_kept": "导出运行数据（safetensors）",
  "x.export_kept_title": "运行保留的数据，大小随 n·d 线性增长：每层旋转位置编码之后的 Q 和 K、每行的归一化系数和 residual stream；由它可以精确重建任意一个头的注意力",
+ "x.export.title": "{model} · 第 {layer} 层 · 头 {head} · {n} 个 token",
  "x.export.json_refused": "这次运行的 JSON 导出会包含 {cells} 个注意力格子（每个头的完整矩阵），超过了服务器一次发送的上限（{limit}）。请改用“导出运行数据（safetensors）”：它包含运行保留的数据，由它可以精确重建任意一个头。",
  "err.run_too_big": "这个提示词的运行需要保留 {1}（{2} 个 token；前向计算的峰值约 {3}），而运行缓存最多只能容纳 {4}。请缩短提示词，或在服务器上调大运行缓存。",
  "err.forward_too_big": "这个提示词的前向计算峰值需要 {1}，而同时进行的前向计算最多只能使用 {2}。",

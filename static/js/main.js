@@ -1,5 +1,5 @@
 // The explorer: analyse a prompt once, then look at it head by head and token by token.
-import { $, el, fmt, showToken } from "./dom.js";
+import { $, el, fmt, plotlyText, showToken } from "./dom.js";
 import { getAttentionBin, getAttentionF32, getBlob, getJSON, getRow, isAbort, postJSON, postStream, readSSE, rowOf, waitHeads } from "./api.js";
 import { state, set, toURL, fromURL } from "./state.js";
 import { renderTokens, markSelected } from "./views/tokens.js";
@@ -726,6 +726,23 @@ async function showStep(k) {
 
 // ---- start ----------------------------------------------------------------------------------
 
+// The heatmap as an image that says what it shows (model, head, tokens; a recorded step's
+// caption under it) and without the page's selection box.
+async function exportHeatmap(format) {
+  const div = $("#heatmap");
+  if (!state.run || !div.layout) return;
+  const name = plotlyText(t("x.export.title", { model: state.run.model, layer: state.layer, head: state.head, n: shown() }));
+  const caption = div.layout.title?.text || "";
+  const layout = { ...div.layout, shapes: [], title: { ...div.layout.title, text: caption ? `${name}<br>${caption}` : name },
+                   margin: { ...div.layout.margin, b: (div.layout.margin?.b ?? 28) + 22 } };
+  const url = await window.Plotly.toImage({ data: div.data, layout },
+    { format, width: div.clientWidth, height: div.clientHeight + 22, scale: format === "png" ? 2 : 1 });
+  const a = el("a", { href: url, download: `attnscope-L${state.layer}H${state.head}.${format}` });
+  document.body.append(a);
+  a.click();
+  a.remove();
+}
+
 function download(name, blob) {
   const url = URL.createObjectURL(blob);
   const a = el("a", { href: url, download: name });
@@ -821,10 +838,8 @@ async function init() {
     drawNextSoon(60);
     toURL();
   });
-  $("#export-png").addEventListener("click", safely(() =>
-    window.Plotly.downloadImage($("#heatmap"), { format: "png", filename: `attnscope-L${state.layer}H${state.head}`, scale: 2 })));
-  $("#export-svg").addEventListener("click", safely(() =>
-    window.Plotly.downloadImage($("#heatmap"), { format: "svg", filename: `attnscope-L${state.layer}H${state.head}` })));
+  $("#export-png").addEventListener("click", safely(() => exportHeatmap("png")));
+  $("#export-svg").addEventListener("click", safely(() => exportHeatmap("svg")));
   $("#grid-png").addEventListener("click", safely(() => grid.exportImage("png").then((blob) => download("attnscope-heads.png", blob))));
   $("#grid-svg").addEventListener("click", safely(() => grid.exportImage("svg").then((blob) => download("attnscope-heads.svg", blob))));
   $("#generate").addEventListener("click", () => generateAndRecord());
