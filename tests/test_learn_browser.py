@@ -47,7 +47,12 @@ def test_nine_views_draw_real_numbers(page: object, base_url: str) -> None:
     assert js(page, "q('l2-table').querySelectorAll('tbody tr').length") == n
     assert js(page, "q('l2-timing').data.slice(0, 2).map(t => t.y.length)") == [n, n]
     assert js(page, "q('l2-timing-long').data.slice(0, 2).map(t => t.y.length)") == [24, 24]
-    assert re.search(r"At 4 tokens the cache (wins|does not win)", js(page, "q('l2-verdict').textContent"))
+    assert re.search(r"At 4 tokens (the cache wins|the cache does not win|neither wins)", js(page, "q('l2-verdict').textContent"))
+    # a winner only where the repeats' totals do not overlap
+    keys = page.evaluate("""async () => { const { verdictKey } = await import('/static/js/learn/l2.js');
+        return [verdictKey([10, 12], [20, 25], 11, 22), verdictKey([30, 31], [20, 25], 30, 22),
+                verdictKey([10, 21], [20, 25], 11, 22), verdictKey([5], [5], 5, 5)]; }""")
+    assert keys == ["l2.verdict.win", "l2.verdict.nowin", "l2.verdict.tie", "l2.verdict.tie"]
     # 3: k-1, k+1, 2k and 8 nearest neighbours, a trained token by default
     assert js(page, "q('l3-table').querySelectorAll('tbody tr').length") == n
     assert js(page, "q('l3-chart').data.slice(0, 3).map(t => t.y.length)") == [2, 1, 8]

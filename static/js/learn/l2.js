@@ -9,6 +9,13 @@ const LONG = 24; // tokens timed at most: long enough for the cache to pay off, 
 const ROWS = 64; // rows of the prefix table shown
 const cum = (xs) => xs.reduce((acc, v) => [...acc, (acc.at(-1) || 0) + v], []);
 
+// Which verdict the timings allow: when the repeats' totals overlap, the difference is this
+// machine's noise and neither side wins; otherwise the smaller sum of per-step medians wins.
+export function verdictKey(cacheTotals, noCacheTotals, cacheMs, noCacheMs) {
+  const overlap = Math.min(...cacheTotals) <= Math.max(...noCacheTotals) && Math.min(...noCacheTotals) <= Math.max(...cacheTotals);
+  return overlap ? "l2.verdict.tie" : cacheMs < noCacheMs ? "l2.verdict.win" : "l2.verdict.nowin";
+}
+
 export async function render(body, ctx) {
   const { run, t } = ctx;
   const n = run.tokens.length;
@@ -85,7 +92,7 @@ export async function render(body, ctx) {
       const sum = (xs) => xs.reduce((x, y) => x + y, 0);
       const c = sum(tm.serial_cache_ms), u = sum(tm.serial_no_cache_ms);
       const range = (xs) => `${fmt(Math.min(...xs), 1)}–${fmt(Math.max(...xs), 1)}`;
-      return t(c < u ? "l2.verdict.win" : "l2.verdict.nowin", {
+      return t(verdictKey(tm.cache_totals_ms, tm.no_cache_totals_ms, c, u), {
         n: tm.n, c: fmt(c, 1), u: fmt(u, 1), ratio: fmt(u / c, 2), repeats: tm.repeats,
         crange: range(tm.cache_totals_ms), urange: range(tm.no_cache_totals_ms), p: fmt(tm.parallel_ms, 1), px: fmt(c / tm.parallel_ms, 1),
       });
