@@ -56,6 +56,13 @@ def test_nine_views_draw_real_numbers(page: object, base_url: str) -> None:
     # 3: k-1, k+1, 2k and 8 nearest neighbours, a trained token by default
     assert js(page, "q('l3-table').querySelectorAll('tbody tr').length") == n
     assert js(page, "q('l3-chart').data.slice(0, 3).map(t => t.y.length)") == [2, 1, 8]
+    # the band of random pairs is a range of cosines (within [-1, 1]); the nearest row is called
+    # close only when it lies above that band
+    band = js(page, "q('l3-chart').layout.shapes[0]")
+    assert -1 <= band["y0"] <= band["y1"] <= 1
+    note = js(page, "q('l3-note').textContent")
+    nearest = max(js(page, "q('l3-chart').data[2].y"))
+    assert ("reaches" in note) == (nearest > band["y1"]) and ("stays inside that band" in note) == (nearest <= band["y1"])
     assert js(page, "q('l3-untrained').hidden") is True
     # 4-5: the row of E (d_model cells) and its neighbours; parameters per block
     assert js(page, "q('l4-strip').data[0].z[0].length") == 256

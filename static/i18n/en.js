@@ -111,6 +111,7 @@ export default {
  "l3.verdict.band": "Both lie inside the band of random pairs of trained rows ({lo} to {hi}, mean {mean}): being next in number, or twice as large, says nothing.",
  "l3.verdict.outside": "Not all of them lie inside the band of random pairs of trained rows ({lo} to {hi}, mean {mean}) — by chance, as any pair may; there is no arithmetic behind it (try other IDs).",
  "l3.nearest": "Its real nearest neighbour, “{token}”, reaches {cos}: closeness lives in the learned vectors, not in the numbers.",
+ "l3.nearest.in_band": "Even its real nearest neighbour, “{token}” ({cos}), stays inside that band: this model's rows all point in similar directions (random pairs average {mean}), so here a cosine separates little. What closeness there is lives in the learned vectors, not in the numbers.",
  "l3.untrained": "Token {k} is untrained: its row is one of {count} near-identical rows (cosine ≥ 0.95 with each other) that training never moved apart — tokens that never occurred in the training text, such as single bytes of characters the text did not contain. They look alike because they are all untouched, not because their IDs are close (grey bars are such rows).",
  "l4.h": "4 · Embedding",
  "l4.p": "The embedding matrix E has one learnable row of d_model numbers per token. Looking up row E[id] turns a discrete token into a continuous vector; training moves these rows by backpropagation, so that tokens used alike end up close together.",

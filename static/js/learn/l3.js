@@ -55,7 +55,8 @@ export async function render(body, ctx) {
       customdata: rows.map((a) => (a.untrained ? t("l3.untrained_mark") : "")),
       hovertemplate: `%{x}: ${t("l3.cos_hover")} %{y:.3f} %{customdata}<extra></extra>`,
     }));
-    const lo = e.random_mean - 2 * e.random_std, hi = e.random_mean + 2 * e.random_std;
+    // a cosine lies in [-1, 1]: the band of random pairs (mean ± 2σ) is cut there
+    const lo = Math.max(-1, e.random_mean - 2 * e.random_std), hi = Math.min(1, e.random_mean + 2 * e.random_std);
     traces.push({ type: "scatter", mode: "lines", name: t("l3.random", { mean: fmt(e.random_mean, 2), std: fmt(e.random_std, 2) }),
       x: [null], y: [null], line: { color: "#777", dash: "dot" } });
     const all = [...e.adjacent, ...e.double, ...e.neighbours].map((a) => a.cos);
@@ -75,7 +76,8 @@ export async function render(body, ctx) {
     const verdict = [...e.adjacent, ...e.double].every((a) => inBand(a.cos)) ? "l3.verdict.band" : "l3.verdict.outside";
     note.textContent = sentences([t("l3.note", { k: e.id, token: showToken(e.token), adj, dbl }),
       t(verdict, { lo: fmt(lo, 2), hi: fmt(hi, 2), mean: fmt(e.random_mean, 2) }),
-      near.length ? t("l3.nearest", { token: showToken(near[0].token), cos: fmt(near[0].cos, 2) }) : ""]);
+      // a nearest row inside the random band is not "close": the sentence says so instead
+      near.length ? t(near[0].cos > hi ? "l3.nearest" : "l3.nearest.in_band", { token: showToken(near[0].token), cos: fmt(near[0].cos, 2), mean: fmt(e.random_mean, 2) }) : ""]);
     warn.hidden = !e.untrained;
     warn.textContent = e.untrained ? t("l3.untrained", { k: e.id, count: e.untrained_count }) : "";
   }
