@@ -88,8 +88,13 @@ def test_generation_is_drawn_in_batches_and_says_why_it_stopped(page: object, ba
     drawn(page)
     page.get_by_test_id("generate-count").fill("40")
     page.get_by_test_id("generate-temperature").fill("1")
-    page.evaluate("""() => { window.__frames = 0; const tick = () => { window.__frames++; if (!window.__stopFrames) requestAnimationFrame(tick); };
-                            requestAnimationFrame(tick); }""")
+    # every frame: count it, and whether the earlier heatmap showed beside the live view over it
+    page.evaluate("""() => { window.__frames = 0; window.__exposed = 0; window.__live = 0;
+        const tick = () => { window.__frames++;
+            if (!document.querySelector('#live').hidden) { window.__live++;
+                if (getComputedStyle(document.querySelector('#heatmap')).visibility !== 'hidden') window.__exposed++; }
+            if (!window.__stopFrames) requestAnimationFrame(tick); };
+        requestAnimationFrame(tick); }""")
     page.get_by_test_id("generate-button").click()
     assert page.get_by_test_id("generate-button").is_disabled()  # cannot act during a run, and says so
     assert "Generating" in page.get_by_test_id("generate-why").text_content()
@@ -97,6 +102,8 @@ def test_generation_is_drawn_in_batches_and_says_why_it_stopped(page: object, ba
     stats = page.evaluate("""() => { window.__stopFrames = true; const d = document.querySelector('[data-testid=attention-heatmap]').dataset;
                                      return {draws: Number(d.liveDraws), tokens: Number(d.liveTokens), frames: window.__frames}; }""")
     assert stats["tokens"] >= 1 and 1 <= stats["draws"] <= stats["frames"]  # never more than one redraw a frame
+    assert page.evaluate("() => [window.__live > 0, window.__exposed]") == [True, 0]
+    assert page.evaluate("() => getComputedStyle(document.querySelector('#heatmap')).visibility") == "visible"
     status = page.get_by_test_id("generate-status")
     assert status.is_visible() and status.get_attribute("data-stop") in ("eos", "length")
     if status.get_attribute("data-stop") == "length":

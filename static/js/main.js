@@ -640,6 +640,7 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     lastDraw = performance.now();
     if (!latest(req) || !rows.length) return;
     liveBox.hidden = false;
+    div.classList.add("under-live"); // the previous run's heatmap would show round the overlay
     painted += live.draw(rows);
     $("#live-caption").textContent = t("x.recording", { layer, head, rows: rows.length, steps });
     draws += 1;
@@ -699,7 +700,10 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
   } finally {
     cancelAnimationFrame(frame);
     clearTimeout(timer);
-    if (latest(req) || !current || current.kind !== "generate") liveBox.hidden = true;
+    if (latest(req) || !current || current.kind !== "generate") {
+      liveBox.hidden = true;
+      div.classList.remove("under-live");
+    }
     end(req);
   }
 }
