@@ -165,6 +165,7 @@ def _tokens_by_offsets(tokenizer: PreTrainedTokenizerBase, text: str, ids: list[
     goes to the last token whose offsets cover it; characters no token covers (the
     spaces WordPiece drops) go to the next token that owns any, so spans stay contiguous."""
     special = _special_ids(tokenizer)
+    unk = tokenizer.unk_token_id  # a character the vocabulary lacks: the model sees this token, not it
     owner = [-1] * len(text)
     for i, (s, e) in enumerate(offsets):
         for c in range(s, min(e, len(text))):
@@ -180,7 +181,9 @@ def _tokens_by_offsets(tokenizer: PreTrainedTokenizerBase, text: str, ids: list[
         end = max(end, cursor)
         is_special = int(tid) in special and e <= s
         partial = e > s and (i not in last_owned or last_owned[i] + 1 < e)
-        if end > cursor:
+        if unk is not None and int(tid) == unk and not is_special:
+            shown = display(raw)  # "[UNK]": the span keeps the characters it stands for
+        elif end > cursor:
             shown = text[max(cursor, s):end]  # the span may also hold a gap no token covers (a space)
         else:
             shown = display(raw) if is_special or not partial else f"‹{display(raw)}›"

@@ -12,6 +12,7 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
+from model.engine import Engine
 from model.loading import LoadedModel
 from model.tokens import TextAssembler, tokenize
 from tests.sse import events as sse_events
@@ -73,6 +74,19 @@ def test_encoder_spans_rebuild_the_text_once(client: TestClient, name: str) -> N
     run = client.post("/api/runs", json={"text": text, "model": "minilm-l6"}).json()
     assert_spans_rebuild(text, run["tokens"])
     assert run["tokens"][0]["special"] and run["tokens"][-1]["special"]  # [CLS] ... [SEP]
+
+
+def test_an_unknown_character_shows_as_the_unknown_token(client: TestClient, engine: Engine) -> None:
+    """WordPiece maps a character it lacks to [UNK]: the chip says [UNK] (what the model sees),
+    its span still holds the character it stands for."""
+    tokenizer = engine.model("minilm-l6").tokenizer
+    text = "I love 🤖 now"
+    run = client.post("/api/runs", json={"text": text, "model": "minilm-l6"}).json()
+    unknown = [t for t in run["tokens"] if t["id"] == tokenizer.unk_token_id]
+    assert len(unknown) == 1, run["tokens"]
+    assert unknown[0]["text"] == tokenizer.unk_token and not unknown[0]["special"]
+    assert text[unknown[0]["start"]:unknown[0]["end"]].strip() == "🤖"
+    assert_spans_rebuild(text, run["tokens"])
 
 
 @pytest.mark.parametrize("name", ["cjk", "emoji", "zwj"])
