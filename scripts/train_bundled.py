@@ -267,6 +267,12 @@ def lr_at(step: int, max_steps: int, warmup: int, lr: float, min_lr: float) -> f
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def lr_of(step: int, args: argparse.Namespace) -> float:
+    """This step's learning rate: the schedule of ``lr_at`` counted from ``--schedule-from``."""
+    min_lr = args.lr / 10 if args.min_lr is None else args.min_lr
+    return lr_at(max(0, step - args.schedule_from), args.steps - args.schedule_from, args.warmup, args.lr, min_lr)
+
+
 def window_at(step: int, args: argparse.Namespace) -> tuple[int, int]:
     """(batch, seq) of this step: short windows first, ``--long-seq`` from ``--long-from`` on."""
     if step >= int(args.long_from * args.steps) and args.long_seq > args.seq:
@@ -292,6 +298,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=1800)
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--min-lr", type=float, default=None, help="where the cosine ends (default: --lr / 10)")
+    p.add_argument("--schedule-from", type=int, default=0,
+                   help="step at which this schedule (warm-up, then cosine to --steps) begins: a cool-down of a "
+                        "resumed run starts its own schedule here")
     p.add_argument("--repeat-share", type=float, default=0.15, help="rows that copy a segment of themselves")
     p.add_argument("--words-share", type=float, default=0.2, help="rows carrying a repeated run of random words")
     p.add_argument("--random-share", type=float, default=0.05, help="rows that repeat a run of random token ids")
@@ -368,7 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     tokens = int(curve[-1]["tokens"]) + (first - int(curve[-1]["step"])) * args.batch * args.seq if curve else 0
     for step in bar:
         for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.warmup, args.lr, args.lr / 10)
+            group["lr"] = lr_of(step, args)
         batch, seq = window_at(step, args)
         x = get_batch(train, batch, seq, gen, args.repeat_share, args.words_share, args.random_share,
                       words, len(tokenizer), args.triples_share)

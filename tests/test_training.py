@@ -85,6 +85,18 @@ def test_lr_warms_up_then_decays() -> None:
     assert abs(train.lr_at(100, 100, 10, 1e-3, 1e-4) - 1e-4) < 1e-12
 
 
+def test_a_cool_down_schedule_counts_from_its_own_start() -> None:
+    # a resumed run annealed from 2e-4 to 0 over steps 9,200-12,800, no warm-up
+    args = train.parse_args(["--steps", "12800", "--lr", "2e-4", "--min-lr", "0", "--warmup", "0",
+                             "--schedule-from", "9200"])
+    assert train.lr_of(9200, args) == 2e-4
+    assert abs(train.lr_of(11000, args) - 1e-4) < 1e-12  # half-way down the cosine
+    assert train.lr_of(12800, args) == 0.0
+    assert train.lr_of(100, args) == 2e-4  # before its start it holds the peak, never a negative warm-up
+    default = train.parse_args(["--steps", "100", "--lr", "1e-3", "--warmup", "10"])
+    assert abs(train.lr_of(100, default) - 1e-4) < 1e-12  # the floor is a tenth of the peak unless told
+
+
 def test_no_loss_on_attention_in_the_recipe() -> None:
     source = (ROOT / "scripts" / "train_bundled.py").read_text(encoding="utf-8")
     assert "guide" not in source.lower()
