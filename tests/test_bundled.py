@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -192,3 +193,23 @@ def test_a_multi_token_answer_is_named_in_display_text(default_client: TestClien
     r = default_client.post("/api/patch", json={**body, "clean": "I met Peter", "corrupted": "I met John",
                                                 "answer": " Peter", "wrong": " John"})
     assert r.status_code == 200  # the hint's example is itself one token here
+
+
+def test_the_patch_tools_default_pair_shows_the_induction_head(default_client: TestClient) -> None:
+    """The Patch tool's default pair (static/js/tools/patching.js) is one this model tells apart:
+    the clean prompt prefers the answer, the corrupted one the wrong token, and of all heads the
+    model's strongest induction head (its card's measurement) restores the most."""
+    source = (Path(__file__).resolve().parents[1] / "static" / "js" / "tools" / "patching.js").read_text(encoding="utf-8")
+    block = source[source.index("const EXAMPLE = {"):]
+    example = {k: json.loads(v) for k, v in re.findall(r'^\s+(\w+): ("[^"]*"),$', block[: block.index("};")], re.M)}
+    assert set(example) == {"clean", "corrupted", "answer", "wrong"}
+    r = default_client.post("/api/patch", json=example)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["clean"]["metric"] > 0 > out["corrupted"]["metric"]
+    card = json.loads((BUNDLED_DIR / "attnscope-tiny" / "measurements.json").read_text())
+    def argmax(grid: list[list[float]]) -> tuple[int, int]:
+        return max(((layer, head) for layer, row in enumerate(grid) for head in range(len(row))),
+                   key=lambda at: grid[at[0]][at[1]])
+
+    assert argmax(out["heads"]) == argmax(card["induction_random_words"])

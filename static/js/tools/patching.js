@@ -5,11 +5,16 @@ import { el, fmt, plotlyText, showToken } from "../dom.js";
 import { DIVERGING, plot, tokenTicks } from "./common.js";
 import { t } from "../i18n.js";
 
+// The default pair: a sentence seen once, then again up to its last word, so that copying
+// (an induction head) is what tells the two answers apart. The bundled model prefers " city"
+// on the clean prompt and " country" on the corrupted one (logit difference 0.43 and -0.25),
+// and its induction head, layer 4 head 0, restores the most; the classic IOI pair ("When Mary
+// and John went to the store, John gave a drink to") needs a model that can do IOI.
 const EXAMPLE = {
-  clean: "When Peter and John went to the store, John gave a drink to",
-  corrupted: "When Peter and John went to the store, Peter gave a drink to",
-  answer: " Peter",
-  wrong: " John",
+  clean: "My friend John lives in the city. My friend John lives in the",
+  corrupted: "My friend John lives in the country. My friend John lives in the",
+  answer: " city",
+  wrong: " country",
 };
 
 function heatmap(div, z, x, y, title, extra = {}) {
