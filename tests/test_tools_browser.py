@@ -83,7 +83,7 @@ def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> 
     kl = chart(page, "ablation-kl")
     assert kl["zmin"] == 0 and abs(kl["zmax"] - float(kl["data"]["max"])) < 1e-9
     assert page.get_by_test_id("ablate-1-1").get_attribute("aria-pressed") == "true"
-    assert "1 head(s) ablated (zero)" in page.get_by_test_id("ablation-note").text_content()
+    assert "1 head ablated (zero)" in page.get_by_test_id("ablation-note").text_content()  # singular
     assert parse_qs(urlparse(page.url).query)["ablate"] == ["1.1"]
     page.get_by_test_id("ablation-mode").select_option("mean")
     page.wait_for_function("() => document.querySelector('[data-testid=ablation-note]').textContent.includes('(mean)')")
