@@ -346,7 +346,8 @@ def main() -> None:
     if gen_table:
         sys.stdout.write(gen_table + "\n")
     if args.write and rows:
-        write_section(args.write, "browser", text, "python bench/browser.py --write BENCHMARKS.md")
+        write_section(args.write, "browser", text,  # the command that made it, with the lengths and repeats
+                      f"python bench/browser.py --lengths {args.lengths} --repeats {args.repeats} --write BENCHMARKS.md")
     if args.write and gen_table:
         write_section(args.write, "browser-generate", gen_table,
                       f"python bench/browser.py --lengths 0 --generate {args.generate} --write BENCHMARKS.md")
