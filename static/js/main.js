@@ -708,7 +708,6 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
   }
 }
 
-// Step back through a recorded generation: show the rows that existed after step k.
 // Step k of a recorded generation: the heatmap as it stood then, and the newest token of that
 // step focused, so that the focus row, the readout and the next-token chart (what the model
 // predicted there, and the token it went on to write) move with the timeline too.
@@ -717,7 +716,8 @@ async function showStep(k) {
   const total = Number($("#timeline").max);
   const n = run.tokens.length - (total - k);
   $("#timeline-value").textContent = k === total ? t("x.timeline.all", { n: total }) : t("x.timeline.step", { k, n: total });
-  if (state.pos !== n - 1) set({ pos: n - 1, key: n - 1 }); // drawn with the step's heatmap below
+  const before = state.pos;
+  if (before !== n - 1) set({ pos: n - 1, key: n - 1 }); // drawn with the step's heatmap below
   if (isLong(run)) { // the rows and keys that existed after step k, from tiles like the rest
     extent = k === total ? null : n;
     await tiles.show(tileView(), 30);
@@ -725,7 +725,9 @@ async function showStep(k) {
     const data = slice.data.subarray(0, (n * (n + 1)) / 2);
     await drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: t("x.step", { layer: state.layer, head: state.head, k }) });
   }
-  if (state.run === run) selectCell(n - 1);
+  if (state.run !== run) return;
+  selectCell(n - 1);
+  if (before !== n - 1) tools.update("pos", state); // selectCell saw the position already set
 }
 
 // ---- start ----------------------------------------------------------------------------------
@@ -741,7 +743,12 @@ async function exportHeatmap(format) {
                    margin: { ...div.layout.margin, b: (div.layout.margin?.b ?? 28) + 22 } };
   const url = await window.Plotly.toImage({ data: div.data, layout },
     { format, width: div.clientWidth, height: div.clientHeight + 22, scale: format === "png" ? 2 : 1 });
-  const a = el("a", { href: url, download: `attnscope-L${state.layer}H${state.head}.${format}` });
+  save(`attnscope-L${state.layer}H${state.head}.${format}`, url);
+}
+
+// Hand `url` (a data: or blob: URL) to the browser as a download called `name`.
+function save(name, url) {
+  const a = el("a", { href: url, download: name });
   document.body.append(a);
   a.click();
   a.remove();
@@ -749,10 +756,7 @@ async function exportHeatmap(format) {
 
 function download(name, blob) {
   const url = URL.createObjectURL(blob);
-  const a = el("a", { href: url, download: name });
-  document.body.append(a);
-  a.click();
-  a.remove();
+  save(name, url);
   setTimeout(() => URL.revokeObjectURL(url), 1000);
 }
 
