@@ -171,8 +171,11 @@ def test_generate_and_record_fills_rows_then_timeline(page: object, base_url: st
     state = heatmap_state(page)
     n = page.get_by_test_id("token").count()
     assert 1 <= steps <= 6 and n == n0 + steps and state["n"] == n and state["rows"] == n
+    page.get_by_test_id("tool-tab-attribution").click()  # an open tool follows the timeline too
+    page.wait_for_selector("[data-testid=attribution-heatmap]")
     page.get_by_test_id("timeline").fill("0")
     page.wait_for_function(f"() => document.querySelector('[data-testid=attention-heatmap]').data.find(t => t.type === 'heatmap').z.length === {n0}")
+    page.wait_for_function(f"() => document.querySelector('[data-testid=tool-view-attribution]').textContent.includes('at position {n0 - 1} ')")
     # the rest of the explorer moves with it: the prompt's last token is focused, and the next-token
     # panel shows what the model predicted there, the first generated token being the actual one
     page.wait_for_function(f"() => new URLSearchParams(location.search).get('pos') === '{n0 - 1}'")
