@@ -176,6 +176,18 @@ def test_generate_and_record_fills_rows_then_timeline(page: object, base_url: st
     page.get_by_test_id("timeline").fill("0")
     page.wait_for_function(f"() => document.querySelector('[data-testid=attention-heatmap]').data.find(t => t.type === 'heatmap').z.length === {n0}")
     page.wait_for_function(f"() => document.querySelector('[data-testid=tool-view-attribution]').textContent.includes('at position {n0 - 1} ')")
+    # the heading counts the step's tokens; the caption says its scores are the whole run's
+    page.wait_for_function(f"() => document.querySelector('#heat-title').textContent === '{n0} tokens'")
+    assert f"the whole run's, {n} tokens" in page.get_by_test_id("heat-caption").text_content()
+    page.get_by_test_id("lang-switch").click()  # the step's heading and caption follow the language too
+    page.wait_for_function(f"() => document.querySelector('#heat-title').textContent === '{n0} 个 token'")
+    assert "整个运行" in page.get_by_test_id("heat-caption").text_content()
+    page.get_by_test_id("lang-switch").click()
+    # another head is drawn whole: the timeline returns to its end, the heading to every token
+    page.locator("[data-testid=head-cell][data-layer='1'][data-head='2']").click()
+    page.wait_for_function(f"() => document.querySelector('#heat-title').textContent === '{n} tokens'")
+    assert page.get_by_test_id("timeline").input_value() == str(steps)
+    assert "whole run" not in page.get_by_test_id("heat-caption").text_content()
     # the rest of the explorer moves with it: the prompt's last token is focused, and the next-token
     # panel shows what the model predicted there, the first generated token being the actual one
     page.wait_for_function(f"() => new URLSearchParams(location.search).get('pos') === '{n0 - 1}'")

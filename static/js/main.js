@@ -121,9 +121,10 @@ function cached(cache, key, load) {
 
 function headCaption(run, layer, head) {
   const score = run.heads.find((h) => h.layer === layer && h.head === head);
-  $("#heat-title").textContent = t("x.heat.tokens", { n: run.tokens.length });
+  $("#heat-title").textContent = t("x.heat.tokens", { n: shown() }); // a generation's step: the tokens it had
   $("#heat-caption").textContent = t("x.heat.title", { layer, head, entropy: scoreText(score.entropy, 2), prev: scoreText(score.prev_token, 2), first: scoreText(score.first_token, 2) }) +
-    (score.induction === null && !pending(score) ? "" : t("x.heat.induction", { ind: inductionText(score, 2) }));
+    (score.induction === null && !pending(score) ? "" : t("x.heat.induction", { ind: inductionText(score, 2) })) +
+    (extent === null ? "" : t("x.heat.scores_whole", { n: run.tokens.length })); // the scores are the whole run's
 }
 
 function wireHeatmap(div) {
@@ -213,6 +214,11 @@ async function drawHead() {
     state.exact = exact;
     readout();
   }).catch(report);
+  if (extent !== null) { // another head drawn whole: the timeline goes back to its end
+    extent = null;
+    $("#timeline").value = $("#timeline").max;
+    $("#timeline-value").textContent = t("x.timeline.all", { n: Number($("#timeline").max) });
+  }
   headCaption(run, layer, head); // HTML, so that it wraps instead of running off a narrow chart
   const div = $("#heatmap");
   await drawHeatmap(div, slice, run.tokens, { colour: state.colour, zoom: state.zoom, cell: { q: state.pos, k: state.key } });
@@ -712,19 +718,20 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
 // step focused, so that the focus row, the readout and the next-token chart (what the model
 // predicted there, and the token it went on to write) move with the timeline too.
 async function showStep(k) {
-  const { run, slice } = state;
+  const { run } = state;
   const total = Number($("#timeline").max);
   const n = run.tokens.length - (total - k);
   $("#timeline-value").textContent = k === total ? t("x.timeline.all", { n: total }) : t("x.timeline.step", { k, n: total });
   const before = state.pos;
   if (before !== n - 1) set({ pos: n - 1, key: n - 1 }); // drawn with the step's heatmap below
-  if (isLong(run)) { // the rows and keys that existed after step k, from tiles like the rest
-    extent = k === total ? null : n;
-    await tiles.show(tileView(), 30);
-  } else {
+  extent = k === total ? null : n; // the rows and keys that existed after step k
+  if (isLong(run)) await tiles.show(tileView(), 30);
+  else {
+    const { slice } = state;
     const data = slice.data.subarray(0, (n * (n + 1)) / 2);
     await drawHeatmap($("#heatmap"), { ...slice, n, data }, run.tokens.slice(0, n), { colour: state.colour, title: t("x.step", { layer: state.layer, head: state.head, k }) });
   }
+  headCaption(run, state.layer, state.head); // the step's heading, in the page's language
   if (state.run !== run) return;
   selectCell(n - 1);
   if (before !== n - 1) tools.update("pos", state); // selectCell saw the position already set
