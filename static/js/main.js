@@ -217,7 +217,7 @@ async function drawHead() {
   if (extent !== null) { // another head drawn whole: the timeline goes back to its end
     extent = null;
     $("#timeline").value = $("#timeline").max;
-    $("#timeline-value").textContent = t("x.timeline.all", { n: Number($("#timeline").max) });
+    labelTimeline(Number($("#timeline").max));
   }
   headCaption(run, layer, head); // HTML, so that it wraps instead of running off a narrow chart
   const div = $("#heatmap");
@@ -515,7 +515,7 @@ async function loadRun(run, initial = {}) {
     const tl = $("#timeline");
     tl.max = String(initial.steps);
     tl.value = String(initial.steps);
-    $("#timeline-value").textContent = t("x.timeline.all", { n: initial.steps });
+    labelTimeline(initial.steps);
     $("#timeline-box").hidden = false; // shown once the full run is drawn
   }
 }
@@ -714,6 +714,12 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
   }
 }
 
+// The timeline's label at step k of its max: "after k of N generated tokens", or all of them.
+function labelTimeline(k) {
+  const total = Number($("#timeline").max);
+  $("#timeline-value").textContent = k === total ? t("x.timeline.all", { n: total }) : t("x.timeline.step", { k, n: total });
+}
+
 // Step k of a recorded generation: the heatmap as it stood then, and the newest token of that
 // step focused, so that the focus row, the readout and the next-token chart (what the model
 // predicted there, and the token it went on to write) move with the timeline too.
@@ -721,7 +727,7 @@ async function showStep(k) {
   const { run } = state;
   const total = Number($("#timeline").max);
   const n = run.tokens.length - (total - k);
-  $("#timeline-value").textContent = k === total ? t("x.timeline.all", { n: total }) : t("x.timeline.step", { k, n: total });
+  labelTimeline(k);
   const before = state.pos;
   if (before !== n - 1) set({ pos: n - 1, key: n - 1 }); // drawn with the step's heatmap below
   extent = k === total ? null : n; // the rows and keys that existed after step k

@@ -59,7 +59,6 @@ export async function render(body, ctx) {
     chart.dataset.sum = String(a.terms.reduce((s, term) => s + term.value, 0));
     chart.dataset.logit = String(a.logit);
     chart.dataset.error = String(a.error);
-    chart.dataset.columns = String(cols.length);
     const f = (v) => fmt(v, 3);
     summary.textContent = t(hasBias ? "attr.summary" : "attr.summary.nobias", { what, logit: f(a.logit), embed: f(sums.embed),
       heads: f(sums.heads), biases: f(sums.biases), mlps: f(sums.mlps), shift: f(sums.shift),
