@@ -158,3 +158,30 @@ def test_svg_masks_cells_with_the_browsers_grey() -> None:
     assert re.search(r"--mask-hatch:\s*(#[0-9a-f]{6})", css).group(1) == svg_export.MASK_HATCH
     svg = svg_export.heatmap_svg([[1.0], [0.5, 0.5]], ["a", "b"], causal=True, title="t")
     assert f'fill="{svg_export.MASKED}"' in svg and 'fill="url(#mask)"' in svg
+
+
+def test_wheel_builds_without_warnings_and_ships_the_bundled_model(tmp_path: Path) -> None:
+    """`pip install .` prints no packaging warning (model.bundled was once "absent from the packages
+    configuration"), and the wheel holds the bundled model's files. Built from a copy of the sources,
+    so that setuptools' build folder never lands in the checkout."""
+    import shutil
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        if (root / name).exists():
+            shutil.copy2(root / name, src / name)
+    for package in ("app", "model"):
+        shutil.copytree(root / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+                           str(tmp_path / "whl"), str(src)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    output = (proc.stdout + proc.stderr).replace(str(tmp_path), "TMP")  # the folder's name holds "warn"
+    assert "warn" not in output.lower() and "absent from the `packages`" not in output, output
+    (wheel,) = (tmp_path / "whl").glob("attnscope-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for part in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        assert f"model/bundled/attnscope-tiny/{part}" in names
+    assert {"app/routes/runs.py", "model/engine.py"} <= names
