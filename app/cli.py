@@ -1,4 +1,4 @@
-"""``attnscope serve`` and ``attnscope analyze``."""
+"""``attnscope serve``, ``attnscope analyze`` and ``attnscope export``."""
 
 from __future__ import annotations
 
@@ -6,8 +6,13 @@ import argparse
 import json
 import logging
 import sys
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.schemas import RunOut
+    from model.cache import ActivationCache
 
 log = logging.getLogger("attnscope")
 
@@ -73,6 +78,27 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_file(out: RunOut, cache: ActivationCache, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
+    """``analyze --json``: the run (RunOut's fields) in the format of the API's JSON export
+    (``attnscope-run/2``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
+    run.json`` then ``attnscope export run.json ...`` works; above ``max_cells`` cells the attention is
+    left out, as the API's export refuses it."""
+    from app.encoding import f32_base64
+
+    saved: dict[str, Any] = {"format": "attnscope-run/2", **out.model_dump(mode="json"), "model_info": model_info}
+    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
+    cells = visible * cache.n_heads * cache.n_layers
+    if cells > max_cells:
+        saved["attention_note"] = (f"{cells:,} attention cells, more than the limit of {max_cells:,} "
+                                   "(ATTNSCOPE_MAX_CELLS); GET /api/runs/ID/export?format=safetensors keeps any "
+                                   "length")
+        return saved
+    saved["attention_encoding"] = "f32-le-base64"
+    saved["attention"] = [[f32_base64(head_cells) for head_cells in cache.packed(layer)]
+                          for layer in range(cache.n_layers)]
+    return saved
+
+
 def _analyze(args: argparse.Namespace) -> int:
     from app.routes.runs import run_out
     from app.schemas import PredictionOut
@@ -95,13 +121,16 @@ def _analyze(args: argparse.Namespace) -> int:
                   forward_bytes=settings.forward_bytes)
         result = engine.analyse(args.text, name, args.top_k)
         cache = engine.wait_scores(result.run_id, None)  # a command prints every head score, complete
+        out = run_out(result.run_id, cache)
+        saved = run_file(out, cache, asdict(lm.info), settings.max_cells) if args.json else None
         engine.close()
     except EngineError as exc:
         sys.stderr.write(f"attnscope: {exc}\n")
         return 1
-    out = run_out(result.run_id, cache)
-    if args.json:
-        sys.stdout.write(out.model_dump_json(indent=1) + "\n")
+    if saved is not None:
+        if "attention" not in saved:
+            sys.stderr.write(f"attnscope: the run's attention is left out of the JSON: {saved['attention_note']}\n")
+        sys.stdout.write(json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
     else:
         preds: list[PredictionOut | None] = list(out.predictions) or [None] * len(out.tokens)
         for tok, pred in zip(out.tokens, preds, strict=True):
@@ -117,7 +146,13 @@ def _export(args: argparse.Namespace) -> int:
     try:
         run = json.loads(args.run.read_text(encoding="utf-8"))
         attention = run["attention"]
-    except (OSError, ValueError, KeyError) as exc:
+    except KeyError:
+        note = run.get("attention_note") if isinstance(run, dict) else None
+        sys.stderr.write(f"attnscope: {args.run} holds no attention" + (f" ({note})" if note else "") +
+                         ": save it with `attnscope analyze TEXT --json > run.json`, the explorer's Run JSON "
+                         "button or GET /api/runs/ID/export\n")
+        return 1
+    except (OSError, ValueError, TypeError) as exc:
         sys.stderr.write(f"attnscope: {args.run} is not a run exported by attnscope ({exc})\n")
         return 1
     if not 0 <= args.layer < len(attention) or not 0 <= args.head < len(attention[0]):
@@ -152,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("text")
     analyze.add_argument("--model", default=None)
     analyze.add_argument("--top-k", type=int, default=5)
-    analyze.add_argument("--json", action="store_true", help="print the run as JSON")
+    analyze.add_argument("--json", action="store_true",
+                         help="print the run as JSON, every head's attention included (the export format): "
+                              "`> run.json` saves it for `attnscope export`")
     export = sub.add_parser("export", help="draw one head of an exported run (Run JSON) as SVG")
     export.add_argument("run", type=Path,
                         help="a file saved with the explorer's Run JSON button (or GET /api/runs/ID/export)")

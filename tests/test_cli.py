@@ -185,3 +185,34 @@ def test_wheel_builds_without_warnings_and_ships_the_bundled_model(tmp_path: Pat
     for part in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert f"model/bundled/attnscope-tiny/{part}" in names
     assert {"app/routes/runs.py", "model/engine.py"} <= names
+
+
+def test_readme_cli_sequence_runs_as_written(tmp_path: Path) -> None:
+    """The README's shell lines (analyze --json into run.json, then export a head of it) run as they
+    are written, on the default (bundled) model, in a fresh folder."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    lines = [line for line in readme.splitlines() if line.startswith(".venv/bin/attnscope ")]
+    assert [line.split()[1] for line in lines] == ["analyze", "export"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSCOPE_")}
+    env["HF_HUB_OFFLINE"] = "1"
+    for line in lines:
+        command = line.split("#")[0].replace(".venv/bin/attnscope", f"{sys.executable} -m app.cli", 1)
+        proc = subprocess.run(command, shell=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(Path.cwd())},
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, f"{line}\n{proc.stderr}"
+    run = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))
+    assert run["format"] == "attnscope-run/2" and run["model"] == "attnscope-tiny"
+    assert "".join(t["text"] for t in run["tokens"]) == "dog bites man"
+    n = len(run["tokens"])
+    head = rows_from_f32_base64(run["attention"][2][5], n, causal=True)
+    assert [len(r) for r in head] == list(range(1, n + 1))
+    svg = (tmp_path / "head.svg").read_text(encoding="utf-8")
+    assert svg.startswith("<svg") and "layer 2 head 5" in svg
+
+
+def test_export_of_a_run_without_attention_says_how_to_save_one(tmp_path: Path) -> None:
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"tokens": [], "model": "m"}), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "app.cli", "export", str(path), "--layer", "0", "--head", "0",
+                           "--svg", str(tmp_path / "x.svg")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "holds no attention" in proc.stderr and "--json > run.json" in proc.stderr
