@@ -2,8 +2,10 @@
 
 ``zero`` replaces a head's ``z`` (hence its output through ``W_O``) by zeros; ``mean`` by
 the head's mean ``z`` over the run's positions, which, the projection being affine, is
-its mean output. The original and the ablated sequence run as one batch of two, so that
-ablating nothing changes nothing (KL exactly 0). The scan ablates every head — and every
+its mean output. The original and the ablated sequence run as one batch of two; ablating
+nothing runs the sequence once and compares that distribution with itself, so its KL is 0
+by construction (two rows of one batch can differ in the last bits, by thread count and CPU
+kernel, so equal inputs are never left to give equal outputs). The scan ablates every head — and every
 MLP — alone, many per batched forward, and only over the prefix that the position sees.
 """
 
@@ -114,11 +116,13 @@ def ablate(lm: LoadedModel, cache: ActivationCache, heads: list[tuple[int, int]]
     regs = [Registration(out_proj(lm, layer), "pre", z_editor(lm.info.n_heads, edits))
             for layer, edits in by_layer.items()]
     ids = cache.input_ids  # (n,)
+    rows = 2 if regs else 1  # nothing ablated: the clean row is also the "ablated" one
     with lm.lock, temporary_hooks(regs):
-        out = logits(lm, ids[None].expand(2, -1))  # (2, n, V)
+        out = logits(lm, ids[None].expand(rows, -1))  # (rows, n, V)
     logp = out.log_softmax(-1)
-    kl = kl_divergence(logp[0], logp[1])  # (n,)
-    before, after = logp[0].exp(), logp[1].exp()  # (n, V)
+    clean, edited = logp[0], logp[rows - 1]  # (n, V) each; the same tensor when nothing is ablated
+    kl = kl_divergence(clean, edited)  # (n,)
+    before, after = clean.exp(), edited.exp()  # (n, V)
     top = after.topk(min(top_k, after.shape[-1]), dim=-1)
     result = []
     for pos in range(cache.n):

@@ -19,7 +19,7 @@ class HeadScore:
     prev_token: float | None  # mean attention from i to i-1 (i >= 1); None while pending
     first_token: float | None  # mean attention from i to token 0 (i >= 1): the "sink"; None while pending
     max: float | None  # mean over rows of the largest weight: how peaked the head is; None while pending
-    induction: float | None  # mean attention to the token after an earlier copy; None if no repeats or pending
+    induction: float | None  # copying evidence (``INDUCTION_RULE``); None with too few repeats, or pending
 
 
 # an accumulator's field -> the HeadScore field it fills
@@ -44,13 +44,35 @@ def previous_token_weights(pattern: torch.Tensor) -> torch.Tensor:
 
 SCORE_FIELDS = ("entropy", "peak", "prev", "first", "induction")
 
+# The induction score counts only evidence of copying. A query i "repeats" when its token occurred
+# earlier at some j whose next position j + 1 lies outside the query's own neighbourhood
+# (j + 1 < i - INDUCTION_NEAR): a head that reads the last few tokens (previous-token, local heads)
+# would otherwise score on any short repeat ("the dog and the cat": the token after the first "the"
+# is two back). Over those queries, a head's score is the mean of its attention on the tokens
+# right after the earlier copies (what an induction head reads, to copy it next) minus its attention
+# on the copies themselves (the baseline: a head that reads the earlier text evenly, or the same
+# token, puts as much on the copy as on its next token and scores about 0; a duplicate-token head
+# scores below 0). With fewer than INDUCTION_MIN_QUERIES such queries the prompt holds too little
+# evidence and the score is None (no badge): one repeated word is no proof of copying.
+INDUCTION_NEAR = 3  # keys at most this far behind the query are its neighbourhood
+INDUCTION_MIN_QUERIES = 4  # repeating queries needed for a score
+INDUCTION_RULE = (f"mean over the queries whose token occurred earlier (at j, with j + 1 more than "
+                  f"{INDUCTION_NEAR} positions back) of the attention on j + 1 minus the attention on j; "
+                  f"null with fewer than {INDUCTION_MIN_QUERIES} such queries")
+
+
+def induction_queries(ids: torch.Tensor) -> int:
+    """How many queries of a run (ids (n,)) count for the induction score."""
+    return int(ScoreAccumulator(1, ids).has_copy(0, int(ids.shape[0])).sum())
+
 
 class ScoreAccumulator:
     """Head scores of one layer, exact over every query row, fed a block of rows at a time.
 
     ``add(q0, weights)`` takes rows [q0, q0 + r) of every head's weights (H, r, n) over all n
     keys; nothing of size n x n is ever held. Induction pairs are found per block: key k is
-    an induction target of query i when token k - 1 equals token i and k < i.
+    an induction target of query i when token k - 1 equals token i and k < i - ``INDUCTION_NEAR``; key
+    k - 1 (the copy itself) is its baseline (``INDUCTION_RULE``).
 
     A forward through the fused kernel has no blocks: its scores come as per-head sums over every
     row (``add_sums``, from Q, K and lse: ``model.pair_scores``), and ``todo`` names the fields
@@ -64,7 +86,8 @@ class ScoreAccumulator:
         self.entropy, self.peak, self.prev, self.first, self.induction = (zeros.clone() for _ in range(5))
         self.todo: set[str] = set(SCORE_FIELDS)
         self.induction_rows = 0
-        # first position of each token id: query i has an earlier copy j (j + 1 < i) iff first[id] + 1 < i
+        # first position of each token id: query i has an earlier copy j with j + 1 outside its neighbourhood
+        # (j + 1 < i - INDUCTION_NEAR) iff first[id] + 1 + INDUCTION_NEAR < i
         cpu = ids.cpu()
         self._first_seen = torch.full((int(cpu.max()) + 1 if len(cpu) else 1,), len(cpu), dtype=torch.long)
         self._first_seen.scatter_reduce_(0, cpu, torch.arange(len(cpu)), "amin")
@@ -77,7 +100,7 @@ class ScoreAccumulator:
             getattr(self, field).add_(value.double().cpu())
             self.todo.discard(field)
             if field == "induction":
-                self.induction_rows = int(self._has_copy(0, self.n).sum())
+                self.induction_rows = int(self.has_copy(0, self.n).sum())
 
     def add(self, q0: int, weights: torch.Tensor, k0: int = 0) -> None:
         """weights: (H, r, w) float32 over keys [k0, k0 + w), zeros where masked; keys outside that
@@ -102,18 +125,21 @@ class ScoreAccumulator:
         keys = torch.arange(k0, k0 + width, device=dev)  # absolute key positions
         queries = torch.arange(q0, q0 + r, device=dev)
         before = ids[(keys - 1).clamp_min(0)]  # token k - 1 of each key k
-        follows = ((ids[q0 : q0 + r, None] == before[None, :]) & (keys[None, :] >= 1)
-                   & (keys[None, :] < queries[:, None]))  # (r, w)
-        # every query with an earlier copy of its token (anywhere before it, in or out of this key range)
-        self.induction_rows += int(self._has_copy(q0, r).sum())
-        if bool(follows.any()):
-            per_query = torch.einsum("hrk,rk->hr", w, follows.to(w.dtype))  # (H, r): 0 for rows without copies
+        query_ids = ids[q0 : q0 + r, None]  # (r, 1)
+        far = keys[None, :] + INDUCTION_NEAR < queries[:, None]  # (r, w): key k outside i's neighbourhood
+        follows = (query_ids == before[None, :]) & (keys[None, :] >= 1) & far  # (r, w): k = j + 1
+        copies = (query_ids == ids[keys][None, :]) & (keys[None, :] + 1 + INDUCTION_NEAR < queries[:, None])  # k = j
+        # every query with an eligible earlier copy of its token (in or out of this key range)
+        self.induction_rows += int(self.has_copy(q0, r).sum())
+        if bool(follows.any()) or bool(copies.any()):
+            signed = follows.to(w.dtype) - copies.to(w.dtype)  # (r, w): +1 on targets, -1 on their copies
+            per_query = torch.einsum("hrk,rk->hr", w, signed)  # (H, r): 0 for rows without copies
             self.induction += per_query.sum(-1).double().cpu()
 
-    def _has_copy(self, q0: int, r: int) -> torch.Tensor:
-        """(r,) bool: query i's token occurred at some j with j + 1 < i (an induction target exists)."""
+    def has_copy(self, q0: int, r: int) -> torch.Tensor:
+        """(r,) bool: query i's token occurred at some j with j + 1 < i - INDUCTION_NEAR (it counts)."""
         ids = self.ids.cpu()[q0 : q0 + r]
-        return self._first_seen[ids] + 1 < torch.arange(q0, q0 + r)
+        return self._first_seen[ids] + 1 + INDUCTION_NEAR < torch.arange(q0, q0 + r)
 
     def finish(self, layer: int, left: frozenset[str] = frozenset()) -> list[HeadScore]:
         """Every head's scores. ``left``: fields (``SCORE_FIELDS``) not computed here but later (a fused
@@ -121,7 +147,8 @@ class ScoreAccumulator:
         n, m = self.n, max(self.n - 1, 1)
         out = []
         for h in range(len(self.entropy)):
-            induction = float(self.induction[h] / self.induction_rows) if self.induction_rows else None
+            enough = self.induction_rows >= INDUCTION_MIN_QUERIES
+            induction = float(self.induction[h] / self.induction_rows) if enough else None
             out.append(HeadScore(layer=layer, head=h,
                                  entropy=None if "entropy" in left else float(self.entropy[h] / n),
                                  prev_token=None if "prev" in left else float(self.prev[h] / m) if n > 1 else 0.0,

@@ -5,8 +5,10 @@ returns each row's log-sum-exp ``lse``. A single weight is then one dot product 
 p(i, j) = exp(z(i, j) - lse(i)), z the family's logit (q_i . k_j x scaling, soft-capped). So:
 
 * previous-token and first-token: the n weights (i, i - 1) and (i, 0): O(n d);
-* induction: only the (query i, key k) pairs with token k - 1 == token i and k < i, found once per
-  run by sorting positions by token id (``InductionPairs``): tokens with few copies in one batched
+* induction (``model.analysis`` defines it): for each pair of a query i and an earlier copy j of its
+  token whose next position j + 1 lies outside the query's neighbourhood (j + 1 < i - ``INDUCTION_NEAR``),
+  the weight on j + 1 (the token to copy) minus the weight on j (the copy itself); the pairs are found
+  once per run by sorting positions by token id (``InductionPairs``): tokens with few copies in one batched
   matmul over chunks of the sorted positions (O(n x C x d) with C = ``SMALL_GROUP``), a token with
   many (one repeated token makes n²/2 pairs) as the causal square of its own copies' queries x the
   keys after its copies, through the fused kernel (its lse is the induction mass; soft-capped logits:
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from model.analysis import INDUCTION_NEAR
 from model.capture import BLOCK_CELLS, flash_attention
 
 SMALL_GROUP = 16  # a token with at most this many copies is computed in the batched chunks
@@ -43,7 +46,8 @@ def _logits(z: torch.Tensor, scaling: float, softcap: float | None) -> torch.Ten
 
 @dataclass(frozen=True)
 class InductionPairs:
-    """Every (query i, key j + 1) with token j == token i and j + 1 < i, laid out for matmuls.
+    """Every (query i, key j + 1) with token j == token i and j + 1 < i - ``INDUCTION_NEAR``, laid out for
+    matmuls, with the copy j itself beside each (``copies``: the baseline the score subtracts).
 
     Positions are sorted by token (ascending inside each token). A token with at most
     ``SMALL_GROUP`` = C copies fills a run of at most C consecutive sorted positions, so its pairs
@@ -54,6 +58,7 @@ class InductionPairs:
 
     queries: torch.Tensor  # (c, C) long: query positions (padding: 0, never in a pair)
     keys: torch.Tensor  # (c, 2C) long: key positions j + 1 (clamped to n - 1 where not a pair)
+    copies: torch.Tensor  # (c, 2C) long: the copies j themselves (clamped to 0 where not a pair)
     follows: torch.Tensor  # (c, C, 2C) bool
     groups: list[torch.Tensor]  # each (m,) long, ascending: the copies of a token with many
 
@@ -74,19 +79,19 @@ class InductionPairs:
         kpos = torch.cat([torch.cat([before, pos])[:-1], pos], dim=1)  # (c, 2C): this chunk and the one before
         ktok = torch.cat([torch.cat([before, tok])[:-1], tok], dim=1)
         follows = ((tok[:, :, None] == ktok[:, None, :]) & (tok[:, :, None] >= 0)
-                   & (kpos[:, None, :] + 1 < pos[:, :, None]))  # (c, C, 2C)
+                   & (kpos[:, None, :] + 1 + INDUCTION_NEAR < pos[:, :, None]))  # (c, C, 2C)
         used = follows.any(-1).any(-1)  # chunks holding a pair
         starts = torch.cumsum(counts, 0) - counts
         groups = [order[int(s) : int(s) + int(c)] for s, c in zip(starts, counts, strict=True) if c > c_size]
         return InductionPairs(queries=pos[used].clamp_min(0), keys=(kpos[used] + 1).clamp(0, max(0, len(ids) - 1)),
-                              follows=follows[used], groups=groups)
+                              copies=kpos[used].clamp_min(0), follows=follows[used], groups=groups)
 
     def pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(queries, keys) (P,) each: every pair listed (tests, small runs)."""
         c, i, j = self.follows.nonzero(as_tuple=True)
         qs, ks = [self.queries[c, i]], [self.keys[c, j]]
         for g in self.groups:
-            a, b = ((g[None, :] + 1) < g[:, None]).nonzero(as_tuple=True)
+            a, b = ((g[None, :] + 1 + INDUCTION_NEAR) < g[:, None]).nonzero(as_tuple=True)
             qs.append(g[a])
             ks.append(g[b] + 1)
         return torch.cat(qs), torch.cat(ks)
@@ -94,7 +99,7 @@ class InductionPairs:
     @property
     def count(self) -> int:
         """How many pairs there are in all."""
-        dense = sum(int(((g[:, None] + 1) < g[None, :]).sum()) for g in self.groups)
+        dense = sum(int(((g[:, None] + 1 + INDUCTION_NEAR) < g[None, :]).sum()) for g in self.groups)
         return int(self.follows.sum()) + dense
 
 
@@ -108,7 +113,25 @@ def induction_sums(
     softcap: float | None,
     cells: int = BLOCK_CELLS,
 ) -> torch.Tensor:
-    """(H,) float64: each head's attention on induction targets, summed over every query."""
+    """(H,) float64: each head's induction evidence summed over every query: its attention on induction
+    targets (j + 1 after an earlier copy j, outside the query's neighbourhood) minus its attention on
+    those copies j themselves (``model.analysis`` says why)."""
+    target = _pair_mass(q, k, lse, pairs, 1, scaling=scaling, softcap=softcap, cells=cells)
+    return target - _pair_mass(q, k, lse, pairs, 0, scaling=scaling, softcap=softcap, cells=cells)
+
+
+def _pair_mass(
+    q: torch.Tensor,  # (H, n, dh)
+    k: torch.Tensor,  # (Hkv, n, dh)
+    lse: torch.Tensor,  # (H, n)
+    pairs: InductionPairs,
+    offset: int,
+    *,
+    scaling: float,
+    softcap: float | None,
+    cells: int,
+) -> torch.Tensor:
+    """(H,) float64: each head's attention on key j + offset over every (query i, copy j) pair, summed."""
     dev = q.device
     n_heads, n, dh = q.shape
     hkv = k.shape[0]
@@ -117,8 +140,9 @@ def induction_sums(
     lse_g = lse.reshape(hkv, g, n)
     chunks, c_size = pairs.queries.shape[0], pairs.queries.shape[-1]
     step = max(1, cells // max(1, n_heads * c_size * 2 * c_size))
+    key_pos = pairs.keys if offset == 1 else pairs.copies
     for a in range(0, chunks, step):  # tokens with few copies: one batched matmul per step of chunks
-        qp, kp = pairs.queries[a : a + step].to(dev), pairs.keys[a : a + step].to(dev)
+        qp, kp = pairs.queries[a : a + step].to(dev), key_pos[a : a + step].to(dev)
         c = qp.shape[0]
         qs = q[:, qp.reshape(-1)].float().reshape(hkv, g, c, c_size, dh).transpose(1, 2)  # (Hkv, c, g, C, dh)
         ks = k[:, kp.reshape(-1)].float().reshape(hkv, c, 1, 2 * c_size, dh)
@@ -129,26 +153,27 @@ def induction_sums(
     total = total.view(n_heads)
     fused = softcap is None and q.device.type == "cpu" and q.dtype == k.dtype == torch.float32
     if fused and pairs.groups:
-        return total + _groups_flash(q, k, lse, [g.to(dev) for g in pairs.groups], scaling)
+        return total + _groups_flash(q, k, lse, [g.to(dev) for g in pairs.groups], scaling, offset)
     for positions in pairs.groups:  # a token with many copies: its queries x its keys, in blocks
-        total += _group_blocks(q, k, lse, positions.to(dev), scaling, softcap, cells)
+        total += _group_blocks(q, k, lse, positions.to(dev), scaling, softcap, cells, offset)
     return total
 
 
 def _groups_flash(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, groups: list[torch.Tensor],
-                  scaling: float) -> torch.Tensor:
+                  scaling: float, offset: int = 1) -> torch.Tensor:
     """(H,) float64: the induction mass of tokens with many copies, from the fused kernel.
 
-    Copy a (a >= 1) of a token attends to the keys after copies 0..a-1: the causal square of
-    queries q[pos[1:]] over keys k[pos[:-1] + 1], whose log-sum-exp over visible keys gives the
-    mass exp(lse_group - lse). The only cell of that square that is not an induction target is the
-    diagonal where copy a - 1 sits right before copy a (key pos[a - 1] + 1 is the query itself):
-    its weight is taken off. Every token's queries and keys are gathered at once; one kernel call
-    per token (padding tokens to one batch costs more than it saves: the kernel's cost grows with the
-    padded square)."""
+    Copy a (a >= 1) of a token attends to the keys at offset from copies 0..a-1 (``offset`` 1: the
+    token after each copy; 0: the copies themselves): the causal square of queries q[pos[1:]] over
+    keys k[pos[:-1] + offset], whose log-sum-exp over visible keys gives the mass
+    exp(lse_group - lse). The cells of that square that are not pairs are those whose copy's next
+    token lies in the query's neighbourhood (copy b with pos[b] + 1 + INDUCTION_NEAR >= pos[a]: at
+    most INDUCTION_NEAR + 1 copies before the query): their weights are taken off. Every token's
+    queries and keys are gathered at once; one kernel call per token (padding tokens to one batch
+    costs more than it saves: the kernel's cost grows with the padded square)."""
     n_heads = q.shape[0]
     queries = torch.cat([pos[1:] for pos in groups])  # (T,) every copy but each token's first
-    keys = torch.cat([pos[:-1] + 1 for pos in groups])  # (T,) the key after the copy before it
+    keys = torch.cat([pos[:-1] + offset for pos in groups])  # (T,) the key at offset from the copy before it
     qs, ks = q[:, queries], k[:, keys]  # (H, T, dh), (Hkv, T, dh)
     group_lse = torch.empty(n_heads, len(queries), dtype=torch.float32, device=q.device)  # (H, T)
     a = 0
@@ -158,32 +183,45 @@ def _groups_flash(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, groups: l
         group_lse[:, a:b] = part[0]
         a = b
     norm = lse[:, queries]  # (H, T)
-    mass = (group_lse - norm).exp_()  # the weight on the keys after copies 0..a-1
-    adjacent = (keys == queries).nonzero()[:, 0]  # copy a - 1 right before copy a: key a - 1 is the query
-    if len(adjacent):
-        groups_per_kv = n_heads // k.shape[0]
-        diagonal = (qs[:, adjacent].float() * ks[:, adjacent].float().repeat_interleave(groups_per_kv, 0)).sum(-1)
-        mass[:, adjacent] -= (diagonal * scaling - norm[:, adjacent]).exp()
+    mass = (group_lse - norm).exp_()  # the weight on the keys at offset from copies 0..a-1
+    groups_per_kv = n_heads // k.shape[0]
+    for back in range(INDUCTION_NEAR + 1):  # cell (a, a - 1 - back) of the square: copy a - 1 - back
+        query_at, key_at, copy_at = [], [], []  # indices into queries / keys, and that copy's position
+        a = 0
+        for pos in groups:
+            m = len(pos) - 1  # this token's queries: its copies 1..m
+            rows = torch.arange(back, m, device=pos.device)  # copies a = rows + 1 with a - 1 - back >= 0
+            query_at.append(a + rows)
+            key_at.append(a + rows - back)
+            copy_at.append(pos[rows - back])
+            a += m
+        qi, ki, cp = torch.cat(query_at), torch.cat(key_at), torch.cat(copy_at)
+        near = (cp + 1 + INDUCTION_NEAR >= queries[qi]).nonzero()[:, 0]  # not a pair: the copy's next is near
+        if not len(near):
+            continue
+        qi, ki = qi[near], ki[near]
+        z = (qs[:, qi].float() * ks[:, ki].float().repeat_interleave(groups_per_kv, 0)).sum(-1)  # (H, m)
+        mass[:, qi] -= (z * scaling - norm[:, qi]).exp()
     return mass.double().sum(-1).cpu()
 
 
 def _group_blocks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, pos: torch.Tensor, scaling: float,
-                  softcap: float | None, cells: int) -> torch.Tensor:
-    """(H,) float64: one token's induction mass as dense blocks of its queries x its keys (soft-capped
-    logits, other devices), a chunk of rows at a time."""
+                  softcap: float | None, cells: int, offset: int = 1) -> torch.Tensor:
+    """(H,) float64: one token's mass on the keys at ``offset`` from its earlier copies, as dense blocks of
+    its queries x those keys (soft-capped logits, other devices), a chunk of rows at a time."""
     n_heads, _n, dh = q.shape
     hkv = k.shape[0]
     groups = n_heads // hkv
     total = torch.zeros(n_heads, dtype=torch.float64)
     m = len(pos)
-    keys = k[:, pos[:-1] + 1].float()  # (Hkv, m - 1, dh): key j + 1 after each copy j but the last
+    keys = k[:, pos[:-1] + offset].float()  # (Hkv, m - 1, dh): key j + offset of each copy j but the last
     rows = max(1, cells // max(1, n_heads * m))
     for a in range(1, m, rows):  # the first copy has no earlier one
         b = min(m, a + rows)
         qs = q[:, pos[a:b]].float().view(hkv, groups * (b - a), dh)  # (Hkv, g r, dh)
         z = _logits(torch.matmul(qs, keys[:, : b - 1].transpose(-1, -2)), scaling, softcap)  # copies j < i
         z = z.view(-1, b - a, b - 1)  # (H, r, b - 1)
-        follows = (pos[None, : b - 1] + 1) < pos[a:b, None]  # (r, b - 1): key j + 1 before query i
+        follows = (pos[None, : b - 1] + 1 + INDUCTION_NEAR) < pos[a:b, None]  # (r, b - 1): j + 1 not near i
         w = (z - lse[:, pos[a:b], None]).exp_().masked_fill_(~follows, 0.0)
         total += w.double().sum((-1, -2)).cpu()
     return total

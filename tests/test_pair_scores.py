@@ -12,6 +12,7 @@ import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
 from model import analysis, capture, pair_scores
+from model.analysis import INDUCTION_NEAR
 from model.attention import logits
 from model.capture import LazyMask, flash_attention
 from model.hooks import run_with_cache
@@ -90,7 +91,7 @@ def test_induction_over_pairs_equals_the_block_einsum(case: str, softcap: float 
     q, k = qk(n, seed=3)
     w, lse = dense(q, k, 0.5, softcap)
     pairs = pair_scores.InductionPairs.of(ids)
-    follows = (ids[None, :n - 1] == ids[:, None]) & torch.ones(n, n - 1, dtype=torch.bool).tril(-2)  # (i, j)
+    follows = (ids[None, :n - 1] == ids[:, None]) & torch.ones(n, n - 1, dtype=torch.bool).tril(-2 - INDUCTION_NEAR)  # (i, j)
     assert pairs.count == int(follows.sum())
     got = pair_scores.induction_sums(q, k, lse, pairs, scaling=0.5, softcap=softcap, cells=H * 64 * 64)
     torch.testing.assert_close(got, _block_induction(w, ids), atol=1e-5, rtol=1e-6)
@@ -106,8 +107,9 @@ def test_induction_pairs_are_the_definition() -> None:
     ids = torch.tensor([5, 6, 7, 5, 6, 7, 5, 5])
     queries, keys = pair_scores.InductionPairs.of(ids).pairs()
     got = sorted(zip(queries.tolist(), keys.tolist(), strict=True))
-    # query i, key j + 1 for every earlier copy j of token i with j + 1 < i
-    want = sorted((i, j + 1) for i in range(8) for j in range(i) if ids[j] == ids[i] and j + 1 < i)
+    # query i, key j + 1 for every earlier copy j of token i with j + 1 outside i's neighbourhood
+    want = sorted((i, j + 1) for i in range(8) for j in range(i) if ids[j] == ids[i] and j + 1 + INDUCTION_NEAR < i)
+    assert want == [(6, 1), (7, 1)]  # 6 and 7 read the 6 after the first 5; the second 5 (3) is too near
     assert got == want
 
 
