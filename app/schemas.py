@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from model.analysis import INDUCTION_NEAR, INDUCTION_RULE
+
 PositionEncoding = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
 
 
@@ -136,8 +138,8 @@ class HeadOut(BaseModel):
                                                   "row; null while pending (the run's scores_pending lists it)")
     max: float | None = Field(description="mean over rows of the largest weight, exact over every row; null while "
                                           "pending (the run's scores_pending lists it)")
-    induction: float | None = Field(description="mean attention to the token after an earlier copy of the query's "
-                                                "token; null without repeats, or while pending (the run's "
+    induction: float | None = Field(description=f"copying evidence: {INDUCTION_RULE} (the run's induction_queries "
+                                                "counts them); null then, or while pending (the run's "
                                                 "scores_pending lists it)")
 
 
@@ -165,6 +167,10 @@ class RunOut(BaseModel):
     predictions: list[PredictionOut] = Field(description="next-token distribution at every position, from one "
                                                          "forward; empty for encoders")
     heads: list[HeadOut]
+    induction_queries: int = Field(description="queries that count for the induction score: their token occurred "
+                                               f"earlier at j with j + 1 more than {INDUCTION_NEAR} positions back")
+    induction_min_queries: int = Field(description="how many such queries a score needs (fewer: `induction` is "
+                                                   "null)")
     timing_ms: dict[str, float]
     scores_pending: list[str] = Field(
         default=[], description="head score fields still being computed after this response (on layers the "

@@ -34,7 +34,7 @@ from app.schemas import (
 )
 from app.settings import Settings
 from model import analysis
-from model.analysis import HeadScore
+from model.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
 from model.cache import ActivationCache
 from model.errors import BadInput
 from model.export import to_safetensors
@@ -91,6 +91,8 @@ class RunBody:
     tokens: list[Token]
     predictions: list[PositionPrediction]
     heads: list[HeadScore]
+    induction_queries: int
+    induction_min_queries: int
     timing_ms: dict[str, float]
     scores_pending: tuple[str, ...]
 
@@ -103,6 +105,7 @@ def run_body(run_id: str, cache: ActivationCache) -> RunBody:
     s = cache.summary
     return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
                    n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
+                   induction_queries=induction_queries(cache.input_ids), induction_min_queries=INDUCTION_MIN_QUERIES,
                    timing_ms=s.timing_ms, scores_pending=s.scores_pending)
 
 
