@@ -38,6 +38,20 @@ def mib(nbytes: int) -> str:
     return f"{max(1, round(nbytes / MIB)):,} MiB"
 
 
+def mib_over(nbytes: int, limit: int) -> tuple[str, str]:
+    """``nbytes`` and the ``limit`` it exceeds, in MiB with as many decimals as it takes for the two
+    figures to differ ("would keep 32.01 MiB ... holds at most 32 MiB", never "32 MiB ... at most
+    32 MiB"; a whole number of MiB stays whole); in bytes when three decimals cannot tell them apart."""
+    if mib(nbytes) != mib(limit):
+        return mib(nbytes), mib(limit)
+    for decimals in (1, 2, 3):
+        over, cap = (f"{x / MIB:,.{decimals}f}" for x in (nbytes, limit))
+        if over != cap:
+            return (mib(nbytes) if nbytes % MIB == 0 else f"{over} MiB",
+                    mib(limit) if limit % MIB == 0 else f"{cap} MiB")
+    return f"{nbytes:,} bytes", f"{limit:,} bytes"
+
+
 def summary_bytes(n: int, predictions: int, top_k: int, heads: int) -> int:
     """The summary's Python objects, estimated: ~0.5 kB a token, ~0.3 kB a predicted candidate
     (``predictions`` positions with top-k and the actual next token each), ~0.6 kB a head."""
@@ -85,8 +99,9 @@ class MemoryBudget:
     def reserve(self, nbytes: int, timeout: float | None = None) -> Iterator[None]:
         """Hold ``nbytes`` for the duration of the ``with``; wait while others hold too much."""
         if nbytes > self.total:
-            raise TooLarge(f"this prompt's forward would need {mib(nbytes)} at its peak; forwards in flight may "
-                           f"use at most {mib(self.total)} (ATTNSCOPE_FORWARD_BYTES)")
+            need, total = mib_over(nbytes, self.total)
+            raise TooLarge(f"this prompt's forward would need {need} at its peak; forwards in flight may "
+                           f"use at most {total} (ATTNSCOPE_FORWARD_BYTES)")
         with self._cond:
             if not self._cond.wait_for(lambda: self._used + nbytes <= self.total, timeout=timeout):
                 raise TooLarge(f"this prompt's forward would need {mib(nbytes)}; the server is busy with other "
@@ -103,6 +118,7 @@ class MemoryBudget:
 def admit(est: Estimate, cache_cap: int) -> None:
     """Refuse a run that could never be kept (413), before its forward."""
     if est.keep > cache_cap:
-        raise TooLarge(f"this prompt's run would keep {mib(est.keep)} ({est.n:,} tokens; its forward peaks "
-                       f"near {mib(est.peak)}); the run cache holds at most {mib(cache_cap)} "
+        keep, cap = mib_over(est.keep, cache_cap)
+        raise TooLarge(f"this prompt's run would keep {keep} ({est.n:,} tokens; its forward peaks "
+                       f"near {mib(est.peak)}); the run cache holds at most {cap} "
                        "(ATTNSCOPE_CACHE_BYTES)")

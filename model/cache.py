@@ -13,7 +13,7 @@ import torch
 
 from model.analysis import HeadSparsity
 from model.attention import LayerAttention
-from model.budget import mib
+from model.budget import mib_over
 from model.errors import RunNotFound, TooLarge
 from model.names import parse
 from model.results import RunSummary
@@ -167,7 +167,8 @@ class RunStore:
         run_id = secrets.token_urlsafe(12)
         size = cache.nbytes
         if size > self.max_bytes:
-            raise TooLarge(f"this run keeps {mib(size)}; the run cache holds at most {mib(self.max_bytes)} "
+            keep, cap = mib_over(size, self.max_bytes)
+            raise TooLarge(f"this run keeps {keep}; the run cache holds at most {cap} "
                            "(ATTNSCOPE_CACHE_BYTES)")
         with self._lock:
             self._runs[run_id] = cache

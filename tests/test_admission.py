@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.settings import Settings
-from model.budget import MemoryBudget, estimate
+from model.budget import MemoryBudget, estimate, mib_over
 from model.cache import RunStore
 from model.engine import Engine
 from model.errors import TooLarge
@@ -53,8 +53,8 @@ def test_a_run_that_cannot_be_kept_is_413_before_its_forward_and_the_server_keep
         with TestClient(create_app(Settings(models={}, default_model="m", cache_bytes=cap), engine)) as client:
             r = client.post("/api/runs", json={"text": text})
             assert r.status_code == 413
-            keep = round(estimate(lm, n, 10).keep / (1 << 20))
-            assert r.json()["message"].startswith(f"this prompt's run would keep {keep} MiB")
+            keep, _ = mib_over(estimate(lm, n, 10).keep, cap)  # "1.2 MiB", never "1 MiB ... at most 1 MiB"
+            assert r.json()["message"].startswith(f"this prompt's run would keep {keep} (")
             assert "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)" in r.json()["message"]
             assert forwards == []  # refused before the forward
             assert client.post("/api/runs", json={"text": "word word"}).status_code == 201

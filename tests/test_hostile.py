@@ -206,3 +206,32 @@ def test_odd_but_valid_text_is_accepted(raw: TestClient, text: str) -> None:
 def test_server_still_answers(raw: TestClient) -> None:
     assert raw.get("/api/models").status_code == 200
     assert raw.post("/api/runs", json={"text": "still here"}).status_code == 201
+
+
+@pytest.mark.parametrize("over", [1, 1000, 100_000, 5 << 20])
+def test_413_figures_differ_when_rounding_would_make_them_equal(over: int) -> None:
+    """"would keep 32 MiB ... holds at most 32 MiB" contradicted itself: the two figures of every
+    refusal by size differ (more decimals, or bytes), and the first is the larger."""
+    from types import SimpleNamespace
+
+    from model import budget
+    from model.cache import RunStore
+    from model.errors import TooLarge
+
+    cap = 32 * budget.MIB
+    messages = []
+    with pytest.raises(TooLarge) as refused:
+        budget.admit(budget.Estimate(n=100, keep=cap + over, peak=2 * cap), cap)
+    messages.append((str(refused.value), r"would keep (\S+ \S+) .* holds at most (\S+ \S+)"))
+    with pytest.raises(TooLarge) as refused, budget.MemoryBudget(cap).reserve(cap + over):
+        pass
+    messages.append((str(refused.value), r"would need (\S+ \S+) .* at most (\S+ \S+)"))
+    with pytest.raises(TooLarge) as refused:
+        RunStore(cap).add(SimpleNamespace(nbytes=cap + over))
+    messages.append((str(refused.value), r"keeps (\S+ \S+); .* holds at most (\S+ \S+)"))
+    for message, pattern in messages:
+        big, limit = re.search(pattern, message).groups()
+        assert big != limit, message
+        unit = big.split()[1]
+        assert unit == limit.split()[1] and unit in ("MiB", "bytes"), message
+        assert float(big.split()[0].replace(",", "")) > float(limit.split()[0].replace(",", "")), message
