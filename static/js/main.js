@@ -123,7 +123,7 @@ function headCaption(run, layer, head) {
   const score = run.heads.find((h) => h.layer === layer && h.head === head);
   $("#heat-title").textContent = t("x.heat.tokens", { n: shown() }); // a generation's step: the tokens it had
   $("#heat-caption").textContent = t("x.heat.title", { layer, head, entropy: scoreText(score.entropy, 2), prev: scoreText(score.prev_token, 2), first: scoreText(score.first_token, 2) }) +
-    (score.induction === null && !pending(score) ? "" : t("x.heat.induction", { ind: inductionText(score, 2) })) +
+    (score.induction === null && !pending(score) ? "" : t("x.heat.induction", { ind: inductionText(score, 2, run) })) +
     (extent === null ? "" : t("x.heat.scores_whole", { n: run.tokens.length })); // the scores are the whole run's
 }
 
@@ -677,8 +677,11 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
         div.dataset.liveServerMs = serverMs.toFixed(1); // the server's own time for the steps (bench/browser.py)
       }
       if (ev.event === "run") runId = ev.data.run_id;
-      if (ev.event === "done") done = ev.data;
       schedule();
+      // the last event: stop reading here. Reading on to the body's end can beat the browser's own
+      // end-of-response notice, and Chromium then cancels the finished request (a failed
+      // /api/generate, net::ERR_ABORTED, in the console's network log)
+      if (ev.event === "done") { done = ev.data; break; }
     }
     cancelAnimationFrame(frame);
     clearTimeout(timer);

@@ -9,12 +9,18 @@ import { t } from "../i18n.js";
 // 256, so the server pools a long run's thumbnails from the overviews it already computed
 const THUMB = 64;
 // [class, score key, threshold, title, the letter a cell shows]: one letter each, so that
-// three badges fit a cell of any grid from 4 to 32 heads without covering one another
+// three badges fit a cell of any grid from 4 to 32 heads without covering one another.
+// P and S: the score must also be at least halfway from what an evenly spread head scores on
+// this prompt to 1 (``badgesFor``), over at least MIN_ROWS rows. I: the server's induction score
+// (null without enough copying evidence: no badge).
 export const BADGES = [
-  ["prev", "prev_token", 0.4, "previous-token head", "P"],
+  ["prev", "prev_token", 0.5, "previous-token head", "P"],
   ["sink", "first_token", 0.6, "first-token (sink) head", "S"],
   ["ind", "induction", 0.3, "induction-like head", "I"],
 ];
+// query rows i >= 1 a prompt needs before P or S is shown: on 2 or 3 tokens every head reads the
+// previous and the first token
+export const MIN_ROWS = 4;
 
 // One head of a layer's thumbnail tiles (rows x cols bins, NaN where a bin is all masked),
 // scaled to the head's largest bin and drawn one pixel a bin.
@@ -51,18 +57,21 @@ export function pending(s) {
   return s.entropy === null;
 }
 
-// The induction score: "computing…" while owed, "n/a (no repeats)" when the prompt repeats no token.
-export function inductionText(s, digits) {
+// The induction score: "computing…" while owed; when the prompt holds too little evidence of
+// copying, why: how many queries repeat an earlier token far enough back, and how many are needed.
+export function inductionText(s, digits, run) {
   if (s.induction !== null) return fmt(s.induction, digits);
-  return pending(s) ? t("x.scores.pending") : t("x.grid.no_repeats");
+  if (pending(s)) return t("x.scores.pending");
+  const have = run?.induction_queries ?? 0;
+  return have ? t("x.grid.few_repeats", { n: have, need: run.induction_min_queries }) : t("x.grid.no_repeats");
 }
 
-function describe(s, kvHead) {
+function describe(s, kvHead, run) {
   const sparsity = s.top1 === undefined ? "" : t("x.grid.sparsity", { top1: fmt(s.top1, 2), top5: fmt(s.top5, 2), keys: fmt(s.keys_90, 1) });
   return t("x.grid.describe", {
     layer: s.layer, head: s.head, kv: kvHead === null ? "" : t("x.grid.shares_kv", { kv: kvHead }), entropy: scoreText(s.entropy, 2),
     max: scoreText(s.max, 2),
-    prev: scoreText(s.prev_token, 2), first: scoreText(s.first_token, 2), ind: inductionText(s, 2),
+    prev: scoreText(s.prev_token, 2), first: scoreText(s.first_token, 2), ind: inductionText(s, 2, run),
   }) + sparsity;
 }
 
@@ -74,10 +83,11 @@ function uniformScore(n) {
   return n > 1 ? sum / (n - 1) : 1;
 }
 
-function badgesFor(score, n) {
+export function badgesFor(score, n) {
   const chance = uniformScore(n);
-  return BADGES.filter(([name, key, threshold]) => score[key] !== null &&
-    score[key] >= (name === "ind" ? threshold : Math.max(threshold, 2 * chance)));
+  return BADGES.filter(([name, key, threshold]) => score[key] !== null && (name === "ind"
+    ? score[key] >= threshold
+    : n - 1 >= MIN_ROWS && score[key] >= Math.max(threshold, (1 + chance) / 2)));
 }
 
 // A cell's P/S/I badges (none while its scores are owed; set again when they arrive).
@@ -161,7 +171,7 @@ export class HeadGrid {
       fillBadges(badges, s, run.tokens.length);
       const cell = el("button", {
         type: "button", class: byPosition && kv < run.n_heads && s.head % group === 0 && s.head > 0 ? "head-cell kv-start" : "head-cell",
-        title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null),
+        title: describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null, run),
         dataset: { testid: "head-cell", layer: String(s.layer), head: String(s.head),
                    ...(s.keys_90 === undefined ? {} : { keys90: fmt(s.keys_90, 1) }) },
         tabindex: "-1",
@@ -209,7 +219,7 @@ export class HeadGrid {
     const group = run.n_heads / kv;
     for (const cell of this.container.querySelectorAll(".head-cell")) {
       const s = run.heads.find((h) => h.layer === Number(cell.dataset.layer) && h.head === Number(cell.dataset.head));
-      cell.title = describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null);
+      cell.title = describe(s, kv < run.n_heads ? Math.floor(s.head / group) : null, run);
       this.label(cell, s);
       fillBadges(cell.querySelector(".badges"), s, run.tokens.length);
       if (s.keys_90 !== undefined) cell.dataset.keys90 = fmt(s.keys_90, 1);
