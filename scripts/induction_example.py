@@ -3,7 +3,7 @@ repeated sentence, through the HTTP API, and print (or write) the numbers.
 
 On the second copy of a sentence an induction head attends to the token after the earlier
 copy of the current token and helps predict it. Ablating it should lower ln p of the
-repeated tokens; ablating a head with no induction score is the control.
+repeated tokens; ablating a head whose induction score is nearest 0 is the control.
 
     python scripts/induction_example.py --write README.md
 """
@@ -47,9 +47,9 @@ def main() -> None:
         heads = client.get(f"/api/runs/{rid}/heads", params={"wait": 60}).json()["heads"]  # the late scores in
         scored = [h for h in heads if h["induction"] is not None]
         best = max(scored, key=lambda h: h["induction"])
-        control = min(scored, key=lambda h: h["induction"])
+        control = min(scored, key=lambda h: abs(h["induction"]))  # no copying evidence either way
         rows = []
-        for label, head in (("most induction-like", best), ("control: least induction-like", control)):
+        for label, head in (("most induction-like", best), ("control: induction score nearest 0", control)):
             for mode in ("zero", "mean"):
                 out = client.post(f"/api/runs/{rid}/ablate",
                                   json={"heads": [[head["layer"], head["head"]]], "mode": mode}).json()["positions"]
