@@ -230,6 +230,7 @@ export default {
  "plotly.snapshot_ok": "Snapshot succeeded",
  "plotly.snapshot_fail": "Sorry, there was a problem downloading your image!",
  "plot.svg": "Download plot as SVG",
+ "x.tool.tabs": "Causal tools",
  "plot.toolbar": "Chart tools (arrow keys move between them)",
  "x.run_title": "Run the prompt (Ctrl+Enter)",
  "x.run_hint": "Ctrl+Enter in the prompt runs it",

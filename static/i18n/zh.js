@@ -230,6 +230,7 @@ export default {
  "plotly.snapshot_ok": "图片已生成",
  "plotly.snapshot_fail": "抱歉，下载图片时出了问题！",
  "plot.svg": "下载为 SVG 图片",
+ "x.tool.tabs": "因果分析工具",
  "plot.toolbar": "图表工具（用方向键在按钮之间移动）",
  "x.run_title": "运行提示词（Ctrl+Enter）",
  "x.run_hint": "在提示词框中按 Ctrl+Enter 即可运行",

@@ -21,13 +21,16 @@ function candidates(run, pos) {
 
 export async function render(body, ctx) {
   const { run, pos } = ctx;
-  const tokenPick = el("select", { "data-testid": "attribution-token" }, ...candidates(run, pos));
-  const minusPick = el("select", { "data-testid": "attribution-token-b" }, el("option", { value: "", text: t("attr.nothing") }), ...candidates(run, pos));
+  // each select has a label (its visible words, for= its id) and a name that says what it picks
+  const tokenPick = el("select", { id: "attribution-token", "data-testid": "attribution-token", "aria-label": t("attr.token_aria") }, ...candidates(run, pos));
+  const minusPick = el("select", { id: "attribution-token-b", "data-testid": "attribution-token-b", "aria-label": t("attr.token_b_aria") },
+    el("option", { value: "", text: t("attr.nothing") }), ...candidates(run, pos));
   if (ctx.params.token && [...tokenPick.options].some((o) => o.value === ctx.params.token)) tokenPick.value = ctx.params.token;
   const chart = el("div", { class: "chart tool-chart", "data-testid": "attribution-heatmap" });
   const summary = el("p", { class: "legend", "data-testid": "attribution-summary" });
   body.replaceChildren(
-    el("div", { class: "tool-controls" }, t("attr.logit_of"), tokenPick, t("attr.minus"), minusPick,
+    el("div", { class: "tool-controls" }, el("label", { for: tokenPick.id, text: t("attr.logit_of") }), tokenPick,
+      el("label", { for: minusPick.id, text: t("attr.minus") }), minusPick,
       el("span", { class: "muted", text: t("attr.at", { pos, token: showToken(run.tokens[pos].text) }) })),
     chart, summary);
 

@@ -29,12 +29,15 @@ export class Tools {
     this.view = null;
     this.params = {};
     this.state = null;
+    // WAI-ARIA tabs: one tab stop for the row (the open tab, else the first); Left/Right/Home/End
+    // move between the tabs and open the one they reach; the body is the tabpanel they control
     this.tabs = el("div", { class: "tool-tabs", role: "tablist" });
-    this.body = el("div", { class: "tool-body", "data-testid": "tool-body" });
+    this.body = el("div", { class: "tool-body", id: "tool-panel", role: "tabpanel", "data-testid": "tool-body" });
     for (const [key, v] of Object.entries(VIEWS)) {
-      this.tabs.append(el("button", { type: "button", role: "tab", "data-view": key, "data-testid": `tool-tab-${key}`, text: v.title,
-        onclick: () => this.open(key) }));
+      this.tabs.append(el("button", { type: "button", role: "tab", id: `tool-tab-${key}`, "aria-controls": "tool-panel", "aria-selected": "false",
+        tabindex: "-1", "data-view": key, "data-testid": `tool-tab-${key}`, text: v.title, onclick: () => this.open(key) }));
     }
+    this.tabs.addEventListener("keydown", (ev) => this.arrows(ev));
     root.replaceChildren(this.tabs, this.body);
     this.intro = el("p", { class: "legend" });
     this.body.append(this.intro);
@@ -46,11 +49,36 @@ export class Tools {
       this.view = view;
       for (const k of OWN[view] || []) if (url.has(k)) this.params[k] = url.get(k);
     }
+    this.mark();
+  }
+
+  // aria-selected, the roving tab stop and the panel's name follow the open view
+  mark() {
+    const tabs = [...this.tabs.children];
+    const stop = tabs.find((b) => b.dataset.view === this.view) || tabs[0];
+    for (const b of tabs) {
+      b.setAttribute("aria-selected", String(b.dataset.view === this.view));
+      b.tabIndex = b === stop ? 0 : -1;
+    }
+    if (this.view) this.body.setAttribute("aria-labelledby", `tool-tab-${this.view}`);
+  }
+
+  arrows(ev) {
+    const tabs = [...this.tabs.children];
+    const i = tabs.indexOf(ev.target);
+    if (i < 0) return;
+    const to = { ArrowRight: i + 1, ArrowLeft: i - 1, Home: 0, End: tabs.length - 1 }[ev.key];
+    if (to === undefined) return;
+    ev.preventDefault();
+    const tab = tabs[(to + tabs.length) % tabs.length];
+    tab.focus();
+    this.open(tab.dataset.view);
   }
 
   // the tab names and the introduction in the page's language
   labels() {
     for (const b of this.tabs.children) b.textContent = t(`x.tool.${b.dataset.view}`);
+    this.tabs.setAttribute("aria-label", t("x.tool.tabs"));
     this.intro.textContent = t("x.tool.intro");
   }
 
@@ -64,6 +92,7 @@ export class Tools {
   open(view) {
     if (this.view !== view) this.params = {};
     this.view = view;
+    this.mark();
     this.draw();
   }
 
@@ -76,7 +105,7 @@ export class Tools {
 
   async draw() {
     if (!this.view || !this.state || !this.state.run) return;
-    for (const b of this.tabs.children) b.setAttribute("aria-selected", String(b.dataset.view === this.view));
+    this.mark();
     this.root.hidden = false;
     this.root.dataset.view = this.view;
     const { run, pos, layer, head, model } = this.state;
