@@ -35,7 +35,16 @@ from model.results import (
     RunSummary,
     TokenProb,
 )
-from model.tokens import TextAssembler, Token, ids_tensor, token_map, tokenize
+from model.tokens import (
+    TextAssembler,
+    Token,
+    TokenCount,
+    count_tokens,
+    ids_tensor,
+    read_cap,
+    token_map,
+    tokenize,
+)
 
 log = logging.getLogger(__name__)
 DEFAULT_FORWARD_BYTES = 4 << 30
@@ -78,10 +87,11 @@ class Engine:
     def tokenize(self, lm: LoadedModel, text: str) -> list[Token]:
         if not text.strip():
             raise BadInput("text is empty or only whitespace; type a prompt to analyse")
-        tokens = tokenize(lm.tokenizer, text)
         limit = self.token_limit(lm)
-        if len(tokens) > limit:
-            raise BadInput(f"the prompt has {len(tokens)} tokens, more than this model's limit of {limit}")
+        unread(lm, text, limit, "prompt")
+        too_long(count_tokens(lm.tokenizer, text, limit), limit, "prompt", len(text))  # reads no more than it needs
+        tokens = tokenize(lm.tokenizer, text)
+        too_long(TokenCount(n=len(tokens), exact=True, chars=len(text)), limit, "prompt", len(text))
         return tokens
 
     def chat_tokens(self, lm: LoadedModel, messages: list[dict[str, str]]) -> tuple[str, list[Token]]:
@@ -96,11 +106,12 @@ class Engine:
         if not isinstance(text, str) or not text:
             raise BadInput("the model's chat template rendered nothing for these messages")
         special = {int(i) for i in getattr(lm.tokenizer, "all_special_ids", [])}
+        limit = self.token_limit(lm)
+        unread(lm, text, limit, "chat")
+        too_long(count_tokens(lm.tokenizer, text, limit, add_special_tokens=False), limit, "chat", len(text))
         tokens = [replace(t, special=True) if t.id in special else t
                   for t in tokenize(lm.tokenizer, text, add_special_tokens=False)]
-        limit = self.token_limit(lm)
-        if len(tokens) > limit:
-            raise BadInput(f"the chat has {len(tokens)} tokens, more than this model's limit of {limit}")
+        too_long(TokenCount(n=len(tokens), exact=True, chars=len(text)), limit, "chat", len(text))
         return text, tokens
 
     # ---- analyse ------------------------------------------------------------------
@@ -285,6 +296,27 @@ class Engine:
         # ~0.3 kB a head's scores, estimated as the summary's are
         self.store.grow(run_id, cache, 300 * len(heads), attach)
         return heads
+
+
+def unread(lm: LoadedModel, text: str, limit: int, what: str) -> None:
+    """BadInput for a text longer than its tokenizer's ``read_cap`` (only tokenizers whose tokens
+    have no bound on their characters, such as WordPiece's, have one)."""
+    cap = read_cap(lm.tokenizer, limit)
+    if cap is not None and len(text) > cap:
+        raise BadInput(f"the {what} has {len(text):,} characters, more than this model reads for its limit of "
+                       f"{limit} tokens ({cap:,}: {cap // limit} a token); send a shorter text")
+
+
+def too_long(count: TokenCount, limit: int, what: str, total_chars: int) -> None:
+    """BadInput naming the limit when ``count`` is over it; "at least" when only a beginning was counted."""
+    if count.n <= limit:
+        return
+    if count.exact:
+        raise BadInput(f"the {what} has {count.n} tokens, more than this model's limit of {limit}")
+    read = (f"counted in its first {count.chars:,} of {total_chars:,} characters" if count.chars
+            else f"from its length of {total_chars:,} characters alone")
+    raise BadInput(f"the {what} has at least {count.n} tokens, more than this model's limit of {limit} "
+                   f"({read}; the rest was not read)")
 
 
 def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: Captures, summary: RunSummary,

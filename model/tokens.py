@@ -11,7 +11,10 @@ bytes of a character finished by a later token shows those bytes as a marker suc
 from __future__ import annotations
 
 import codecs
+import math
+import re
 import threading
+import weakref
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -285,6 +288,208 @@ def token_map(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> dict[int, s
     """id -> display string for a set of vocabulary ids (each looked up once)."""
     unique = list(dict.fromkeys(ids))
     return dict(zip(unique, token_strings(tokenizer, unique), strict=True))
+
+
+# ---- the first tokens of a long text, without tokenizing all of it ---------------------------------
+#
+# A 4 MB prompt is two million tokens: tokenizing all of it (ids, spans, display strings) takes
+# minutes and gigabytes, only to refuse it. The tokenizer reads a growing beginning instead, and
+# stops as soon as the tokens that beginning is sure to share with the whole text pass the limit.
+
+UNREAD_CHARS_PER_TOKEN = 64  # a text longer than limit x this is not read by a tokenizer without a bound (below)
+FIRST_CHARS_PER_TOKEN = 8  # the first beginning read: (limit + 1) x this many characters (English: ~4)
+GROWTH = 4  # each further beginning is this many times longer: at most ~1.3x the final one, in all
+_REGEX_LOOKAHEAD = 16  # characters past a pre-token's end its regex may read (contractions: 3)
+_SPACES = (" ", "\n", "\t", "\r")
+
+
+@dataclass(frozen=True)
+class TokenCount:
+    """How many tokens a text has, counted only as far as a limit needs.
+
+    ``exact``: ``n`` is the whole text's count (special tokens included). Otherwise the text has
+    *at least* ``n`` tokens, and ``n`` is already more than the limit it was counted against; only
+    the first ``chars`` characters were tokenized to know it (0: known from the length alone)."""
+
+    n: int
+    exact: bool
+    chars: int
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The first tokens of a text: all of it when it fits the limit, else the beginning that does."""
+
+    text: str  # the characters ``tokens`` cover: the whole text, or its beginning when ``cut``
+    tokens: list[Token]  # tokenize(tokenizer, text): at most the limit
+    cut: bool  # the whole text went on past ``text``
+
+
+@dataclass(frozen=True)
+class _Scan:
+    ends: list[int]  # (k,) the character end of each content token sure to be the whole text's
+    whole: bool  # the whole text was tokenized: ``ends`` are all its content tokens
+    chars: int  # characters tokenized
+
+
+def _spans(tokenizer: PreTrainedTokenizerBase, text: str) -> list[tuple[int, int]]:
+    """(start, end) of each content token (no special tokens added), from the tokenizer's offsets."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    return [(int(s), int(e)) for s, e in enc["offset_mapping"]]
+
+
+def _pre_token_cut(tokenizer: PreTrainedTokenizerBase, part: str) -> int:
+    """The last boundary between the tokenizer's pre-tokens (its word split) that text after
+    ``part`` cannot move, or 0: a boundary far enough from the end that the splitting regex
+    never read past ``part`` to place it."""
+    pre = getattr(getattr(tokenizer, "backend_tokenizer", None), "pre_tokenizer", None)
+    if pre is None:
+        return 0
+    starts = [int(s) for _piece, (s, _e) in pre.pre_tokenize_str(part)]
+    return max((s for s in starts if 0 < s <= len(part) - _REGEX_LOOKAHEAD), default=0)
+
+
+def _space_cut(part: str) -> int:
+    """Where the last run of whitespace in ``part`` starts, or 0. No token of the tokenizers
+    here crosses into a run of whitespace from the word before it (GPT-2 style regexes attach a
+    space to the *next* word; WordPiece drops it; SentencePiece pieces start with it)."""
+    last = max(part.rfind(ch) for ch in _SPACES)
+    while last > 0 and part[last - 1].isspace():
+        last -= 1
+    return max(last, 0)
+
+
+def _stable_ends(spans: list[tuple[int, int]], cut: int) -> list[int]:
+    """Ends of the leading tokens that lie wholly before ``cut``: the whole text's own tokens."""
+    ends = []
+    for s, e in spans:
+        if s >= cut or e > cut:
+            break
+        ends.append(e)
+    return ends
+
+
+def _scan(tokenizer: PreTrainedTokenizerBase, text: str, need: int) -> _Scan:
+    """Tokenize growing beginnings of ``text`` until ``need`` of their content tokens are sure to
+    be the whole text's own first tokens, or the beginning is the whole text."""
+    chars = min(len(text), FIRST_CHARS_PER_TOKEN * (need + 1) + 64)
+    while True:
+        part = text[:chars]
+        spans = _spans(tokenizer, part)
+        if chars >= len(text):
+            return _Scan(ends=[e for _s, e in spans], whole=True, chars=chars)
+        if len(spans) >= need:  # enough tokens, if enough of them are settled
+            ends = _stable_ends(spans, _space_cut(part))
+            if len(ends) < need:
+                ends = max(ends, _stable_ends(spans, _pre_token_cut(tokenizer, part)), key=len)
+            if len(ends) >= need:
+                return _Scan(ends=ends, whole=False, chars=chars)
+        chars = min(len(text), chars * GROWTH)
+
+
+_ALLOWED_NORMALIZERS = {"Sequence", "NFC", "NFKC", "Prepend"}
+_ALLOWED_PRE_TOKENIZERS = {"Sequence", "Split", "Regex", "String", "ByteLevel", "Digits", "Metaspace"}
+_chars_per_token: weakref.WeakKeyDictionary[PreTrainedTokenizerBase, int | None] = weakref.WeakKeyDictionary()
+_chars_lock = threading.Lock()
+
+
+def _names(component: object) -> set[str]:
+    return set(re.findall(r"\b([A-Z]\w*)\(", repr(component)))
+
+
+def max_chars_per_token(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    """The most characters one token can stand for (UTF-8 bytes, for a byte-level BPE), when every
+    character of a text is sure to be in some token (a BPE over bytes, or with byte fallback, that
+    drops nothing): a text of m characters (bytes) then has at least m / this tokens. None for a
+    tokenizer that may drop characters or fold many into one (WordPiece drops spaces and turns a
+    long word into one [UNK])."""
+    with _chars_lock:
+        if tokenizer in _chars_per_token:
+            return _chars_per_token[tokenizer]
+    bound = _chars_bound(tokenizer)
+    with _chars_lock:
+        _chars_per_token[tokenizer] = bound
+    return bound
+
+
+def _chars_bound(tokenizer: PreTrainedTokenizerBase) -> int | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    model = getattr(backend, "model", None)
+    if backend is None or type(model).__name__ != "BPE":
+        return None
+    if not (is_byte_level(tokenizer) or getattr(model, "byte_fallback", False)):
+        return None  # an unknown character may become one [UNK] for a whole run
+    normalizer, pre = backend.normalizer, backend.pre_tokenizer
+    norm = _names(normalizer) if normalizer is not None else set()
+    replace_ok = 'Replace(pattern=String(" "), content="▁")' in repr(normalizer)  # SentencePiece's spaces
+    if not (norm - {"Replace", "String"} <= _ALLOWED_NORMALIZERS and ("Replace" not in norm or replace_ok)):
+        return None
+    if pre is not None and (not _names(pre) <= _ALLOWED_PRE_TOKENIZERS or "Removed" in repr(pre)):
+        return None
+    fold = 4 if norm & {"NFC", "NFKC"} else 1  # composition folds at most 4 code points into one
+    longest = max((len(str(raw)) for raw in tokenizer.get_vocab()), default=1)
+    added = max((len(str(t)) for t in getattr(tokenizer, "added_tokens_encoder", {})), default=1)
+    return max(longest, added, 1) * fold
+
+
+def read_cap(tokenizer: PreTrainedTokenizerBase, limit: int) -> int | None:
+    """The most characters worth reading for ``limit`` tokens, for a tokenizer whose tokens have no
+    bound on the characters they hold (``max_chars_per_token`` is None): whitespace it drops and a
+    long word it makes one [UNK] cost time to read but yield no tokens. None: no cap is needed."""
+    return None if max_chars_per_token(tokenizer) is not None else limit * UNREAD_CHARS_PER_TOKEN
+
+
+def _specials(tokenizer: PreTrainedTokenizerBase, add_special_tokens: bool) -> int:
+    return int(tokenizer.num_special_tokens_to_add(pair=False)) if add_special_tokens else 0
+
+
+def count_tokens(tokenizer: PreTrainedTokenizerBase, text: str, limit: int,
+                 add_special_tokens: bool = True) -> TokenCount:
+    """The number of tokens of ``text`` (as ``tokenize`` makes them), or, when it has more than
+    ``limit``, a count above ``limit`` found from as little of the text as that takes: from its
+    length alone where every token holds at most a known number of characters, else from a
+    beginning whose settled tokens already pass the limit. The work is bounded by the limit, not
+    by the text: a 4 MB text over a 1,024-token limit is refused in milliseconds."""
+    specials = _specials(tokenizer, add_special_tokens)
+    per_token = max_chars_per_token(tokenizer)
+    size = len if not is_byte_level(tokenizer) else (lambda part: len(part.encode("utf-8", "surrogatepass")))
+    if per_token is not None and math.ceil(size(text) / per_token) + specials > limit:
+        return TokenCount(n=math.ceil(size(text) / per_token) + specials, exact=False, chars=0)
+    scan = _scan(tokenizer, text, max(limit + 1 - specials, 1))
+    if scan.whole:
+        return TokenCount(n=len(scan.ends) + specials, exact=True, chars=scan.chars)
+    settled = len(scan.ends)
+    if per_token is not None:  # the rest of the text is tokens too: at least its length / per_token
+        settled += math.ceil(size(text[scan.ends[-1]:]) / per_token)
+    return TokenCount(n=settled + specials, exact=False, chars=scan.chars)
+
+
+def first_tokens(tokenizer: PreTrainedTokenizerBase, text: str, limit: int,
+                 add_special_tokens: bool = True) -> Prefix:
+    """The first at most ``limit`` tokens of ``text`` (special tokens included) and the text they
+    cover, without tokenizing more of the text than that takes. ``cut`` says whether the text went
+    on; the tokens are ``tokenize`` of the beginning kept, so their spans rebuild it exactly.
+    Only the first ``read_cap`` characters are read, where the tokenizer has one."""
+    cap = read_cap(tokenizer, limit)
+    if cap is not None and len(text) > cap:
+        head = first_tokens(tokenizer, text[:cap], limit, add_special_tokens)
+        return Prefix(text=head.text, tokens=head.tokens, cut=True)
+    count = count_tokens(tokenizer, text, limit, add_special_tokens)
+    if count.exact:
+        tokens = tokenize(tokenizer, text, add_special_tokens)
+        if len(tokens) <= limit:
+            return Prefix(text=text, tokens=tokens, cut=False)
+    budget = limit - _specials(tokenizer, add_special_tokens)
+    if budget < 1:
+        raise ValueError(f"a limit of {limit} tokens leaves no room for text next to the special tokens")
+    ends = _scan(tokenizer, text, budget + 1).ends[:budget]
+    # the beginning up to the budget-th token's end, tokenized on its own: a token at the cut may
+    # split differently there, so drop a token at a time until it fits
+    for k in range(len(ends), 0, -1):
+        tokens = tokenize(tokenizer, text[:ends[k - 1]], add_special_tokens)
+        if len(tokens) <= limit:
+            return Prefix(text=text[:ends[k - 1]], tokens=tokens, cut=True)
+    return Prefix(text="", tokens=tokenize(tokenizer, "", add_special_tokens), cut=True)
 
 
 def ids_tensor(tokens: list[Token]) -> torch.Tensor:
