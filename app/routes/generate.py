@@ -104,5 +104,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
         yield sse("done", {"text": text, "n_new": len(new_ids), "stop": session.stop_reason,
                            "total_ms": 1e3 * (time.perf_counter() - start)})
 
+    # no-cache, not no-store: Chromium cancels a no-store response read through a stream reader even
+    # after its last byte (a failed /api/generate, net::ERR_ABORTED, after every finished generation)
     return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
