@@ -407,6 +407,8 @@ export default {
  "x.gen.replaced": "Generation stopped after {n} tokens: a newer request replaced it.",
  "x.gen.replaced.one": "Generation stopped after {n} token: a newer request replaced it.",
  "x.gen.continue": "Continue past end-of-text",
+ "x.gen.count_empty": "How many tokens? Type a whole number from 1 to {max} by Generate; nothing was generated.",
+ "x.gen.count_bad": "{v} is not a number of tokens to generate: type a whole number from 1 to {max}; nothing was generated.",
  "tool.embed": "embed",
  "tool.mlp": "FFN",
  "attr.prompt_next": "{token} (the prompt's next token)",

@@ -407,6 +407,8 @@ export default {
  "x.gen.replaced": "生成了 {n} 个 token 后停止：一个更新的请求取代了它。",
  "x.gen.replaced.one": "生成了 {n} 个 token 后停止：一个更新的请求取代了它。",
  "x.gen.continue": "越过文本结束符继续生成",
+ "x.gen.count_empty": "要生成多少个 token？请在“生成”旁填一个 1 到 {max} 的整数；这次没有生成。",
+ "x.gen.count_bad": "{v} 不是可以生成的 token 个数：请填一个 1 到 {max} 的整数；这次没有生成。",
  "tool.embed": "Embedding",
  "tool.mlp": "FFN",
  "attr.prompt_next": "{token}（提示词里真实的下一个 token）",

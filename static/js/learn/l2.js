@@ -9,11 +9,41 @@ const LONG = 24; // tokens timed at most: long enough for the cache to pay off, 
 const ROWS = 64; // rows of the prefix table shown
 const cum = (xs) => xs.reduce((acc, v) => [...acc, (acc.at(-1) || 0) + v], []);
 
-// Which verdict the timings allow: when the repeats' totals overlap, the difference is this
-// machine's noise and neither side wins; otherwise the smaller sum of per-step medians wins.
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
+};
+const within = (v, xs) => v >= Math.min(...xs) && v <= Math.max(...xs);
+
+// Which verdict the timings allow, the same in every language: neither wins when each side's
+// median total lies within the other's range of totals (the difference is this machine's noise),
+// or when the medians of the totals and the sums of the per-step medians (the curves' ends)
+// disagree on the winner; otherwise the smaller sum wins. One slow repeat (a stray pause) widens
+// its side's range but does not move the median, so it cannot turn a 2.5× difference into a tie.
 export function verdictKey(cacheTotals, noCacheTotals, cacheMs, noCacheMs) {
-  const overlap = Math.min(...cacheTotals) <= Math.max(...noCacheTotals) && Math.min(...noCacheTotals) <= Math.max(...cacheTotals);
-  return overlap ? "l2.verdict.tie" : cacheMs < noCacheMs ? "l2.verdict.win" : "l2.verdict.nowin";
+  const mc = median(cacheTotals), mu = median(noCacheTotals);
+  const noise = within(mc, noCacheTotals) && within(mu, cacheTotals);
+  if (noise || mc === mu || (mc < mu) !== (cacheMs < noCacheMs)) return "l2.verdict.tie";
+  return cacheMs < noCacheMs ? "l2.verdict.win" : "l2.verdict.nowin";
+}
+
+// A token's characters as one unbreakable span; rows wrap between tokens, never inside one.
+const tok = (s) => el("span", { class: "tok", text: s });
+// The prefix 0..i as token spans, each holding the characters that token completes (each once),
+// kept to about `max` characters from the end.
+function prefixSpans(run, i, max = 48) {
+  const parts = [];
+  let used = 0;
+  let j = i;
+  for (; j >= 0 && used < max; j -= 1) {
+    const { start, end } = run.tokens[j];
+    if (end <= start) continue; // completes no character (a special token, a partial byte)
+    const piece = showToken(run.text.slice(start, end));
+    parts.unshift(tok(piece));
+    used += piece.length;
+  }
+  if (j >= 0 && run.tokens[j].end > 0) parts.unshift("…"); // earlier characters left out
+  return parts.flatMap((p, k) => (k ? [el("wbr"), p] : [p]));
 }
 
 export async function render(body, ctx) {
@@ -38,14 +68,12 @@ export async function render(body, ctx) {
 
   function paintTable() {
     const rows = run.predictions.slice(0, ROWS).map((p, i) => {
-      const done = run.text.slice(0, run.tokens[i].end); // the characters completed so far, each once
-      const prefix = done ? showToken(done) : "";
       const truth = p.actual_next;
       return el("tr", {},
         el("td", { text: String(i) }), el("td", { text: String(i + 1) }),
-        el("td", { class: "mono prefix", text: prefix.length > 48 ? `…${prefix.slice(-48)}` : prefix }),
-        el("td", { class: "mono", text: `→ ${showToken(p.top[0].token)} (${fmt(p.top[0].prob, 2)})` }),
-        el("td", { class: "mono", text: truth ? showToken(truth.token) : t("l2.not_yet") }),
+        el("td", { class: "mono prefix" }, ...prefixSpans(run, i)),
+        el("td", { class: "mono" }, "→ ", tok(showToken(p.top[0].token)), ` (${fmt(p.top[0].prob, 2)})`),
+        el("td", { class: "mono" }, truth ? tok(showToken(truth.token)) : t("l2.not_yet")),
         el("td", { text: truth ? t("l2.prob_rank", { p: fmt(truth.prob, 3), rank: truth.rank }) : "" }));
     });
     table.replaceChildren(
@@ -81,12 +109,15 @@ export async function render(body, ctx) {
         { type: "scatter", mode: "lines", name: t("l2.t.nocache"), x, y: cum(tm.serial_no_cache_ms), line: { color: "#d94801" } },
         { type: "scatter", mode: "lines", name: t("l2.t.cache"), x, y: cum(tm.serial_cache_ms), line: { color: "#2171b5" } },
         { type: "scatter", mode: "lines+markers", name: t("l2.t.parallel", { n: tm.n }), x: [1, tm.n], y: [tm.parallel_ms, tm.parallel_ms], line: { dash: "dot", color: "#333" } },
-      ], { title: { text: t(titleKey, { n: tm.n, repeats: tm.repeats }), font: { size: 12 }, x: 0, xanchor: "left" },
+      ], { title: { text: t(titleKey, { n: tm.n, total: n, repeats: tm.repeats }), font: { size: 12 }, x: 0, xanchor: "left" },
         xaxis: { title: { text: t("l2.t.x") }, range: [0.5, tm.n + 0.5] },
         yaxis: { title: { text: t("l2.t.y") }, rangemode: "tozero" }, margin: { t: 16 } });
     };
     timingLong.box.hidden = times.length < 2;
-    await Promise.all([draw(timing, times[0], "l2.timing.short"), times[1] && draw(timingLong, times[1], "l2.timing.long")]);
+    // the caption says what was timed: the whole prompt, its first tokens, or the prompt repeated
+    await Promise.all([draw(timing, times[0], times[0].n < n ? "l2.timing.cut" : "l2.timing.short"),
+      times[1] && draw(timingLong, times[1], "l2.timing.long")]);
+    timing.dataset.timed = String(times[0].n);
     const parts = times.map((tm) => {
       // the curves' end points: the sums of the per-step medians (the totals' spread beside them)
       const sum = (xs) => xs.reduce((x, y) => x + y, 0);
@@ -95,9 +126,12 @@ export async function render(body, ctx) {
       return t(verdictKey(tm.cache_totals_ms, tm.no_cache_totals_ms, c, u), {
         n: tm.n, c: fmt(c, 1), u: fmt(u, 1), ratio: fmt(u / c, 2), repeats: tm.repeats,
         crange: range(tm.cache_totals_ms), urange: range(tm.no_cache_totals_ms), p: fmt(tm.parallel_ms, 1), px: fmt(c / tm.parallel_ms, 1),
+        ms: fmt(run.timing_ms.forward, 1), // the run's own forward, which also captured (l2.facts)
       });
     });
     verdict.textContent = sentences([...parts, t("l2.verdict.why")]);
+    verdict.dataset.keys = times.map((tm) => verdictKey(tm.cache_totals_ms, tm.no_cache_totals_ms,
+      tm.serial_cache_ms.reduce((x, y) => x + y, 0), tm.serial_no_cache_ms.reduce((x, y) => x + y, 0))).join(" ");
   }
 
   go.addEventListener("click", async () => {

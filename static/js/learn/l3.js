@@ -31,7 +31,8 @@ export async function render(body, ctx) {
   chart.dataset.tokenX = "1"; // its categories are token text (tests/i18n_check.py)
   const note = el("p", { class: "muted", "data-testid": "l3-note" });
   const warn = el("p", { class: "warn", "data-testid": "l3-untrained", hidden: "" });
-  body.replaceChildren(el("div", { class: "scroll" }, table), el("div", { class: "controls" }, el("label", {}, idLabel, " ", idBox)),
+  // a refused ID is said beside the box it was typed in (and cleared by the next good one)
+  body.replaceChildren(el("div", { class: "scroll" }, table), el("div", { class: "controls" }, el("label", {}, idLabel, " ", idBox), ctx.errorBox()),
     el("div", { class: "wide" }, warn, chart.box, note));
   let e = await defaultId(run, ctx.model.vocab_size);
   idBox.value = String(e.id);
@@ -63,7 +64,9 @@ export async function render(body, ctx) {
     await plot(chart, traces, {
       title: { text: t("l3.title", { id: e.id, token: e.token }) },
       yaxis: { title: { text: t("l3.y") }, range: [Math.min(-0.3, ...all) - 0.05, 1.05] },
-      xaxis: { tickangle: -40, type: "category" }, barmode: "group", bargap: 0.25, margin: { t: 16 },
+      // slanted labels need ~70 px a bar; a narrower chart (a phone) sets them upright, so none overlap
+      xaxis: { tickangle: (chart.clientWidth || 600) / Math.max(1, all.length) < 70 ? -90 : -40, type: "category" },
+      barmode: "group", bargap: 0.25, margin: { t: 16 },
       shapes: [
         { type: "rect", xref: "paper", x0: 0, x1: 1, y0: lo, y1: hi, fillcolor: "rgba(120,120,120,0.12)", line: { width: 0 }, layer: "below" },
         { type: "line", xref: "paper", x0: 0, x1: 1, y0: e.random_mean, y1: e.random_mean, line: { dash: "dot", color: "#777" } },
@@ -74,7 +77,10 @@ export async function render(body, ctx) {
     const adj = e.adjacent.map((a) => t("l3.pair", { id: a.id, token: showToken(a.token), cos: fmt(a.cos, 2) })).join(t("common.and"));
     const dbl = e.double.length ? t("l3.double", { k: e.id, id: e.double[0].id, token: showToken(e.double[0].token), cos: fmt(e.double[0].cos, 2) }) : t("l3.no_double", { k: e.id });
     const verdict = [...e.adjacent, ...e.double].every((a) => inBand(a.cos)) ? "l3.verdict.band" : "l3.verdict.outside";
-    note.textContent = sentences([t("l3.note", { k: e.id, token: showToken(e.token), adj, dbl }),
+    const last = ctx.model.vocab_size - 1;
+    // the ends of the vocabulary have one neighbour in number: say so instead of leaving it out
+    const edge = e.id === 0 ? t("l3.first") : e.id === last ? t("l3.last", { k: last }) : "";
+    note.textContent = sentences([t("l3.note", { k: e.id, token: showToken(e.token), adj, dbl }), edge,
       t(verdict, { lo: fmt(lo, 2), hi: fmt(hi, 2), mean: fmt(e.random_mean, 2) }),
       // a nearest row inside the random band is not "close": the sentence says so instead
       near.length ? t(near[0].cos > hi ? "l3.nearest" : "l3.nearest.in_band", { token: showToken(near[0].token), cos: fmt(near[0].cos, 2), mean: fmt(e.random_mean, 2) }) : ""]);
@@ -85,6 +91,7 @@ export async function render(body, ctx) {
   idBox.addEventListener("change", async () => {
     try {
       e = await embedding(run.model, Number(idBox.value));
+      ctx.error("");
       await paintChart();
     } catch (err) {
       ctx.error(err.message);

@@ -16,12 +16,30 @@ export async function render(body, ctx) {
     await ctx.paint(() => { msg.textContent = t("l7.missing"); });
     return;
   }
-  body.replaceChildren(left, right);
-  const [re, rd] = await Promise.all([enc, dec].map((m) => postJSON("/api/runs", { text, model: m.name, top_k: 1 })));
-  const [se, sd] = await Promise.all([getAttentionBin(re.run_id, 0, 0), getAttentionBin(rd.run_id, 0, 0)]);
-  ctx.link({ model: enc.name, layer: 0, head: 0, pos: re.tokens.length - 1 });
+  const unk = el("p", { class: "muted", "data-testid": "l7-unk", hidden: "" });
+  body.replaceChildren(left, right, el("div", { class: "wide" }, unk));
+  // each model on its own: a prompt one of them refuses (the encoder's 512 positions) is said in
+  // this lesson, and the other one is still drawn
+  const load = async (m) => {
+    const r = await postJSON("/api/runs", { text, model: m.name, top_k: 1 });
+    return { r, scores: await getAttentionBin(r.run_id, 0, 0) };
+  };
+  const [ge, gd] = await Promise.allSettled([load(enc), load(dec)]);
+  const refused = [ge, gd].find((g) => g.status === "rejected");
+  const sides = [[ge, left, "l7.enc", enc], [gd, right, "l7.dec", dec]].filter(([g, div]) => {
+    div.hidden = g.status !== "fulfilled";
+    return !div.hidden;
+  });
+  if (!sides.length) throw refused.reason;
+  if (refused) ctx.error(refused.reason.message);
+  const shown = ge.status === "fulfilled" ? { model: enc.name, r: ge.value.r } : { model: dec.name, r: gd.value.r };
+  ctx.link({ model: shown.model, layer: 0, head: 0, pos: shown.r.tokens.length - 1 });
+  // characters the encoder's vocabulary lacks become [UNK]: said, with the characters it stands for
+  const unknown = ge.status === "fulfilled" ? ge.value.r.tokens.filter((x) => x.text === "[UNK]" && x.end > x.start) : [];
+  const chars = [...new Set(unknown.map((x) => text.slice(x.start, x.end)))].join(" ");
   await ctx.paint(async () => {
-    await drawHeatmap(left, se, re.tokens, { title: `${t("l7.enc")} · ${enc.name} · ${headName(t, 0, 0)}` });
-    await drawHeatmap(right, sd, rd.tokens, { title: `${t("l7.dec")} · ${dec.name} · ${headName(t, 0, 0)}` });
+    for (const [g, div, key, m] of sides) await drawHeatmap(div, g.value.scores, g.value.r.tokens, { title: `${t(key)} · ${m.name} · ${headName(t, 0, 0)}` });
+    unk.hidden = !unknown.length;
+    unk.textContent = unknown.length ? t("l7.unk", { model: enc.name, chars }) : "";
   });
 }

@@ -1,7 +1,7 @@
 // The Learn page: run the prompt once on the default decoder, then draw the nine views.
 // Every lesson registers a painter that writes its words from the catalogue; switching the
 // language calls them all again (no request, no reload).
-import { $ } from "../dom.js";
+import { $, el } from "../dom.js";
 import { getJSON, postJSON } from "../api.js";
 import { errorText, initLanguage, lang, onLanguage, t } from "../i18n.js";
 import { chineseNote } from "./note.js";
@@ -18,22 +18,42 @@ import * as l9 from "./l9.js";
 const LESSONS = [l1, l2, l3, l4, l5, l6, l7, l8, l9];
 const SEED_PROMPT = "I love artificial intelligence"; // the seed note's own example
 let unregister = []; // the painters of the current run's lessons
-let lastError = null; // {key, vars} | {message}: repainted in the new language too
+let lastError = null; // the whole run's error (the server's words): repainted in the new language too
+// Each lesson's own error line, shown in that lesson (a lesson may move it beside the input it
+// answers) and cleared by that lesson's next success or the next run: {box, message} by lesson number.
+const lessonErrors = new Map();
+
+function errorBox(n) {
+  if (!lessonErrors.has(n)) {
+    const box = el("p", { class: "error lesson-error", role: "alert", "data-testid": "lesson-error", hidden: "" });
+    lessonErrors.set(n, { box, message: "" });
+  }
+  const entry = lessonErrors.get(n);
+  if (!entry.box.isConnected) { // first use, or the lesson's body was redrawn without it
+    const section = document.querySelector(`#l${n}`);
+    section.insertBefore(entry.box, section.querySelector(".lesson-body"));
+  }
+  return entry.box;
+}
 
 function paintError() {
   const box = $("#error");
-  if (!lastError) {
-    box.textContent = "";
-    box.hidden = true;
-    return;
+  box.textContent = lastError ? errorText(lastError) : "";
+  box.hidden = !lastError;
+  for (const { box: b, message } of lessonErrors.values()) {
+    b.textContent = message ? errorText(message) : "";
+    b.hidden = !message;
   }
-  const message = errorText(lastError.message);
-  box.textContent = lastError.lesson ? t("learn.lesson_failed", { lesson: t(`l${lastError.lesson}.h`), message }) : message;
-  box.hidden = false;
 }
 
+// A lesson's error goes to that lesson; an empty message clears it.
 function showError(message, lesson = null) {
-  lastError = message ? { message, lesson } : null;
+  if (lesson) {
+    errorBox(lesson);
+    lessonErrors.get(lesson).message = message || "";
+  } else {
+    lastError = message || null;
+  }
   paintError();
 }
 
@@ -57,7 +77,9 @@ async function runAll(models) {
   const dflt = models.find((m) => m.default && m.causal) || models.find((m) => m.causal) || models[0];
   for (const off of unregister) off();
   unregister = [];
-  showError("");
+  lastError = null;
+  for (const entry of lessonErrors.values()) entry.message = "";
+  paintError();
   delete document.querySelector(".lessons").dataset.measured;
   $("#busy").hidden = false;
   $("#run").disabled = true;
@@ -76,7 +98,7 @@ async function runAll(models) {
       const body = section.querySelector(".lesson-body");
       delete body.dataset.ready;
       const ctx = {
-        run, text, models, model: dflt, t, error: (message) => showError(message, n), paint: painter(n),
+        run, text, models, model: dflt, t, error: (message) => showError(message, n), errorBox: () => errorBox(n), paint: painter(n),
         later: (fn) => later.push(async () => {
           try {
             await fn();
@@ -130,6 +152,9 @@ async function init() {
     p.set("text", $("#prompt").value);
     history.replaceState(null, "", `${location.pathname}?${p}`);
     runAll(models);
+  });
+  $("#prompt").addEventListener("keydown", (ev) => { // Ctrl+Enter runs the prompt, as in the explorer
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey) && !$("#run").disabled) $("#run").click();
   });
   await runAll(models);
 }
