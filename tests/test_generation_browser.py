@@ -88,3 +88,37 @@ def test_a_finished_generation_logs_no_failed_request(page: object, base_url: st
     assert events.count("done") == 6
     page.wait_for_timeout(300)  # a cancelled request is reported just after its last byte
     assert failed == []
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_count_of_zero_minus_three_or_nothing_is_refused_at_the_box(page: object, base_url: str, lang: str) -> None:
+    """Generate with 0, -3 or an empty count generated 1 token without a word: now a note right under
+    the count box says what is wrong, in the page's language, and no generation starts."""
+    page.goto(f"{base_url}/?text=The%20cat%20sat%20on%20the%20mat.&lang={lang}")
+    page.wait_for_function(READY, timeout=60_000)
+    asked: list[str] = []
+    page.on("request", lambda r: "/api/generate" in r.url and asked.append(r.url))
+    count = page.get_by_test_id("generate-count")
+    note = page.get_by_test_id("generate-count-error")
+    for value in ["0", "-3", ""]:
+        count.fill(value)
+        page.get_by_test_id("generate-button").click()
+        note.wait_for()
+        said = note.text_content()
+        assert ("1 to 512" if lang == "en" else "1 到 512") in said, said
+        assert value in said
+        if lang == "zh":
+            assert "要生成多少" in said or "不是可以生成的" in said, said
+        assert count.get_attribute("aria-invalid") == "true"
+        box, at = count.bounding_box(), note.bounding_box()
+        assert 0 <= at["y"] - (box["y"] + box["height"]) < 40 and at["x"] <= box["x"], (box, at)  # under the box
+    page.wait_for_timeout(300)
+    assert asked == []
+    assert page.get_by_test_id("generate-status").is_hidden()
+    assert page.evaluate("() => document.body.dataset.busy") == ""
+    if lang == "en":  # the note follows a language switch
+        page.get_by_test_id("lang-switch").click()
+        page.wait_for_function("() => document.querySelector('[data-testid=generate-count-error]').textContent.includes('1 到 512')")
+    count.fill("2")  # a usable count clears it
+    assert note.is_hidden()
+    assert count.get_attribute("aria-invalid") == "false"

@@ -622,11 +622,15 @@ let lastGeneration = null; // the request body, so that "continue past end-of-te
 // becomes an ordinary run with a timeline, drawn in pieces (pause) with the page answering
 // between them.
 async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
+  const asked = genCount(); // 0, -3 or nothing: said under the box, and nothing starts
+  if (asked === null) {
+    $("#gen-count").focus();
+    return;
+  }
   if (text !== null) $("#prompt").value = text;
   if (!state.run || state.run.text !== $("#prompt").value || state.run.model !== $("#model-picker").value) await analyse();
   if (!state.run || !state.model.has_lm_head || current) return;
   const prompt = $("#prompt").value;
-  const asked = Math.max(1, Math.round(Number($("#gen-count").value) || 1));
   const body = { text: prompt, model: state.run.model, max_new_tokens: asked, temperature: Number($("#gen-temp").value),
                  top_k: 0, top_p: 1, seed: 0, stop_at_eos: stopAtEos, record: true, watch_layer: state.layer, watch_head: state.head };
   lastGeneration = body;
@@ -677,11 +681,8 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
         div.dataset.liveServerMs = serverMs.toFixed(1); // the server's own time for the steps (bench/browser.py)
       }
       if (ev.event === "run") runId = ev.data.run_id;
+      if (ev.event === "done") done = ev.data;
       schedule();
-      // the last event: stop reading here. Reading on to the body's end can beat the browser's own
-      // end-of-response notice, and Chromium then cancels the finished request (a failed
-      // /api/generate, net::ERR_ABORTED, in the console's network log)
-      if (ev.event === "done") { done = ev.data; break; }
     }
     cancelAnimationFrame(frame);
     clearTimeout(timer);
@@ -715,6 +716,27 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     }
     end(req);
   }
+}
+
+// Generate's count: a whole number from 1 to the box's max, or null and a note under the box
+// that says what is wrong (kept as a key, so that a language switch rewrites it).
+let countProblem = null;
+function genCount() {
+  const box = $("#gen-count");
+  const max = Number(box.max) || 512;
+  const raw = box.value.trim();
+  const n = Number(raw);
+  if (raw === "" || box.validity.badInput) countProblem = { key: "x.gen.count_empty", vars: { max } };
+  else countProblem = Number.isInteger(n) && n >= 1 && n <= max ? null : { key: "x.gen.count_bad", vars: { v: raw, max } };
+  showCountProblem();
+  return countProblem ? null : n;
+}
+
+function showCountProblem() {
+  const note = $("#gen-count-error");
+  note.textContent = countProblem ? t(countProblem.key, countProblem.vars) : "";
+  note.hidden = !countProblem;
+  $("#gen-count").setAttribute("aria-invalid", countProblem ? "true" : "false");
 }
 
 // The timeline's label at step k of its max: "after k of N generated tokens", or all of them.
@@ -795,6 +817,7 @@ async function repaint(fillModels) {
   markStale(staleRun);
   busy(current);
   if (lastStatus) showStatus(lastStatus.key, lastStatus.vars, lastStatus.offerContinue);
+  showCountProblem();
   tools.labels();
   if (!state.run) return;
   fillSelect($("#layer-picker"), state.run.n_layers, "common.layer", state.layer);
@@ -867,6 +890,7 @@ async function init() {
   $("#grid-png").addEventListener("click", safely(() => grid.exportImage("png").then((blob) => download("attnscope-heads.png", blob))));
   $("#grid-svg").addEventListener("click", safely(() => grid.exportImage("svg").then((blob) => download("attnscope-heads.svg", blob))));
   $("#generate").addEventListener("click", () => generateAndRecord());
+  $("#gen-count").addEventListener("input", () => { if (countProblem) genCount(); }); // a fixed count clears the note
   $("#gen-continue").addEventListener("click", () => lastGeneration && generateAndRecord({ stopAtEos: false, text: lastGeneration.text }));
   $("#timeline").addEventListener("input", safely((ev) => showStep(Number(ev.target.value))));
   $("#zoom-apply").addEventListener("click", safely(zoom));
