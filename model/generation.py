@@ -57,6 +57,15 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return out
 
 
+def sampling_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """(V,) -> (V,) float64 softmax(logits / temperature) after the top-k / nucleus filter, valid for
+    any temperature > 0: the largest logit is subtracted *before* dividing, so every scaled logit is
+    <= 0 and the largest is exactly 0 (a temperature of 1e-39 sends the rest to -inf, i.e. greedy,
+    where dividing first overflowed float32 to inf - inf = NaN)."""
+    scaled = (logits.double() - logits.max().double()) / p.temperature  # (V,) float64, max 0
+    return filter_logits(scaled, p.top_k, p.top_p).softmax(-1)
+
+
 class GenerationSession:
     """Holds the KV cache between steps. Each step takes the model's lock itself."""
 
@@ -112,11 +121,14 @@ class GenerationSession:
         # the first step is the prefill: the whole prompt in one parallel pass
         logits = self._forward(self.ids if self.cache is None else self.ids[-1:])
         p = self.params
+        if not bool(torch.isfinite(logits).any()) or bool(logits.isnan().any()):
+            raise ValueError(f"the model's next-token scores at step {self.steps} are not numbers (NaN or all "
+                             "-inf): the model or its weights are broken")
         if p.temperature <= 0:
             choice = int(logits.argmax())
             prob = 1.0
         else:
-            dist = filter_logits(logits / p.temperature, p.top_k, p.top_p).softmax(-1)
+            dist = sampling_distribution(logits, p)
             choice = int(torch.multinomial(dist, 1, generator=self.generator))
             prob = float(dist[choice])
         natural = logits.softmax(-1)

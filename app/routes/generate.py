@@ -6,15 +6,18 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator
+from contextlib import ExitStack
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import EngineDep, GateDep, SettingsDep
+from app.errors import STATUS
 from app.routes.runs import DEFAULT_TOP_K
 from app.schemas import ErrorOut, GenerateRequest
-from model.errors import BadInput
+from model.errors import BadInput, EngineError
 from model.generation import GenerationSession, SamplingParams
 from model.tokens import ids_tensor
 
@@ -36,6 +39,12 @@ the whole prompt). A final `done` event: `{"text", "n_new", "stop", "total_ms"}`
 (`max_new_tokens` reached). A client that disconnects stops generation at once (logged
 as stop `"client"`; no `done` event can reach it).
 
+Everything that can be refused is refused before the stream starts, with an ordinary JSON error
+(422 bad input, 413 a recording that could never be kept, 503 with Retry-After when too many
+requests wait for the model). What fails after the stream started ends it with an `error` event
+instead of `done`: `{"message", "status", "n_new"}` (`status` what the same failure would have
+answered before the stream, `n_new` the tokens already sent).
+
 With `"record": true` every step's activations are kept; token events then carry `rows`
 (the new attention rows of `watch_layer`/`watch_head`, when given: the prefill's rows for
 the prompt, then one row per fed token), and a `run` event before `done` gives the
@@ -44,6 +53,16 @@ the prompt, then one row per fed token), and a `run` event before `done` gives t
 
 def sse(event: str, data: dict[str, object]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def failure(exc: Exception, sent: int) -> dict[str, object]:
+    """The ``error`` event for a failure after the stream started: the engine's own words where it
+    raised one of its errors, else a line that points to the server's log."""
+    if isinstance(exc, EngineError):
+        status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 400)
+        return {"message": str(exc), "status": status, "n_new": sent}
+    log.error("generation failed after %d tokens", sent, exc_info=exc)
+    return {"message": f"generation failed after {sent} tokens: {exc}", "status": 500, "n_new": sent}
 
 
 @router.post("/generate", responses={200: {"content": {"text/event-stream": {}}, "description": SSE_DOC},
@@ -75,36 +94,50 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
         engine.admit(lm, len(tokens) + body.max_new_tokens, DEFAULT_TOP_K)
     params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
                             top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop_at_eos=body.stop_at_eos)
-    session = GenerationSession(lm, ids_tensor(tokens), params, record=body.record)
+    admission = ExitStack()  # closed once, by whichever comes first: the stream's end or the response's
+    admission.enter_context(gate.enter(lm.info.name))  # too many waiting: 503 + Retry-After now, not after the 200
+    try:
+        session = GenerationSession(lm, ids_tensor(tokens), params, record=body.record)
+    except BaseException:
+        admission.close()
+        raise
 
-    async def events() -> AsyncIterator[str]:
+    async def steps() -> AsyncIterator[str]:
         start = time.perf_counter()
-        with gate.enter(lm.info.name):
-            while not session.done:
-                if await request.is_disconnected():
-                    log.info("generation stopped (stop: client): the client went away after %d tokens", session.steps)
-                    return
-                step = await run_in_threadpool(session.step)
-                event = {"step": step.index, "id": step.id, "token": step.token, "text": step.text,
-                         "special": step.special, "partial": step.partial, "prob": step.prob,
-                         "model_prob": step.model_prob,
-                         "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top], "ms": step.ms}
-                if watch and session.recorder is not None:
-                    event["rows"] = session.recorder.new_rows(*watch)
-                yield sse("token", event)
-            text = session.finish_text()
-            if session.recorder is not None:
-                acts = await run_in_threadpool(session.finish_recording)
-                new = session.ids[len(tokens):].tolist()
-                result = await run_in_threadpool(engine.store_generation, lm, body.text, tokens, new, acts)
-                if watch:
-                    yield sse("rows", {"rows": session.recorder.new_rows(*watch)})
-                yield sse("run", {"run_id": result.run_id, "n": result.cache.n})
+        while not session.done:
+            if await request.is_disconnected():
+                log.info("generation stopped (stop: client): the client went away after %d tokens", session.steps)
+                return
+            step = await run_in_threadpool(session.step)
+            event = {"step": step.index, "id": step.id, "token": step.token, "text": step.text,
+                     "special": step.special, "partial": step.partial, "prob": step.prob,
+                     "model_prob": step.model_prob,
+                     "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top], "ms": step.ms}
+            if watch and session.recorder is not None:
+                event["rows"] = session.recorder.new_rows(*watch)
+            yield sse("token", event)
+        text = session.finish_text()
+        if session.recorder is not None:
+            acts = await run_in_threadpool(session.finish_recording)
+            new = session.ids[len(tokens):].tolist()
+            result = await run_in_threadpool(engine.store_generation, lm, body.text, tokens, new, acts)
+            if watch:
+                yield sse("rows", {"rows": session.recorder.new_rows(*watch)})
+            yield sse("run", {"run_id": result.run_id, "n": result.cache.n})
         new_ids = session.ids[len(tokens):].tolist()
         yield sse("done", {"text": text, "n_new": len(new_ids), "stop": session.stop_reason,
                            "total_ms": 1e3 * (time.perf_counter() - start)})
 
+    async def events() -> AsyncIterator[str]:
+        try:
+            async for chunk in steps():
+                yield chunk
+        except Exception as exc:  # noqa: BLE001 - the status is sent already: the stream ends with the reason
+            yield sse("error", failure(exc, session.steps))
+        finally:
+            admission.close()
+
     # no-cache, not no-store: Chromium cancels a no-store response read through a stream reader even
     # after its last byte (a failed /api/generate, net::ERR_ABORTED, after every finished generation)
-    return StreamingResponse(events(), media_type="text/event-stream",
+    return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(admission.close),
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
