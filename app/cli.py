@@ -74,7 +74,12 @@ def _serve(args: argparse.Namespace) -> int:
     url = f"http://{settings.host}:{settings.port}/"
     sys.stdout.write(f"attnscope: serving {engine.default} at {url}\n")
     sys.stdout.flush()
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower())
+    if settings.host.strip("[]") in ("0.0.0.0", "::") and not settings.allowed_hosts:
+        log.warning("listening on every interface, but answering only to localhost, 127.0.0.1 and [::1]: set "
+                    "ATTNSCOPE_ALLOWED_HOSTS to the names clients use to reach this machine")
+    # no "server: uvicorn" header: nothing tells a client which server software (and version) answers
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
+                server_header=False)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -10,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.middleware import BodyTooLarge
 from model.errors import (
     AttentionUnavailable,
     BadInput,
@@ -49,10 +51,26 @@ def _path(loc: list[Any]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
 
 
+NUMBER_TYPES = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false"}
+
+
+def _wrong_json_type(kind: str, value: object) -> str | None:
+    """Strict request fields: say what came instead of a JSON number (or boolean)."""
+    if kind not in NUMBER_TYPES or not isinstance(value, (bool, str)):
+        return None
+    sent = f"the string {json.dumps(value[:40])}" if isinstance(value, str) else json.dumps(value)
+    unquoted = " (without quotes)" if isinstance(value, str) and kind != "bool_type" else ""
+    return f"must be {NUMBER_TYPES[kind]}{unquoted}, not {sent}"
+
+
 def _describe(error: dict[str, Any]) -> str:
     """One validation error in words a person reads: where (``heads[0][1]``, query parameters by name) and what."""
     loc = [p for p in error.get("loc", ()) if p not in ("body", "query", "path")]
     kind = str(error.get("type", ""))
+    in_body = tuple(error.get("loc", ()))[:1] == ("body",)
+    wrong = _wrong_json_type(kind, error.get("input")) if in_body else None
+    if wrong is not None:
+        return f"{_path(loc) or 'body'}: {wrong}"
     if kind == "json_invalid":
         at = f" (at character {loc[-1]})" if loc and isinstance(loc[-1], int) else ""
         return f"the request body is not valid JSON{at}"
@@ -83,13 +101,30 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [
-            {k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in exc.errors()
-        ]
-        message = "; ".join(_describe(e) for e in errors) or "invalid request"
+        full = list(exc.errors())
+        errors = [{k: v for k, v in e.items() if k in ("loc", "msg", "type")} for e in full]
+        message = "; ".join(_describe(e) for e in full) or "invalid request"
         return JSONResponse(error_body(errors, message), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        unreadable = _unreadable_body(exc.__cause__)
+        if unreadable is not None:  # FastAPI's "There was an error parsing the body", said precisely
+            status, message = unreadable
+            return JSONResponse(error_body(message, message), status_code=status)
         return JSONResponse(error_body(exc.detail, str(exc.detail)), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
+
+
+def _unreadable_body(cause: BaseException | None) -> tuple[int, str] | None:
+    """Why a request body could not be read, when FastAPI's body parsing failed on it."""
+    if isinstance(cause, BodyTooLarge):  # a chunked body (no Content-Length) streamed past the limit
+        return 413, str(cause)
+    if isinstance(cause, UnicodeDecodeError):
+        byte = cause.object[cause.start:cause.start + 1].hex()
+        return 400, (f"the request body is not valid UTF-8 (byte 0x{byte} at offset {cause.start}): send JSON "
+                     "encoded as UTF-8")
+    if isinstance(cause, RecursionError):
+        return 400, ("the request body's JSON is nested too deeply to read (arrays or objects inside each "
+                     "other hundreds of levels deep); no request of this API needs more than a few levels")
+    return None

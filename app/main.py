@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
@@ -15,8 +16,9 @@ from fastapi.staticfiles import StaticFiles
 
 from app import errors
 from app.gate import Gate
-from app.middleware import BodyLimit, SecurityHeaders
+from app.middleware import AllowedHosts, BodyLimit, SecurityHeaders, Utf8Json
 from app.routes import generate, interventions, learn, models, pages, runs
+from app.schemas import ErrorOut
 from app.settings import Settings
 from model.cache import RunStore
 from model.engine import Engine
@@ -29,7 +31,55 @@ STATIC = Path(__file__).resolve().parents[1] / "static"
 DESCRIPTION = """Look inside a decoder-only transformer. `POST /api/runs` runs the model once over
 a prompt and keeps every activation server-side under a run id; the other endpoints hand
 out slices of that run (attention per head or layer, the residual stream, the logit lens).
-Activations are named after TransformerLens (`blocks.{i}.attn.hook_pattern`, ...)."""
+Activations are named after TransformerLens (`blocks.{i}.attn.hook_pattern`, ...).
+
+**Try it out:** every request body is prefilled with an example the bundled model answers. Endpoints
+under `/api/runs/{run_id}/...` need a run: run `POST /api/runs` first and paste its `run_id`.
+Errors are JSON `{"detail", "message"}`, `message` one line for a person."""
+
+RUN_ID_DOC = ("a run's id, from the `run_id` of POST /api/runs (create a run first; runs are kept in memory, "
+              "least recently used out: 404 says whether it expired)")
+
+
+def error_responses(settings: Settings) -> dict[int | str, dict[str, Any]]:
+    """The errors any request may get, documented once for every operation."""
+    return {
+        400: {"model": ErrorOut, "description": "A Host header this server does not answer to (localhost, "
+              "127.0.0.1, [::1], the bound address and ATTNSCOPE_ALLOWED_HOSTS), or a body that cannot be read: "
+              "not UTF-8, or JSON nested too deeply"},
+        413: {"model": ErrorOut, "description": f"A request body over {settings.max_body_bytes:,} bytes "
+              "(ATTNSCOPE_MAX_BODY_BYTES), with or without Content-Length; for an analyse (or a recorded "
+              "generation), a run that could not be kept under ATTNSCOPE_CACHE_BYTES or a forward that needs more "
+              "than ATTNSCOPE_FORWARD_BYTES, refused before its forward"},
+        415: {"model": ErrorOut, "description": "A JSON body declared in a charset other than UTF-8"},
+        503: {"model": ErrorOut, "description": "The model is not loaded yet, or too many requests wait for it "
+              f"(more than {settings.queue_length}, ATTNSCOPE_QUEUE_LENGTH): retry after Retry-After seconds"},
+    }
+
+
+def _cap(node: dict[str, Any], maximum: int) -> None:
+    """Set an integer schema's maximum (in ``anyOf`` too: an optional integer)."""
+    for branch in node.get("anyOf", [node]):
+        if branch.get("type") == "integer":
+            branch["maximum"] = maximum
+
+
+def state_limits(schema: dict[str, Any], settings: Settings) -> None:
+    """Write this server's configured limits into its OpenAPI document, where the static schemas can only
+    name the setting: top_k at most ATTNSCOPE_MAX_TOP_K, max_new_tokens at most ATTNSCOPE_MAX_NEW_TOKENS;
+    and say on every ``run_id`` where a run id comes from."""
+    components = schema.get("components", {}).get("schemas", {})
+    if "RunRequest" in components:
+        _cap(components["RunRequest"]["properties"]["top_k"], settings.max_top_k)
+    if "GenerateRequest" in components:
+        _cap(components["GenerateRequest"]["properties"]["max_new_tokens"], settings.max_new_tokens)
+    for path, operations in schema.get("paths", {}).items():
+        for operation in operations.values():
+            for parameter in operation.get("parameters", []):
+                if parameter["name"] == "run_id" and parameter["in"] == "path":
+                    parameter.setdefault("description", RUN_ID_DOC)
+                if path == "/api/runs/{run_id}/next" and parameter["name"] == "top_k":
+                    _cap(parameter["schema"], settings.max_top_k)
 
 
 def build_engine(settings: Settings) -> Engine:
@@ -61,7 +111,17 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.state.engine = None
 
     app = FastAPI(title="attnscope", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
-                  docs_url=None, redoc_url=None)
+                  docs_url=None, redoc_url=None, responses=error_responses(settings))
+    generated = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = generated()  # kept in app.openapi_schema: the limits are written once
+        state_limits(schema, settings)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     app.state.settings = settings
     app.state.engine = engine  # a prebuilt engine serves at once; otherwise the lifespan loads it
     app.state.gate = Gate(settings.queue_length)
@@ -77,6 +137,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     if settings.cors_origins:
         app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["content-type"])
+    app.add_middleware(Utf8Json)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(SecurityHeaders)
+    app.add_middleware(AllowedHosts, bound=settings.host, allowed=settings.allowed_hosts)  # before anything else
+    app.add_middleware(SecurityHeaders)  # outermost: every answer has the headers, refusals too
     return app

@@ -1,8 +1,10 @@
-"""ASGI middleware: request-body size limit and security headers."""
+"""ASGI middleware: allowed Host names, request-body size limit and charset, security headers."""
 
 from __future__ import annotations
 
+import email.message
 import json
+from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -49,19 +51,109 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+async def send_error(send: Send, status: int, message: str) -> None:
+    """A JSON error in the shape every other error has (``{"detail", "message"}``)."""
+    body = json.dumps({"detail": message, "message": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+WILDCARD_BINDS = ("", "0.0.0.0", "::", "[::]")
+
+
+def host_name(header: str) -> str:
+    """The name of a Host header, without its port, lower case: ``[::1]:8000`` -> ``[::1]``."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[: header.find("]") + 1] if "]" in header else header
+    name, colon, port = header.rpartition(":")
+    return name if colon and port.isdigit() else header
+
+
+class AllowedHosts:
+    """Answer 400 unless the Host header names this server: loopback names, the address it is bound
+    to, and the configured ones (``*`` allows any, ``*.example.org`` any subdomain). A page that
+    rebinds its own DNS name to 127.0.0.1 sends its own name as Host, and is refused (DNS rebinding)."""
+
+    def __init__(self, app: ASGIApp, bound: str, allowed: Iterable[str]) -> None:
+        self.app = app
+        names = [name.strip().lower() for name in allowed if name.strip()]
+        self.any = "*" in names
+        bound = bound.strip().lower()
+        if bound not in WILDCARD_BINDS:
+            names.append(f"[{bound}]" if ":" in bound and not bound.startswith("[") else bound)
+        self.exact = set(LOOPBACK_HOSTS) | {n for n in names if not n.startswith("*.")}
+        self.suffixes = tuple(n[1:] for n in names if n.startswith("*."))  # ".example.org"
+
+    def allows(self, header: str | None) -> bool:
+        if self.any:
+            return True
+        name = host_name(header or "")
+        return name in self.exact or (bool(name) and name.endswith(self.suffixes) and bool(self.suffixes))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        header = _header(scope, b"host")
+        if self.allows(header):
+            await self.app(scope, receive, send)
+            return
+        shown = "no Host header" if header is None else f"the Host header {header[:200]!r}"
+        await send_error(send, 400, f"this server does not answer to {shown}: it answers to "
+                                    f"{', '.join(sorted(self.exact))}; to reach it by another name, add that "
+                                    "name to ATTNSCOPE_ALLOWED_HOSTS")
+
+
+class Utf8Json:
+    """Answer 415 for a JSON body declared in a charset other than UTF-8: JSON is UTF-8 (RFC 8259), and a
+    Latin-1 body read as UTF-8 would be mangled or refused with a vaguer message."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        content_type = _header(scope, b"content-type") if scope["type"] == "http" else None
+        if content_type:
+            parsed = email.message.Message()
+            parsed["content-type"] = content_type
+            charset = parsed.get_param("charset")
+            subtype = parsed.get_content_subtype()
+            if (parsed.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+                    and isinstance(charset, str) and charset.strip().lower() not in ("utf-8", "utf8")):
+                await send_error(send, 415, f"the request body is declared as charset={charset[:40]}; send JSON "
+                                            "encoded as UTF-8 (Content-Type: application/json, or with "
+                                            "charset=utf-8)")
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    """Raised from ``receive`` when a body streams past the limit; the error handlers answer 413 with it."""
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"request body is larger than the limit of {max_bytes:,} bytes (ATTNSCOPE_MAX_BODY_BYTES)")
+
+
 class BodyLimit:
-    """Answer 413 for bodies over ``max_bytes``, by Content-Length or as they stream in."""
+    """Answer 413 for bodies over ``max_bytes``, by Content-Length or as they stream in (chunked, no
+    Content-Length): the same answer either way."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
         self.max_bytes = max_bytes
 
     async def _reject(self, send: Send) -> None:
-        msg = f"request body is larger than the limit of {self.max_bytes} bytes"
-        body = json.dumps({"detail": msg, "message": msg}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, str(BodyTooLarge(self.max_bytes)))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -85,7 +177,7 @@ class BodyLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    raise BodyTooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -96,10 +188,6 @@ class BodyLimit:
 
         try:
             await self.app(scope, limited_receive, tracking_send)
-        except _TooLarge:
+        except BodyTooLarge:  # read outside FastAPI's body parsing (which turns it into this 413 itself)
             if not started:
                 await self._reject(send)
-
-
-class _TooLarge(Exception):
-    pass

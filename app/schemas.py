@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import Strict as StrictType
 
 from model.analysis import INDUCTION_NEAR, INDUCTION_RULE
 
 PositionEncoding = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
+
+
+# request numbers are JSON numbers: true/false or "5" for an integer (or a number) is refused with 422, not
+# read as 1/0 or 5. Request models hold lists of [layer, head] tuples, which a model-wide strict mode would
+# refuse as JSON arrays: the strictness is per field.
+StrictFloat = Annotated[float, StrictType()]  # an integer is still a number: 1 reads as 1.0
+MAX_TOP_K_SETTING = 10_000  # ATTNSCOPE_MAX_TOP_K's own upper bound; the OpenAPI document states the server's value
 
 
 class Strict(BaseModel):
@@ -71,19 +79,26 @@ def _text_not_blank(value: str) -> str:
 
 class ChatMessage(Strict):
     role: str = Field(min_length=1, max_length=32, description="system, user, assistant, ...", examples=["user"])
-    content: str = Field(max_length=1_000_000)
+    content: str = Field(max_length=1_000_000, examples=["What is attention?"])
 
 
 class RunRequest(Strict):
-    text: str | None = Field(None, description="the prompt; any Unicode", examples=["I love artificial intelligence"])
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"text": "The cat sat on the mat. The cat sat on the", "top_k": 5}]})
+
+    text: str | None = Field(None, description="the prompt; any Unicode; at most the server's ATTNSCOPE_MAX_TOKENS "
+                             "tokens (32,768 unless configured) and the model's own limit (`max_tokens` in GET "
+                             "/api/models); a run too large to keep answers 413 before its forward",
+                             examples=["The cat sat on the mat. The cat sat on the"])
     messages: list[ChatMessage] | None = Field(
         None, min_length=1, max_length=1000,
         description="instead of text: a chat, rendered with the model's chat template (with the generation "
                     "prompt); its special tokens are marked in the run's tokens. 422 when the model has no template")
     model: str | None = Field(None, description="a configured model name (GET /api/models); default if omitted")
-    top_k: int | None = Field(None, ge=1, description="next-token candidates kept per position: at most the "
-                              "server's ATTNSCOPE_MAX_TOP_K (100 unless configured); default 10, or that "
-                              "limit if lower")
+    top_k: StrictInt | None = Field(None, ge=1, le=MAX_TOP_K_SETTING,
+                                    description="next-token candidates kept per position: at most the "
+                                    "server's ATTNSCOPE_MAX_TOP_K (100 unless configured; past it, 422); default "
+                                    "10, or that limit if lower", examples=[5])
 
     @field_validator("text")
     @classmethod
@@ -266,21 +281,26 @@ class LogitLensOut(BaseModel):
 
 
 class GenerateRequest(Strict):
-    text: str
-    model: str | None = None
-    max_new_tokens: int = Field(32, ge=1, description="at most the server's ATTNSCOPE_MAX_NEW_TOKENS (512 unless "
-                                                      "configured), and prompt + new tokens within the model's limit")
-    temperature: float = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
-    top_k: int = Field(0, ge=0, le=100_000, description="0 = no top-k filter")
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int = Field(0, ge=0, le=2**63 - 1)
-    stop_at_eos: bool = Field(True, description="stop when the model writes end-of-text (`done.stop` is then "
-                                                "\"eos\"); false: go on past it until max_new_tokens")
-    record: bool = Field(False, description="keep every step's activations; a final `run` event names the run "
-                                            "over prompt + generated text")
-    watch_layer: int | None = Field(None, ge=0, le=10_000,
-                                    description="with record: send this head's new attention rows in each event")
-    watch_head: int | None = Field(None, ge=0, le=10_000)
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"text": "The cat sat on the mat. The cat sat on the", "max_new_tokens": 8, "temperature": 0.0}]})
+
+    text: str = Field(examples=["The cat sat on the mat. The cat sat on the"])
+    model: str | None = Field(None, description="a configured model name (GET /api/models); default if omitted")
+    max_new_tokens: StrictInt = Field(32, ge=1, description="at most the server's ATTNSCOPE_MAX_NEW_TOKENS (512 "
+                                      "unless configured; past it, 422), and prompt + new tokens within the "
+                                      "model's limit", examples=[8])
+    temperature: StrictFloat = Field(1.0, ge=0.0, le=10.0, description="0 = greedy")
+    top_k: StrictInt = Field(0, ge=0, le=100_000, description="0 = no top-k filter")
+    top_p: StrictFloat = Field(1.0, gt=0.0, le=1.0)
+    seed: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    stop_at_eos: StrictBool = Field(True, description="stop when the model writes end-of-text (`done.stop` is then "
+                                                      "\"eos\"); false: go on past it until max_new_tokens")
+    record: StrictBool = Field(False, description="keep every step's activations; a final `run` event names the "
+                                                  "run over prompt + generated text")
+    watch_layer: StrictInt | None = Field(None, ge=0, le=10_000,
+                                          description="with record: send this head's new attention rows in each "
+                                                      "event")
+    watch_head: StrictInt | None = Field(None, ge=0, le=10_000)
 
     _check_text = field_validator("text")(_text_not_blank)
 
@@ -381,12 +401,15 @@ class PositionsOut(BaseModel):
 
 
 class TimingRequest(Strict):
-    text: str
-    model: str | None = None
-    repeat_to: int | None = Field(None, ge=1, le=64,
-                                  description="repeat the prompt's tokens to this many (a longer text to time)")
-    repeats: int = Field(5, ge=1, le=9,
-                         description="timed repeats of each mode; the per-step times are their medians")
+    model_config = ConfigDict(json_schema_extra={"examples": [{"text": "The cat sat on the mat", "repeats": 3}]})
+
+    text: str = Field(description="the prompt: at most 64 tokens (the uncached serial run grows with the square "
+                                  "of the length; past it, 422)", examples=["The cat sat on the mat"])
+    model: str | None = Field(None, description="a configured model with an LM head; default if omitted")
+    repeat_to: StrictInt | None = Field(None, ge=1, le=64,
+                                        description="repeat the prompt's tokens to this many (a longer text to time)")
+    repeats: StrictInt = Field(5, ge=1, le=9,
+                               description="timed repeats of each mode; the per-step times are their medians")
 
     _check_text = field_validator("text")(_text_not_blank)
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import json
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model.loading import Placement
 
@@ -65,8 +66,22 @@ class Settings(BaseSettings):
     port: int = Field(8000, ge=1, le=65535)
     # origins allowed by CORS; empty = no CORS headers at all
     cors_origins: list[str] = Field(default_factory=list)
+    # Host names the server answers to besides localhost, 127.0.0.1, [::1] and `host` (the bound address):
+    # a comma list (ATTNSCOPE_ALLOWED_HOSTS=attnscope.example.org,*.lab.example), "*" for any. Other Host
+    # headers get 400, so that a web page which rebinds its DNS name to this machine cannot drive it
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # `attnscope serve`'s log level (the app's loggers and uvicorn's); any case
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @field_validator("allowed_hosts", mode="before")
+    @classmethod
+    def _comma_list(cls, value: object) -> object:
+        if isinstance(value, str):  # from the environment: a comma list (or a JSON list)
+            text = value.strip()
+            if text.startswith('["') or text == "[]":
+                return json.loads(text)
+            return [h.strip() for h in text.split(",") if h.strip()]  # "[::1]" is a host, not JSON
+        return value
 
     @field_validator("log_level", mode="before")
     @classmethod

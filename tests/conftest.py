@@ -29,6 +29,10 @@ from model.engine import Engine
 from model.loading import BUNDLED_DIR, LoadedModel, load_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# TestClient sends "Host: testserver"; the app answers only to the host names it is configured for
+# (app.middleware.AllowedHosts: loopback names, the bound address, ATTNSCOPE_ALLOWED_HOSTS), so the tests
+# name theirs as a deployment would. Servers on sockets (tests/servers.py) are reached as 127.0.0.1.
+os.environ["ATTNSCOPE_ALLOWED_HOSTS"] = "testserver"
 torch.manual_seed(0)
 
 BUNDLED = BUNDLED_DIR / "attnscope-tiny"

@@ -65,6 +65,13 @@ def test_serve_prints_url_and_answers(tiny_dirs: dict[str, Path]) -> None:
         assert f"http://127.0.0.1:{port}/" in line
         models = _models_when_up(port)
         assert models[0]["name"] == "tiny" and models[0]["default"]
+        r = httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=30)
+        assert r.status_code == 200 and "server" not in r.headers  # no "server: uvicorn"
+        local = httpx.get(f"http://localhost:{port}/api/health", timeout=30)
+        assert local.status_code == 200
+        rebound = httpx.get(f"http://127.0.0.1:{port}/api/health", headers={"host": f"evil.example:{port}"}, timeout=30)
+        assert rebound.status_code == 400 and "server" not in rebound.headers
+        assert "ATTNSCOPE_ALLOWED_HOSTS" in rebound.json()["message"]
     finally:
         proc.terminate()
         proc.wait(timeout=30)

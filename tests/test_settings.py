@@ -144,5 +144,23 @@ def test_serve_reads_host_port_log_level_and_tune_malloc(tiny_dirs: dict[str, Pa
     finally:
         logging.getLogger().setLevel(level)
     assert (served["host"], served["port"], served["log_level"]) == ("127.0.0.2", 8123, "warning")
+    assert served["server_header"] is False  # no "server: uvicorn" header
     assert tuned == ([True] if tune else [])
     assert served["app"].state.settings.default_model == "a"
+
+
+@pytest.mark.parametrize(("value", "hosts"), [("attnscope.example.org, *.lab.example", ["attnscope.example.org", "*.lab.example"]),
+                                              ("[::1],box.local", ["[::1]", "box.local"]), ("*", ["*"]), ("", []),
+                                              ('["a.example", "b.example"]', ["a.example", "b.example"])])
+def test_allowed_hosts_from_the_environment(monkeypatch: pytest.MonkeyPatch, value: str, hosts: list[str]) -> None:
+    monkeypatch.setenv("ATTNSCOPE_ALLOWED_HOSTS", value)
+    assert Settings().allowed_hosts == hosts
+
+
+def test_allowed_hosts_are_answered(tiny_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ATTNSCOPE_ALLOWED_HOSTS", "attnscope.example.org")
+    with app_client(tiny_dirs) as client:
+        assert client.get("/api/health", headers={"host": "attnscope.example.org"}).status_code == 200
+        assert client.get("/api/health", headers={"host": "127.0.0.1:8000"}).status_code == 200
+        refused = client.get("/api/health")  # TestClient's own "testserver" is not named any more
+        assert refused.status_code == 400 and "'testserver'" in refused.json()["message"]

@@ -69,7 +69,9 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
 
 
 @router.post("/runs/{run_id}/ablate", response_model=AblateOut, responses=ERRORS,
-             summary="Run the prompt again with some heads' outputs zeroed or replaced by their mean")
+             summary="Run the prompt again with some heads' outputs zeroed or replaced by their mean",
+             description="Needs a run: create one with POST /api/runs and use its `run_id`. The example "
+                         "ablates layer 4 head 0, the bundled model's induction head.")
 def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -> AblateOut:
     cache = engine.run(run_id)
     lm = engine.model(cache.model)
@@ -90,7 +92,9 @@ def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -
 
 @router.post("/runs/{run_id}/ablate/scan", response_model=ScanOut, responses=ERRORS,
              summary="Ablate every head (and every MLP) alone: the change of ln p(token) at one position",
-             description="Batched: many ablations per forward, over the prefix the position sees.")
+             description="Batched: many ablations per forward, over the prefix the position sees. Needs a run: "
+                         "create one with POST /api/runs and use its `run_id`; `position` is one of its "
+                         "positions.")
 def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep) -> ScanOut:
     cache = engine.run(run_id)
     lm = engine.model(cache.model)

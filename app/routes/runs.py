@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 from app.deps import EngineDep, GateDep, SettingsDep, TilesDep
 from app.encoding import f32_base64, f32_le, rows, sqrt_u8
 from app.schemas import (
+    MAX_TOP_K_SETTING,
     AttentionOut,
     AttentionTileOut,
     ErrorOut,
@@ -252,7 +253,8 @@ def _tile_response(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int
 @router.get(
     "/runs/{run_id}/attention",
     response_model=AttentionOut | LayerAttentionOut | AttentionTileOut,
-    responses={**ERRORS, 200: {"content": {"application/octet-stream": {}},
+    responses={**ERRORS, 200: {"content": {"application/octet-stream": {"schema": {"type": "string",
+                                                                                   "format": "binary"}}},
                                "description": "JSON rows or a JSON tile, or bytes with format=bin / f32"}},
     summary="Attention of one head, or of all heads of one layer: whole, or as a tile",
     description=BINARY_DOC + TILE_DOC,
@@ -347,8 +349,10 @@ def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
 def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                position: Annotated[int, Query(ge=-(2**31), le=2**31)],
                temperature: Annotated[float, Query(gt=0, le=100)] = 1.0,
-               top_k: Annotated[int | None, Query(ge=1, description="default 10, or the server's limit if "
-                                                     "lower")] = None) -> NextOut:
+               top_k: Annotated[int | None, Query(ge=1, le=MAX_TOP_K_SETTING,
+                                                  description="at most the server's ATTNSCOPE_MAX_TOP_K (100 "
+                                                  "unless configured; past it, 422); default 10, or that limit "
+                                                  "if lower")] = None) -> NextOut:
     if not math.isfinite(temperature):
         raise BadInput("temperature must be a finite number")
     k = checked_top_k(top_k, settings)
@@ -357,7 +361,12 @@ def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                                   from_attributes=True)
 
 
-@router.get("/runs/{run_id}/export", responses=ERRORS,
+@router.get("/runs/{run_id}/export",
+            responses={**ERRORS, 200: {"description": "format=json: the run as JSON (attnscope-run/2); "
+                                       "format=safetensors: bytes",
+                                       "content": {"application/json": {"schema": {"type": "object"}},
+                                                   "application/octet-stream": {"schema": {"type": "string",
+                                                                                           "format": "binary"}}}}},
             summary="The whole run as one file: JSON with every head's rows (short runs), or what the run keeps "
                     "(safetensors)",
             description="`format=json` (default): summary, model, text and every head's attention; attention "
