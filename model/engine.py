@@ -21,6 +21,7 @@ from model import analysis, probes
 from model.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
 from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
+from model.generation import tempered_logits
 from model.hooks import RESIDUAL, Captures, run_with_cache
 from model.late_scores import PendingScores, ScoreWorker
 from model.loading import LMHead, LoadedModel
@@ -243,21 +244,24 @@ class Engine:
         if not 0 <= position < cache.n:
             raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
         with lm.lock, torch.inference_mode():
-            logits = head.logits(cache.resid[-1][position])  # (V,) float32
-        logp = (logits / temperature).log_softmax(-1)  # (V,)
+            logits = head.logits(cache.resid[-1][position]).double()  # (V,)
+        logp = tempered_logits(logits, temperature).log_softmax(-1)  # (V,) float64, any temperature > 0
         probs = logp.exp()
-        top = probs.topk(min(top_k, probs.shape[-1]))
+        # ranked by the logits, which every temperature keeps in order: where a tiny temperature leaves
+        # all but one probability 0, the ties at 0 are not ranked by their ids
+        top = logits.topk(min(top_k, logits.shape[-1]))
         ids: list[int] = top.indices.tolist()
         nxt = int(cache.input_ids[position + 1]) if position + 1 < cache.n else None
         strings = token_map(lm.tokenizer, ids if nxt is None else [*ids, nxt])
         actual = None
         if nxt is not None:
             actual = ActualNext(id=nxt, token=strings[nxt], prob=float(probs[nxt]),
-                                rank=int((probs > probs[nxt]).sum()) + 1)
+                                rank=int((logits > logits[nxt]).sum()) + 1)
+        entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum()  # 0 log 0 = 0
         return NextDistribution(
             position=position, temperature=temperature,
-            top=[TokenProb(id=i, token=strings[i], prob=p) for i, p in zip(ids, top.values.tolist(), strict=True)],
-            actual_next=actual, entropy=float(-(probs * logp).sum()))
+            top=[TokenProb(id=i, token=strings[i], prob=float(probs[i])) for i in ids],
+            actual_next=actual, entropy=max(float(entropy), 0.0))
 
     def logit_lens(self, cache: ActivationCache, top_k: int) -> LogitLens:
         lm, head = self._decoder(cache, "logit lens")

@@ -57,13 +57,17 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return out
 
 
-def sampling_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """(V,) -> (V,) float64 softmax(logits / temperature) after the top-k / nucleus filter, valid for
-    any temperature > 0: the largest logit is subtracted *before* dividing, so every scaled logit is
-    <= 0 and the largest is exactly 0 (a temperature of 1e-39 sends the rest to -inf, i.e. greedy,
+def tempered_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(V,) -> (V,) float64 (logits - max) / temperature: softmax of it is softmax(logits / temperature),
+    valid for any temperature > 0. The largest logit is subtracted *before* dividing, so every scaled
+    logit is <= 0 and the largest exactly 0 (a temperature of 1e-39 sends the rest to -inf, i.e. greedy,
     where dividing first overflowed float32 to inf - inf = NaN)."""
-    scaled = (logits.double() - logits.max().double()) / p.temperature  # (V,) float64, max 0
-    return filter_logits(scaled, p.top_k, p.top_p).softmax(-1)
+    return (logits.double() - logits.max().double()) / temperature
+
+
+def sampling_distribution(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """(V,) -> (V,) float64 softmax(logits / temperature) after the top-k / nucleus filter."""
+    return filter_logits(tempered_logits(logits, p.temperature), p.top_k, p.top_p).softmax(-1)
 
 
 class GenerationSession:
