@@ -167,3 +167,24 @@ def test_configured_limits_are_stated_in_the_schema(limited_spec: dict[str, Any]
     assert docs_client.post("/api/runs", json={"text": "a b", "top_k": stated}).status_code == 201
     over = docs_client.post("/api/runs", json={"text": "a b", "top_k": stated + 1})
     assert over.status_code == 422 and "ATTNSCOPE_MAX_TOP_K" in over.json()["message"]
+
+
+@pytest.mark.browser
+def test_swagger_ui_prefills_these_bodies_and_they_run(page: Any, base_url: str) -> None:
+    """In Chromium: Swagger UI's own "Try it out" textarea holds exactly the body the sampler above
+    builds, for every POST; executing POST /api/runs as prefilled answers 201."""
+    spec = page.request.get(base_url + "/openapi.json").json()
+    page.goto(base_url + "/docs")
+    page.wait_for_selector(".opblock-summary", timeout=30_000)
+    for path, operation in _post_operations(spec):
+        block = page.locator(".opblock-post").filter(
+            has=page.locator(f'.opblock-summary-path[data-path="{path}"]')).first
+        block.locator(".opblock-summary").click()
+        block.locator(".try-out__btn").click()
+        text = block.locator("textarea.body-param__text").input_value(timeout=10_000)
+        assert json.loads(text) == prefilled_body(spec, operation), path
+        if path == "/api/runs":
+            block.locator(".execute").click()
+            status = block.locator(".live-responses-table tbody td.response-col_status").first
+            status.wait_for(timeout=60_000)
+            assert status.text_content().strip() == "201"
