@@ -214,7 +214,7 @@ def test_exports_what_the_run_keeps(long_page: object, tmp_path: Path) -> None:
 
     page = long_page
     page.get_by_test_id("export-json").click()
-    error = page.get_by_test_id("error-message")
+    error = page.get_by_test_id("export-error")  # under the export buttons
     error.wait_for()
     assert "attention cells" in error.text_content() and "Run data (safetensors)" in error.text_content()
     refused = [e for e in page.console_watch.errors if "status of 422" in e]
@@ -233,7 +233,7 @@ def test_exports_what_the_run_keeps(long_page: object, tmp_path: Path) -> None:
                         ".then(r => r.json()).then(t => t.cells[0][0])")
     rebuilt = run.pattern(1, 3, n - 1, n)[0]
     assert torch.allclose(rebuilt, torch.tensor(row, dtype=torch.float32), atol=1e-6)
-    page.evaluate("() => { document.querySelector('[data-testid=error-message]').hidden = true; }")
+    assert error.is_hidden()  # the export that succeeded cleared the refusal
 
 
 def test_thumbnails_come_from_tiles(long_page: object) -> None:

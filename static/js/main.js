@@ -489,6 +489,7 @@ async function loadRun(run, initial = {}) {
   extent = null;
   tiles.reset();
   $("#zoom-note").hidden = true; // a note about the last run's zoom boxes
+  showExportProblem(null); // about the last run's export
   $("#explorer").hidden = false;
   // a long run's overview tile is asked for before the token strip and pickers are built, and
   // drawn as soon as it arrives
@@ -801,6 +802,20 @@ function download(name, blob) {
 // Run a handler and show what goes wrong instead of dropping it.
 const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).catch(report);
 
+// An export's refusal or failure is said under the export buttons, where it was asked for (kept as
+// a key or the server's words, so that a language switch rewrites it); the next export that
+// succeeds, or another run, clears it.
+let exportProblem = null;
+function showExportProblem(problem = exportProblem) {
+  exportProblem = problem || null;
+  const box = $("#export-error");
+  box.textContent = !exportProblem ? "" : exportProblem.key ? t(exportProblem.key, exportProblem.vars) : errorText(exportProblem.message);
+  box.hidden = !exportProblem;
+}
+const exporting = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).then(
+  () => showExportProblem(null),
+  (err) => showExportProblem({ key: err?.key, vars: err?.vars, message: err?.message ?? String(err) }));
+
 // the model a shared link asked for when this server does not serve it (null: none, or resolved)
 let unknownModel = null;
 function showModelNote() {
@@ -818,6 +833,7 @@ async function repaint(fillModels) {
   busy(current);
   if (lastStatus) showStatus(lastStatus.key, lastStatus.vars, lastStatus.offerContinue);
   showCountProblem();
+  showExportProblem();
   tools.labels();
   if (!state.run) return;
   fillSelect($("#layer-picker"), state.run.n_layers, "common.layer", state.layer);
@@ -885,8 +901,8 @@ async function init() {
     drawNextSoon(60);
     toURL();
   });
-  $("#export-png").addEventListener("click", safely(() => exportHeatmap("png")));
-  $("#export-svg").addEventListener("click", safely(() => exportHeatmap("svg")));
+  $("#export-png").addEventListener("click", exporting(() => exportHeatmap("png")));
+  $("#export-svg").addEventListener("click", exporting(() => exportHeatmap("svg")));
   $("#grid-png").addEventListener("click", safely(() => grid.exportImage("png").then((blob) => download("attnscope-heads.png", blob))));
   $("#grid-svg").addEventListener("click", safely(() => grid.exportImage("svg").then((blob) => download("attnscope-heads.svg", blob))));
   $("#generate").addEventListener("click", () => generateAndRecord());
@@ -908,23 +924,20 @@ async function init() {
     return state.run && drawHead();
   }));
   $("#heatmap").addEventListener("keydown", heatmapKeys);
-  $("#export-json").addEventListener("click", safely(async () => {
+  $("#export-json").addEventListener("click", exporting(async () => {
     if (!state.run) return;
-    showError("");
     let blob;
     try {
       blob = await getBlob(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
     } catch (err) { // a long run's JSON (every head's n x n cells) is refused: say so, and what to press instead
       const m = err.status === 422 && String(err.message).match(/would hold ([\d,]+) attention cells, more than this server's limit of ([\d,]+)/);
       if (!m) throw err;
-      $("#error").textContent = t("x.export.json_refused", { cells: m[1], limit: m[2] });
-      $("#error").hidden = false;
-      return;
+      throw Object.assign(new Error(err.message), { key: "x.export.json_refused", vars: { cells: m[1], limit: m[2] } });
     }
     download(`attnscope-run-${state.run.run_id}.json`, blob);
   }));
   // what the run keeps (O(n·d)), from which any head is rebuilt exactly: the export of a run of any length
-  $("#export-kept").addEventListener("click", safely(async () => {
+  $("#export-kept").addEventListener("click", exporting(async () => {
     if (!state.run) return;
     const blob = await getBlob(`/api/runs/${encodeURIComponent(state.run.run_id)}/export?format=safetensors`);
     download(`attnscope-run-${state.run.run_id}.safetensors`, blob);
