@@ -81,7 +81,8 @@ def prompt_of(tokenizer: AutoTokenizer, n: int) -> str:
 def measure(name: str, source: str, lengths: list[int], repeats: int) -> list[dict[str, float]]:
     lm = load_model(name, source)
     engine = Engine({name: lm}, name, RunStore(8 << 30), 1024)
-    client = TestClient(create_app(Settings(models={}, default_model=name, max_body_bytes=1 << 24), engine))
+    client = TestClient(create_app(Settings(models={}, default_model=name, max_body_bytes=1 << 24), engine),
+                        base_url="http://localhost")  # a Host the app answers to
     rows = []
     with client:
         for n in lengths:

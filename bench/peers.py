@@ -299,7 +299,7 @@ def main() -> None:
     engine = make_engine({lm.info.name: lm}, lm.info.name, cache_bytes=8 << 30)
     app = create_app(Settings(models={}, default_model=lm.info.name, max_body_bytes=1 << 24), engine)
     payload: list[dict[str, Any]] = []
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://localhost") as client:  # a Host the app answers to
         for n, text in texts.items():
             html = args.tmp / f"bertviz-{n}.html"
             bv = bertviz_html(folder, text, html, args.bertviz_mem_gb, args.bertviz_timeout)

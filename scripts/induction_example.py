@@ -38,7 +38,7 @@ def main() -> None:
     args = p.parse_args()
     text = f"{SENTENCE} {SENTENCE}"
     settings = Settings(models={MODEL: f"bundled:{MODEL}"}, default_model=MODEL)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost") as client:  # a Host the app answers to
         run = client.post("/api/runs", json={"text": text}).json()
         rid, tokens = run["run_id"], run["tokens"]
         n = len(tokens)
