@@ -113,7 +113,8 @@ def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep
              description="Metric: logit(answer) - logit(wrong) at `position` (default: the last). Each value is "
                          "(patched - corrupted) / (clean - corrupted): 1 restores the clean answer, 0 does "
                          "nothing. The prompts must have the same token count; answer and wrong must each "
-                         "be one token.")
+                         "be one token. Every site is patched in its own forward: past about 20 TFLOP of them "
+                         "(long prompts on a large model) the request is refused (422) before it runs.")
 def patch(body: PatchRequest, engine: EngineDep, gate: GateDep) -> PatchOut:
     lm = engine.model(body.model)
     clean_tokens = engine.tokenize(lm, body.clean)
