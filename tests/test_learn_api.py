@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -162,3 +165,73 @@ def test_compare_same_tokens_other_order(client: TestClient) -> None:
     assert all(t["cos"] == pytest.approx(1, abs=1e-5) for t in same["tokens"]) and all(h["diff"] < 1e-6 for h in same["heads"])
     enc = analyse(client, "dog bites man", model="minilm-l6")
     assert client.get("/api/compare", params={"a": a["run_id"], "b": enc["run_id"]}).status_code == 422
+
+
+class RecordingLock:
+    """A lock that records each acquire and release, for checking who holds it when."""
+
+    def __init__(self) -> None:
+        self.inner = threading.Lock()
+        self.events: list[str] = []
+
+    def locked(self) -> bool:
+        return self.inner.locked()
+
+    def __enter__(self) -> RecordingLock:
+        self.inner.acquire()
+        self.events.append("acquire")
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.events.append("release")
+        self.inner.release()
+
+
+def test_timing_takes_the_model_lock_once_per_round(tiny_models: dict[str, LoadedModel]) -> None:
+    lock = RecordingLock()
+    lm = replace(tiny_models["gpt2"], lock=lock)  # type: ignore[arg-type]
+    held: list[bool] = []
+    handle = lm.model.register_forward_pre_hook(lambda *_: held.append(lock.locked()))
+    try:
+        result = lessons.parallel_vs_serial(lm, ids_tensor(tokenize(lm.tokenizer, "one two three four")), repeats=3)
+    finally:
+        handle.remove()
+    assert result["repeats"] == 3
+    assert lock.events == ["acquire", "release"] * 4  # the warm-up and each repeat: free in between
+    assert held and all(held)  # every forward under the lock
+
+
+def test_another_request_runs_between_the_rounds_of_a_long_timing(
+        client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long timing no longer holds the model until it ends: a run that waits for the model gets in
+    between two of its rounds (its forward comes before the timing's last ones)."""
+    monkeypatch.setattr(lessons, "HANDOFF_S", 10.0)  # a generous wait for the waiting thread: no race
+    monkeypatch.setattr(lessons, "HANDOFF_AFTER_S", 0.0)  # after every round, however fast this machine
+    lm = engine.model("tiny-gpt2")
+    started = threading.Event()
+    other: list[int] = []
+    order: list[str] = []
+
+    def record(*_args: object) -> None:
+        order.append("run" if threading.get_ident() in other else "timing")
+        if order[-1] == "run":  # nobody waits any more: the rounds left need not wait for anyone
+            lessons.HANDOFF_S = 0.0
+        started.set()
+
+    def run_meanwhile() -> None:
+        other.append(threading.get_ident())
+        started.wait(timeout=60)
+        engine.analyse("a run that waits for the model", "tiny-gpt2")
+
+    handle = lm.model.register_forward_pre_hook(record)
+    waiting = threading.Thread(target=run_meanwhile)
+    try:
+        waiting.start()
+        r = client.post("/api/timing", json={"text": "one two three four five six seven eight",
+                                             "repeat_to": 32, "repeats": 3})
+        waiting.join(timeout=60)
+    finally:
+        handle.remove()
+    assert r.status_code == 200 and r.json()["repeats"] == 3
+    assert "run" in order, "the run never got the model"
+    assert order[-1] == "timing" and order.index("run") < len(order) - 32  # the timing went on after it
