@@ -99,6 +99,9 @@ class RunRequest(Strict):
                                     description="next-token candidates kept per position: at most the "
                                     "server's ATTNSCOPE_MAX_TOP_K (100 unless configured; past it, 422); default "
                                     "10, or that limit if lower", examples=[5])
+    truncate: bool = Field(False, description="a text over the model's token limit: analyse its beginning, the "
+                                              "first limit tokens (the run's `truncated` says what was kept), "
+                                              "instead of answering 422. Text only, not messages")
 
     @field_validator("text")
     @classmethod
@@ -110,6 +113,8 @@ class RunRequest(Strict):
         if (self.text is None) == (self.messages is None):
             raise ValueError('send either "text" (the prompt) or "messages" (a chat, for a model with a chat '
                              'template), not both')
+        if self.truncate and self.messages is not None:
+            raise ValueError('"truncate" cuts a "text" only: a chat is not cut; send fewer or shorter messages')
         return self
 
 
@@ -170,6 +175,12 @@ class SparsityOut(BaseModel):
     heads: list[SparsityHead]
 
 
+class TruncatedOut(BaseModel):
+    tokens: int = Field(description="tokens analysed: the model's limit (a token at the cut may leave one fewer)")
+    chars: int = Field(description="characters analysed: the text's beginning, which the run's `text` holds")
+    total_chars: int = Field(description="characters of the text sent")
+
+
 class RunOut(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     run_id: str
@@ -192,6 +203,9 @@ class RunOut(BaseModel):
                                 "fused kernel ran: \"entropy\", \"max\", \"prev_token\", \"first_token\", "
                                 "\"induction\"): null in `heads` until then; GET /api/runs/{run_id}/heads?wait=S "
                                 "returns them")
+    truncated: TruncatedOut | None = Field(
+        default=None, description="set when `truncate` cut the text to the model's limit (in the answer to that "
+                                  "POST /api/runs): what was kept; null otherwise")
 
 
 class HeadsOut(BaseModel):

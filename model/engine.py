@@ -41,6 +41,7 @@ from model.tokens import (
     Token,
     TokenCount,
     count_tokens,
+    first_tokens,
     ids_tensor,
     read_cap,
     token_map,
@@ -123,10 +124,16 @@ class Engine:
         text, tokens = self.chat_tokens(lm, messages)
         return self._analyse(lm, text, tokens, top_k, t0)
 
-    def analyse(self, text: str, model: str | None = None, top_k: int = 10) -> RunResult:
+    def analyse(self, text: str, model: str | None = None, top_k: int = 10, truncate: bool = False) -> RunResult:
+        """One forward over ``text``; ``truncate``: over its first token-limit tokens when it has more
+        (the run's text is then the beginning they cover), where it would otherwise be refused."""
         lm = self.model(model)
         t0 = time.perf_counter()
-        tokens = self.tokenize(lm, text)
+        if truncate and text.strip():
+            head = first_tokens(lm.tokenizer, text, self.token_limit(lm))  # reads no more than the limit needs
+            text, tokens = head.text, head.tokens
+        else:
+            tokens = self.tokenize(lm, text)
         return self._analyse(lm, text, tokens, top_k, t0)
 
     def admit(self, lm: LoadedModel, n: int, top_k: int) -> Estimate:

@@ -32,6 +32,7 @@ from app.schemas import (
     RunRequest,
     SparsityHead,
     SparsityOut,
+    TruncatedOut,
 )
 from app.settings import Settings
 from model import analysis
@@ -96,18 +97,19 @@ class RunBody:
     induction_min_queries: int
     timing_ms: dict[str, float]
     scores_pending: tuple[str, ...]
+    truncated: TruncatedOut | None = None
 
 
 RUN_JSON = TypeAdapter(RunBody)
 LENS_JSON = TypeAdapter(LogitLens)  # the fields of LogitLensOut, as RunBody's are RunOut's
 
 
-def run_body(run_id: str, cache: ActivationCache) -> RunBody:
+def run_body(run_id: str, cache: ActivationCache, truncated: TruncatedOut | None = None) -> RunBody:
     s = cache.summary
     return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
                    n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
                    induction_queries=induction_queries(cache.input_ids), induction_min_queries=INDUCTION_MIN_QUERIES,
-                   timing_ms=s.timing_ms, scores_pending=s.scores_pending)
+                   timing_ms=s.timing_ms, scores_pending=s.scores_pending, truncated=truncated)
 
 
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
@@ -129,10 +131,13 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
             chat = [{"role": m.role, "content": m.content} for m in body.messages]
             result = engine.analyse_chat(chat, lm.info.name, top_k)
         else:
-            result = engine.analyse(body.text or "", lm.info.name, top_k)
+            result = engine.analyse(body.text or "", lm.info.name, top_k, truncate=body.truncate)
     if result.cache.n > OVERVIEW:  # the explorer draws a long run from tiles: its overviews start now
         tiles.prefetch.submit(result.run_id, result.cache.attention)
-    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
+    sent = len(body.text or "")
+    cut = (TruncatedOut(tokens=result.cache.n, chars=len(result.cache.text), total_chars=sent)
+           if body.truncate and len(result.cache.text) < sent else None)  # what a cut kept
+    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache, cut)), status=201)
 
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")

@@ -22,6 +22,8 @@ export default {
  "err.server": "The server answered: {message}",
  "err.empty": "The prompt is empty: type some text first.",
  "err.too_long": "The prompt has {1} tokens, more than this model's limit of {2}.",
+ "err.too_long_at_least": "The prompt has at least {1} tokens, more than this model's limit of {2}.",
+ "err.too_long_chars": "The prompt has {1} characters, more than this model reads for its limit of {2} tokens.",
  "err.expired": "This run is no longer kept on the server: press the button to run the prompt again.",
  "err.unknown_run": "The server does not know this run: run the prompt again.",
  "err.busy": "The model {1} is busy with other requests: try again in a moment.",
@@ -489,5 +491,7 @@ export default {
  // tool panels (helper i17)
  "tool.stale": "The results below are still those of the earlier inputs.",
  "x.stale": "The panels below still show the previous prompt: {prompt}",
+ "x.truncate": "Analyse the first {n} tokens",
+ "x.truncated": "The text is longer than this model's limit: its first {n} tokens ({chars} of {total} characters) are analysed. The prompt box still holds the whole text.",
  "x.gen.failed": "Generation failed: {message}"
 };

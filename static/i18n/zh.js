@@ -22,6 +22,8 @@ export default {
  "err.server": "服务器返回：{message}",
  "err.empty": "提示词为空：请先输入一些文字。",
  "err.too_long": "提示词有 {1} 个 token，超过了该模型的上限 {2}。",
+ "err.too_long_at_least": "提示词至少有 {1} 个 token，超过了该模型的上限 {2}。",
+ "err.too_long_chars": "提示词有 {1} 个字符，超过了该模型为 {2} 个 token 的上限所读取的长度。",
  "err.expired": "服务器已不再保存这次运行：请再点一次按钮重新运行。",
  "err.unknown_run": "服务器找不到这次运行：请重新运行提示词。",
  "err.busy": "模型 {1} 正忙于其他请求：请稍后再试。",
@@ -489,5 +491,7 @@ export default {
  // tool panels (helper i17)
  "tool.stale": "下方仍是之前输入的结果。",
  "x.stale": "下方各面板显示的仍是上一个提示词：{prompt}",
+ "x.truncate": "分析前 {n} 个 token",
+ "x.truncated": "文本超过了该模型的上限：只分析了前 {n} 个 token（{total} 个字符中的前 {chars} 个）。提示词框里仍是完整的文本。",
  "x.gen.failed": "生成失败：{message}"
 };

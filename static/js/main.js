@@ -24,12 +24,34 @@ const isLong = (run) => run.tokens.length > EXACT_MAX;
 
 // ---- errors and the one request in flight ------------------------------------------------
 
-let lastError = "";
-function showError(message) {
+// offer: a way forward shown as a button after the message, {key, vars, run}
+let lastError = "", lastOffer = null;
+function showError(message, offer = null) {
   lastError = message || "";
+  lastOffer = lastError ? offer : null;
   const box = $("#error");
-  box.textContent = errorText(lastError);
+  box.replaceChildren(errorText(lastError));
+  if (lastOffer) {
+    box.append(" ", el("button", { type: "button", class: "offer", "data-testid": "error-offer",
+                                   text: t(lastOffer.key, lastOffer.vars), onclick: lastOffer.run }));
+  }
   box.hidden = !lastError;
+}
+
+// A prompt over the model's token limit: the limit, read from the server's refusal (null: another error).
+function tokenLimitOf(err) {
+  const m = err && err.status === 422 &&
+    String(err.message).match(/^the prompt has .*more than this model(?:'s limit of| reads for its limit of) (\d+)/);
+  return m ? Number(m[1]) : null;
+}
+
+// What a truncated run kept (the prompt box still holds the whole text), said under the prompt.
+let cut = null; // { n, chars, total, prompt }
+function showCut(next = cut) {
+  cut = next || null;
+  const note = $("#cut-note");
+  note.textContent = cut ? t("x.truncated", { n: cut.n, chars: cut.chars.toLocaleString("en-US"), total: cut.total.toLocaleString("en-US") }) : "";
+  note.hidden = !cut;
 }
 
 // A failed analyse leaves the previous run's panels on the page under the new prompt: they are
@@ -449,23 +471,29 @@ function updateChatForm() {
   $("#system-box").hidden = !chatMode();
 }
 
-async function analyse(initial = {}) {
+// truncate: a text over the model's limit is analysed from its beginning (its first limit tokens)
+async function analyse(initial = {}, { truncate = false } = {}) {
   const text = $("#prompt").value;
   const modelName = $("#model-picker").value || undefined;
   showError("");
+  showCut(null);
   hideStatus();
   const req = begin("analyse");
   try {
     const body = chatMode()
       ? { messages: chatMessages(text), model: modelName, top_k: 10 }
-      : { text, model: modelName, top_k: 10 };
+      : { text, model: modelName, top_k: 10, ...(truncate ? { truncate: true } : {}) };
     const run = await postJSON("/api/runs", body, { signal: req.controller.signal });
     $("#heatmap").dataset.runAt = String(performance.now()); // the analyse response, parsed (bench/browser.py)
     if (!latest(req)) return;
+    if (run.truncated) showCut({ n: run.truncated.tokens, chars: run.truncated.chars, total: run.truncated.total_chars, prompt: text, run });
     await loadRun(run, initial);
   } catch (err) {
     if (latest(req)) {
-      report(err);
+      const limit = chatMode() ? null : tokenLimitOf(err);
+      // a long paste is not a dead end: the button analyses its first `limit` tokens
+      if (limit) showError(err.message, { key: "x.truncate", vars: { n: limit }, run: () => analyse(initial, { truncate: true }) });
+      else report(err);
       if (!isAbort(err) && state.run) markStale(state.run);
     }
   } finally {
@@ -629,14 +657,17 @@ async function generateAndRecord({ stopAtEos = true, text = null } = {}) {
     return;
   }
   if (text !== null) $("#prompt").value = text;
-  if (!state.run || state.run.text !== $("#prompt").value || state.run.model !== $("#model-picker").value) await analyse();
+  // a run cut from the prompt box's text (a long paste) goes on from the beginning it analysed
+  const cutOf = (run) => cut && cut.run === run && cut.prompt === $("#prompt").value;
+  if (!state.run || (state.run.text !== $("#prompt").value && !cutOf(state.run)) || state.run.model !== $("#model-picker").value) await analyse();
   if (!state.run || !state.model.has_lm_head || current) return;
-  const prompt = $("#prompt").value;
+  const prompt = cutOf(state.run) ? state.run.text : $("#prompt").value;
   const body = { text: prompt, model: state.run.model, max_new_tokens: asked, temperature: Number($("#gen-temp").value),
                  top_k: 0, top_p: 1, seed: 0, stop_at_eos: stopAtEos, record: true, watch_layer: state.layer, watch_head: state.head };
   lastGeneration = body;
   const { layer, head } = state;
   showError("");
+  showCut(null); // the prompt box will hold the generated text
   hideStatus();
   const req = begin("generate");
   const rows = [];
@@ -828,7 +859,8 @@ function showModelNote() {
 async function repaint(fillModels) {
   fillModels();
   showModelNote();
-  showError(lastError);
+  showError(lastError, lastOffer);
+  showCut();
   markStale(staleRun);
   busy(current);
   if (lastStatus) showStatus(lastStatus.key, lastStatus.vars, lastStatus.offerContinue);
