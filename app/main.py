@@ -92,8 +92,10 @@ def build_engine(settings: Settings) -> Engine:
         info = loaded[name].info
         log.info("loaded %s in %.1f s: %s, %s on %s", name, time.perf_counter() - start, info.architecture,
                  info.dtype, info.device)
-    return Engine(loaded, settings.default_model, RunStore(settings.cache_bytes), settings.max_tokens,
-                  forward_bytes=settings.forward_bytes)
+    engine = Engine(loaded, settings.default_model, RunStore(settings.cache_bytes), settings.max_tokens,
+                    forward_bytes=settings.forward_bytes)
+    engine.warm_up()  # the Learn views' once-per-model sweeps, in the background
+    return engine
 
 
 def create_app(settings: Settings | None = None, engine: Engine | None = None) -> FastAPI:

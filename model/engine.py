@@ -12,12 +12,13 @@ one background thread), and ``wait_scores`` waits for them.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, replace
 
 import torch
 
-from model import analysis, probes
+from model import analysis, lessons, probes
 from model.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
 from model.cache import ActivationCache, RunStore
 from model.errors import BadInput, UnknownModel
@@ -74,6 +75,25 @@ class Engine:
         self.scores = ScoreWorker(store, self.budget)  # the head scores runs still owe, after they answered
         for lm in self.models.values():
             probes.check_attention(lm)  # a model whose attention returns no weights never serves
+
+    def warm_up(self) -> threading.Thread:
+        """Compute, in one background thread, what the Learn views compute once per model (the
+        embedding lesson's untrained rows: a V x V sweep, seconds for a 30k vocabulary), so that the
+        first such request answers as fast as the next; one that comes meanwhile waits for it."""
+
+        def run() -> None:
+            for lm in self.models.values():
+                t0 = time.perf_counter()
+                try:
+                    lessons.warm(lm)
+                except Exception:  # a request computes it again, and says what failed
+                    log.exception("warming up %s failed", lm.info.name)
+                    continue
+                log.info("warmed up %s in %.1f s", lm.info.name, time.perf_counter() - t0)
+
+        thread = threading.Thread(target=run, name="attnscope-warm-up", daemon=True)
+        thread.start()
+        return thread
 
     # ---- lookup -----------------------------------------------------------------
     def model(self, name: str | None) -> LoadedModel:

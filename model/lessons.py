@@ -97,7 +97,9 @@ def contribution_gaps(lm: LoadedModel, ids: torch.Tensor, layers: list[LayerAtte
 
 TWIN_COS = 0.95  # two rows this parallel are the same direction, for a trained embedding never
 MIN_TWINS = 3  # a row with this many such twins belongs to a block of untouched rows
+TWIN_BLOCK = 1024  # rows per side of one block of cosines: (1024, 1024) float32, 4 MiB
 _untrained: dict[tuple[int, int], torch.Tensor] = {}
+_untrained_busy: dict[tuple[int, int], threading.Event] = {}  # computations in flight, by model
 _untrained_lock = threading.Lock()
 
 
@@ -108,22 +110,49 @@ def untrained_rows(lm: LoadedModel) -> torch.Tensor:
     every such row only ever receives the same "predict me less" push, so those rows drift
     together and end up nearly parallel (cosine ~1 to each other), while trained rows spread
     out. A row with at least MIN_TWINS other rows at cosine >= TWIN_COS is flagged. Computed
-    once per model (V x V cosines in blocks)."""
+    once per model (V x V cosines, half of them, in blocks: seconds for a 30k vocabulary), by
+    ``warm`` in the background when the server starts; a request that comes while it runs
+    waits for it rather than computing it again."""
     E = input_embeddings(lm.model)
     key = (id(lm.model), E.data_ptr())
-    with _untrained_lock:
-        if key in _untrained:
-            return _untrained[key]
-    unit = torch.nn.functional.normalize(E.detach().float(), dim=-1)  # (V, d)
-    V = unit.shape[0]
-    twins = torch.empty(V, dtype=torch.long)
-    with torch.inference_mode():
-        for s in range(0, V, 1024):
-            twins[s : s + 1024] = ((unit[s : s + 1024] @ unit.T) >= TWIN_COS).sum(-1) - 1  # (block,)
-    flags = twins >= MIN_TWINS
-    with _untrained_lock:
-        _untrained[key] = flags
+    while True:
+        with _untrained_lock:
+            if key in _untrained:
+                return _untrained[key]
+            busy = _untrained_busy.get(key)
+            if busy is None:
+                busy = _untrained_busy[key] = threading.Event()
+                break
+        busy.wait()  # another thread computes it; if it failed, the loop computes it here
+    try:
+        flags = twin_counts(E.detach()) >= MIN_TWINS
+        with _untrained_lock:
+            _untrained[key] = flags
+    finally:
+        with _untrained_lock:
+            del _untrained_busy[key]
+        busy.set()
     return flags
+
+
+def twin_counts(E: torch.Tensor) -> torch.Tensor:
+    """(V, d) -> (V,) long: how many *other* rows each row has at cosine >= TWIN_COS. Each pair of
+    blocks is compared once and counted for both sides (the cosine matrix is symmetric)."""
+    unit = torch.nn.functional.normalize(E.float(), dim=-1)  # (V, d)
+    V, step = unit.shape[0], TWIN_BLOCK
+    twins = torch.zeros(V, dtype=torch.long)
+    with torch.inference_mode():
+        for a in range(0, V, step):
+            near = (unit[a : a + step] @ unit[a:].T) >= TWIN_COS  # (block, V - a): this block and the rest
+            twins[a : a + step] += near.sum(-1)
+            twins[a + step :] += near[:, step:].sum(0)  # the later rows' pairs with this block
+    return twins - 1  # each row is its own twin once
+
+
+def warm(lm: LoadedModel) -> None:
+    """What the Learn views compute once per model, computed now (``Engine.warm_up`` calls it in a
+    background thread at start-up, so the first embedding request answers as fast as the next)."""
+    untrained_rows(lm)
 
 
 def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, Any]:

@@ -10,13 +10,15 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from app.main import create_app
+from app.settings import Settings
 from model import lessons
 from model.engine import Engine
 from model.hooks import run_with_cache
 from model.loading import LoadedModel
 from model.names import act_name
 from model.tokens import ids_tensor, tokenize
-from tests.conftest import ARCHS
+from tests.conftest import ARCHS, make_engine
 
 
 def analyse(client: TestClient, text: str, **extra: object) -> dict:
@@ -235,3 +237,75 @@ def test_another_request_runs_between_the_rounds_of_a_long_timing(
     assert r.status_code == 200 and r.json()["repeats"] == 3
     assert "run" in order, "the run never got the model"
     assert order[-1] == "timing" and order.index("run") < len(order) - 32  # the timing went on after it
+
+
+def reference_twin_counts(E: torch.Tensor) -> torch.Tensor:
+    """The sweep as it was: every row block against all V rows."""
+    unit = torch.nn.functional.normalize(E.detach().float(), dim=-1)
+    return torch.cat([((unit[s : s + 1024] @ unit.T) >= lessons.TWIN_COS).sum(-1) - 1
+                      for s in range(0, unit.shape[0], 1024)])
+
+
+def test_twin_counts_match_the_full_sweep() -> None:
+    """The half sweep (each pair of blocks once, counted both ways) counts what the full one did,
+    twins inside a block and across blocks alike."""
+    torch.manual_seed(3)
+    E = torch.randn(2600, 24)  # (V, d): three blocks, the last one short
+    common = torch.randn(24)
+    for rows in (slice(10, 14), slice(1020, 1030), slice(2590, 2600)):  # within, across and at the end
+        E[rows] = common + 0.01 * torch.randn(rows.stop - rows.start, 24)
+    E[500] = 0  # a zero row is no one's twin, not even its own
+    counts = lessons.twin_counts(E)
+    assert torch.equal(counts, reference_twin_counts(E))
+    assert int((counts >= lessons.MIN_TWINS).sum()) == 24 and int(counts[500]) == -1
+
+
+def test_the_embedding_answer_is_unchanged_and_warmed_up_before_the_first_request(
+        tiny_models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    lm = tiny_models["gpt2"]
+    engine = make_engine({"tiny-gpt2": lm, "renamed": lm}, "tiny-gpt2")  # a renamed copy shares the model
+    monkeypatch.setattr(lessons, "_untrained", {})  # as at start-up: nothing computed yet
+    sweeps: list[int] = []
+    sweep = lessons.twin_counts
+
+    def counted(E: torch.Tensor) -> torch.Tensor:
+        sweeps.append(E.shape[0])
+        return sweep(E)
+
+    monkeypatch.setattr(lessons, "twin_counts", counted)
+    engine.warm_up().join(timeout=120)
+    assert len(sweeps) == 1  # once per model
+    with TestClient(create_app(Settings(models={}, default_model="tiny-gpt2"), engine)) as client:
+        body = client.get("/api/models/tiny-gpt2/embedding", params={"id": 173, "top": 5}).json()
+    assert len(sweeps) == 1  # the request computed nothing again
+    flags = reference_twin_counts(lm.model.get_input_embeddings().weight) >= lessons.MIN_TWINS
+    assert body["untrained"] == bool(flags[173]) and body["untrained_count"] == int(flags.sum())
+    assert [n["untrained"] for n in body["neighbours"]] == [bool(flags[n["id"]]) for n in body["neighbours"]]
+
+
+def test_a_request_during_the_warm_up_waits_for_it_instead_of_sweeping_again(
+        tiny_models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    lm = tiny_models["llama"]
+    monkeypatch.setattr(lessons, "_untrained", {})
+    inside, go = threading.Event(), threading.Event()
+    sweeps: list[str] = []
+    sweep = lessons.twin_counts
+
+    def held(E: torch.Tensor) -> torch.Tensor:
+        sweeps.append(threading.current_thread().name)
+        inside.set()
+        go.wait(timeout=60)
+        return sweep(E)
+
+    monkeypatch.setattr(lessons, "twin_counts", held)
+    warming = threading.Thread(target=lessons.warm, args=(lm,), name="warm")
+    warming.start()
+    assert inside.wait(timeout=60)
+    answers: list[torch.Tensor] = []
+    asking = threading.Thread(target=lambda: answers.append(lessons.untrained_rows(lm)), name="request")
+    asking.start()
+    go.set()
+    warming.join(timeout=60)
+    asking.join(timeout=60)
+    assert sweeps == ["warm"] and len(answers) == 1
+    assert answers[0] is lessons.untrained_rows(lm)  # the warm-up's own answer
