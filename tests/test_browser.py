@@ -83,10 +83,17 @@ def test_next_token_chart_has_k_bars_summing_to_at_most_one(page: object, base_u
     analyse(page, base_url, PROMPT)
     page.wait_for_function("() => document.querySelector('[data-testid=next-token-chart]').data")
     probs = page.evaluate("() => document.querySelector('[data-testid=next-token-chart]').data[0].x")
-    assert len(probs) == 10 and sum(probs) <= 1 + 1e-6 and probs == sorted(probs)
-    first = probs[-1]
+    assert len(probs) == 10 and sum(probs) <= 1 + 1e-6 and probs == sorted(probs, reverse=True)
+    first = probs[0]
+    # rank 1 is drawn at the top, rank 10 at the bottom (the labels "1".."10" were read as numbers: 1 at the bottom)
+    tops = page.evaluate("() => [...document.querySelectorAll('[data-testid=next-token-chart] .barlayer .point')]"
+                         ".map((p) => p.getBoundingClientRect().top)")
+    assert len(tops) == 10 and tops == sorted(tops), tops
+    ranks = page.evaluate("() => [...document.querySelectorAll('[data-testid=next-token-chart] .ytick text')]"
+                          ".sort((a, b) => a.getBoundingClientRect().top - b.getBoundingClientRect().top).map((t) => t.textContent)")
+    assert ranks == [str(r) for r in range(1, 11)], ranks
     page.get_by_test_id("temperature").fill("0.3")
-    page.wait_for_function(f"() => document.querySelector('[data-testid=next-token-chart]').data[0].x.at(-1) > {first}")
+    page.wait_for_function(f"() => document.querySelector('[data-testid=next-token-chart]').data[0].x[0] > {first}")
     assert "rank" in page.get_by_test_id("next-actual").text_content() or "Last position" in page.get_by_test_id("next-actual").text_content()
     shot(page, "next-token")
 

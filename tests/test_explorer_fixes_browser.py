@@ -87,3 +87,97 @@ def test_a_paste_over_the_limit_offers_its_first_tokens(page: object, small_url:
     assert ("first 64 tokens" in note) if lang == "en" else ("前 64 个 token" in note), note
     assert page.get_by_test_id("prompt-input").input_value() == long
     assert page.get_by_test_id("token").count() == 64
+
+
+# Each head cell lies inside the grid's visible box and its panel, side to side (the grid has no
+# hidden sideways overflow), and top to bottom too, or else the grid scrolls down to it.
+CELLS_OUT = """() => {
+  const grid = document.querySelector('[data-testid=head-grid]');
+  const panel = grid.closest('.panel').getBoundingClientRect(), g = grid.getBoundingClientRect();
+  const left = g.left + grid.clientLeft, right = left + grid.clientWidth;
+  const top = g.top + grid.clientTop, bottom = top + grid.clientHeight;
+  const scrolls = grid.scrollHeight > grid.clientHeight && ['auto', 'scroll'].includes(getComputedStyle(grid).overflowY);
+  const cells = [...grid.querySelectorAll('[data-testid=head-cell]')];
+  const out = cells.filter((c) => {
+    const r = c.getBoundingClientRect();
+    const across = r.left >= left - 0.5 && r.right <= right + 0.5 && r.left >= panel.left && r.right <= panel.right;
+    const down = (r.top >= top - 0.5 && r.bottom <= bottom + 0.5) || scrolls;
+    return !(across && down);
+  }).map((c) => `L${c.dataset.layer}H${c.dataset.head}`);
+  return {out, cells: cells.length, sideways: grid.scrollWidth - grid.clientWidth, width: Math.min(...cells.map((c) => c.getBoundingClientRect().width))};
+}"""
+
+
+@pytest.mark.parametrize("width", [1400, 1920])
+@pytest.mark.parametrize(("model", "cells"), [("minilm-l6", 6 * 12), ("attnscope-tiny", 6 * 8)])
+def test_every_head_cell_is_inside_the_grid_panel(browser: object, base_url: str, width: int, model: str,
+                                                  cells: int) -> None:
+    """minilm-l6's 12 heads a layer put 24 of its 72 thumbnails outside the panel, with no visible
+    scrollbar: the grid's column widens for more than 8 heads, and a layer that still does not fit
+    wraps onto more lines."""
+    page = browser.new_page(viewport={"width": width, "height": 900})
+    open_explorer(page, base_url, "dog bites man and the man bites the dog back", model)
+    page.wait_for_function("(n) => document.querySelectorAll('[data-testid=head-cell]').length === n", arg=cells)
+    got = page.evaluate(CELLS_OUT)
+    assert got["out"] == [] and got["sideways"] <= 1, got
+    assert got["width"] >= 34  # still a readable thumbnail
+    heat = page.get_by_test_id("attention-heatmap").bounding_box()
+    assert heat["width"] >= 380  # the heatmap keeps its room
+    page.close()
+
+
+def test_a_narrow_grid_wraps_each_layer(browser: object, base_url: str) -> None:
+    """Where 12 cells of 34 px do not fit (a phone), each layer takes two lines, its label spanning them."""
+    page = browser.new_page(viewport={"width": 390, "height": 844})
+    open_explorer(page, base_url, "dog bites man", "minilm-l6")
+    page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell]').length === 72")
+    got = page.evaluate(CELLS_OUT)
+    assert got["out"] == [] and got["sideways"] <= 1, got
+    assert page.get_by_test_id("head-grid").get_attribute("data-lines") == "2"
+    page.close()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_encoders_legend_says_full_attention(page: object, base_url: str, lang: str) -> None:
+    """The encoder's heatmap legend described a causal mask: it says full (bidirectional) attention,
+    without the hatched swatch, in both languages; a decoder's still describes its causal mask."""
+    open_explorer(page, base_url, "dog bites man", "minilm-l6", lang=lang)
+    legend = page.get_by_test_id("mask-legend")
+    full, masked = ("bidirectional", "future tokens this query cannot see") if lang == "en" else ("双向", "看不到的未来")
+    assert full in legend.text_content() and masked not in legend.text_content()
+    assert page.locator("#legend-swatch").is_hidden()
+    page.get_by_test_id("lang-switch").click()  # the other language, without a reload
+    other = "双向" if lang == "en" else "bidirectional"
+    page.wait_for_function("(w) => document.querySelector('[data-testid=mask-legend]').textContent.includes(w)", arg=other)
+    page.get_by_test_id("lang-switch").click()
+    page.wait_for_function("(w) => document.querySelector('[data-testid=mask-legend]').textContent.includes(w)", arg=full)
+    open_explorer(page, base_url, "dog bites man", "attnscope-tiny", lang=lang)
+    assert masked in legend.text_content() and full not in legend.text_content()
+    assert page.locator("#legend-swatch").is_visible()
+
+
+def test_a_variation_selector_shows_as_its_code_point(page: object, base_url: str) -> None:
+    """U+FE0F (❤ -> ❤️) made an empty token chip of its own, where a ZWJ shows as ‹U+200D›: shown the same
+    way when nothing in its token comes before it; after its character it is left to draw the emoji."""
+    open_explorer(page, base_url, "I \u2764\ufe0f it")
+    chips = page.locator("[data-testid=token] .t").all_text_contents()
+    assert "‹U+FE0F›" in chips, chips
+    assert all(c.strip() for c in chips), chips  # no chip without a visible character
+    shown = page.evaluate("""async () => {
+        const { showToken } = await import('/static/js/dom.js');
+        return ['\\ufe0f', '\\u2764\\ufe0f', ' \\ufe0f', '\\u200d'].map(showToken);
+    }""")
+    assert shown == ["‹U+FE0F›", "\u2764\ufe0f", "␣‹U+FE0F›", "‹U+200D›"]
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_head_grids_buttons_fit_on_one_line(browser: object, base_url: str, lang: str) -> None:
+    """At 1,400 px the head grid's SVG button wrapped onto a line of its own."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    open_explorer(page, base_url, "dog bites man", lang=lang)
+    boxes = {name: page.locator(sel).bounding_box() for name, sel in
+             [("sort", "#grid-sort"), ("png", "#grid-png"), ("svg", "#grid-svg"), ("tools", ".grid-tools")]}
+    middle = {k: b["y"] + b["height"] / 2 for k, b in boxes.items() if k != "tools"}
+    assert max(middle.values()) - min(middle.values()) < 4, boxes
+    assert boxes["svg"]["x"] + boxes["svg"]["width"] <= boxes["tools"]["x"] + boxes["tools"]["width"] + 0.5
+    page.close()

@@ -291,6 +291,7 @@ export default {
  "x.generate": "Generate & record",
  "x.timeline": "Timeline",
  "x.legend.masked": "hatched: the causal mask — future tokens this query cannot see (not computed, not sent).",
+ "x.legend.full": "full (bidirectional) attention: this encoder has no causal mask, so every query reads every token, before and after it; nothing is hatched.",
  "x.legend.low": "white: visible but near-zero attention. Rows = queries (the token reading), columns = keys (the tokens read).",
  "x.focus": "Token focus",
  "x.focus_lines": "where the token reads from",

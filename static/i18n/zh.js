@@ -291,6 +291,7 @@ export default {
  "x.generate": "生成并记录",
  "x.timeline": "时间线",
  "x.legend.masked": "斜线：Causal Mask——这个查询看不到的未来 token（不计算，也不发送）。",
+ "x.legend.full": "完整（双向）注意力：这个 Encoder 没有 Causal Mask，每个查询都读取它前后的所有 token；没有斜线格子。",
  "x.legend.low": "白色：可见但注意力接近零。行 = 查询（正在读取的 token），列 = 键（被读取的 token）。",
  "x.focus": "聚焦 token",
  "x.focus_lines": "这个 token 从哪里读取信息",

@@ -35,13 +35,17 @@ export function plotlyText(s) {
 // Characters that draw nothing or reorder what follows (controls, zero-width joiners and spaces, bidi
 // overrides such as U+202E): a token made of them would be an empty chip, or would flip its neighbours.
 const INVISIBLE = /[\p{Cc}\p{Cf}]/gu;
+// A variation selector (U+FE0F asks for ❤️ rather than ❤) draws nothing without a character before it
+// in the token, and a byte-level tokenizer often gives it a token of its own: shown as ‹U+FE0F› there.
+const BARE_SELECTOR = /(?<![^\s\p{Cc}\p{Cf}\u{FE00}-\u{FE0F}\u{E0100}-\u{E01EF}])[\u{FE00}-\u{FE0F}\u{E0100}-\u{E01EF}]/gu;
 const codePoint = (c) => `‹U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}›`;
 
 // A token as a person should read it: spaces, newlines, tabs and invisible characters made visible
 // (the latter as ‹U+200D›); a partial character's byte marker (‹e6 88›) is kept as it is.
 export function showToken(s) {
   return String(s).split(/(‹[0-9a-f]{2}(?: [0-9a-f]{2})*›)/).map((part, i) => i % 2 ? part :
-    part.replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥").replace(INVISIBLE, codePoint)).join("") || "∅";
+    part.replace(BARE_SELECTOR, codePoint).replace(/ /g, "␣").replace(/\n/g, "⏎").replace(/\t/g, "⇥")
+      .replace(INVISIBLE, codePoint)).join("") || "∅";
 }
 
 export function fmt(p, digits = 3) {

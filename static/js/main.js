@@ -127,6 +127,15 @@ function fillSelect(select, count, key, value) {
   select.value = String(value);
 }
 
+// The heatmap's legend: a decoder's causal mask (hatched), or an encoder's full attention (no hatching).
+// The key rides on data-i18n, so that a language switch rewrites it.
+function maskLegend(run) {
+  const key = run.causal ? "x.legend.masked" : "x.legend.full";
+  $("#legend-mask").dataset.i18n = key;
+  $("#legend-mask").textContent = t(key);
+  $("#legend-swatch").hidden = !run.causal;
+}
+
 function describeModel(m) {
   const kv = m.n_kv_heads !== m.n_heads ? t("x.model.kv", { kv: m.n_kv_heads }) : "";
   return t("x.model.summary", {
@@ -518,6 +527,7 @@ async function loadRun(run, initial = {}) {
   tiles.reset();
   $("#zoom-note").hidden = true; // a note about the last run's zoom boxes
   showExportProblem(null); // about the last run's export
+  grid.widen(run); // the columns' widths before anything is drawn in them
   $("#explorer").hidden = false;
   // a long run's overview tile is asked for before the token strip and pickers are built, and
   // drawn as soon as it arrives
@@ -526,6 +536,7 @@ async function loadRun(run, initial = {}) {
   markSelected($("#tokens"), pos);
   fillSelect($("#layer-picker"), run.n_layers, "common.layer", layer);
   fillSelect($("#head-picker"), run.n_heads, "common.head", head);
+  maskLegend(run);
   $("#model-summary").textContent = describeModel(model);
   $("#model-summary").title = describeModel(model);
   $("#timeline-box").hidden = true;

@@ -105,6 +105,47 @@ export class HeadGrid {
     this.token = 0;
     // arrow keys move the selected head: left/right within a layer, up/down across layers
     container.addEventListener("keydown", (ev) => this.key(ev));
+    new ResizeObserver(() => this.layout()).observe(container); // a narrower panel wraps the layers
+  }
+
+  // More than 8 heads a layer: the explorer gives the grid's column more room (app.css). Called before
+  // the run's charts are drawn too, so that they are drawn at the width they keep.
+  widen(run) {
+    this.container.toggleAttribute("data-wide", run.n_heads > 8);
+  }
+
+  // Heads a line: a layer's heads all on one line where the panel has room for cells of --cell-min,
+  // else the layer wraps onto as few lines as hold them (its label spanning them; a K/V group kept
+  // whole), so that no cell lies outside the panel (12 heads at 1,400 px, 32 anywhere). Sorted, 8.
+  layout() {
+    const grid = this.container, run = this.run;
+    if (!run) return;
+    const n = run.n_heads;
+    let per = Math.min(8, n), lines = 1;
+    if (this.byPosition) {
+      const style = getComputedStyle(grid);
+      const gap = parseFloat(style.columnGap) || 0;
+      const cell = parseFloat(style.getPropertyValue("--cell-min")) || 34;
+      const label = 2.4 * parseFloat(style.fontSize);
+      // hidden (no width yet): one line a layer until the panel shows
+      const fit = grid.clientWidth ? Math.max(1, Math.floor((grid.clientWidth - label) / (cell + gap))) : n;
+      per = Math.ceil(n / Math.ceil(n / fit));
+      const group = this.group || 1;
+      if (group > 1 && per % group) {
+        const up = Math.ceil(per / group) * group;
+        per = up <= fit ? up : Math.max(group, up - group);
+      }
+      lines = Math.ceil(n / per);
+    }
+    const columns = `${this.byPosition ? "2.4em " : ""}repeat(${per}, minmax(var(--cell-min), 1fr))`;
+    if (grid.style.gridTemplateColumns !== columns) grid.style.gridTemplateColumns = columns;
+    for (const label of grid.querySelectorAll(".row-label")) {
+      label.style.gridColumn = "1";
+      label.style.gridRow = lines > 1 ? `span ${lines}` : "";
+    }
+    this.cols = per;
+    grid.dataset.cols = String(per);
+    grid.dataset.lines = String(lines);
   }
 
   key(ev) {
@@ -143,15 +184,12 @@ export class HeadGrid {
       const missing = sign > 0 ? Infinity : -1;
       scores.sort((a, b) => sign * ((a[sortKey] ?? missing) - (b[sortKey] ?? missing)));
     }
-    const cols = byPosition ? run.n_heads : Math.min(8, run.n_heads);
     this.byPosition = byPosition;
-    this.cols = cols;
-    // cells never narrower than a readable thumbnail: wide grids scroll sideways, tall ones down
-    this.container.style.gridTemplateColumns = `${byPosition ? "2.4em " : ""}repeat(${cols}, minmax(var(--cell-min), 1fr))`;
-    this.container.dataset.cols = String(cols);
     // grouped-query attention: query heads that share one K/V head stand together
     const kv = model ? model.n_kv_heads : run.n_heads;
     const group = run.n_heads / kv;
+    this.group = byPosition ? group : 1;
+    this.widen(run);
     if (byPosition && kv < run.n_heads) {
       this.container.append(el("span", { class: "row-label", text: "K/V" }));
       for (let g = 0; g < kv; g++) {
@@ -181,6 +219,7 @@ export class HeadGrid {
       this.container.append(cell);
       this.canvases.set(`${s.layer}:${s.head}`, canvas);
     }
+    this.layout(); // cells never narrower than a readable thumbnail: layers wrap, tall grids scroll down
     this.select(selected.layer, selected.head);
     this.loadThumbnails(run, token, this.controller.signal)
       .catch((err) => token === this.token && !isAbort(err) && this.onError(err));

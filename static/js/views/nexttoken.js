@@ -11,12 +11,12 @@ export async function fetchNext(runId, pos, temperature, k = 10) {
 }
 
 export function drawNext(div, actualEl, next) {
-  const top = next.top.slice().reverse();
+  const top = next.top; // most likely first: rank 1 at the top of the chart
   const actualId = next.actual_next ? next.actual_next.id : null;
   const data = [{
     type: "bar", orientation: "h",
     x: top.map((c) => c.prob),
-    y: top.map((c, i) => `${top.length - i}`),
+    y: top.map((c, i) => `${i + 1}`),
     text: top.map((c) => plotlyText(`${showToken(c.token)}  ${fmt(c.prob, 3)}`)),
     textposition: "auto", hoverinfo: "text",
     marker: { color: top.map((c) => (c.id === actualId ? "#8b1f8f" : "#2171b5")) },
@@ -24,7 +24,7 @@ export function drawNext(div, actualEl, next) {
   const layout = {
     margin: { l: 28, r: 8, t: 8, b: 30 },
     xaxis: { range: [0, 1], title: { text: t("x.next.x") } },
-    yaxis: { title: { text: t("x.next.y") } },
+    yaxis: { title: { text: t("x.next.y") }, type: "category", autorange: "reversed" }, // "1" read as a number sat at the bottom
   };
   window.Plotly.react(div, data, layout, plotConfig("attnscope-next-token"));
   if (next.actual_next) {
