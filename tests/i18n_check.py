@@ -46,6 +46,7 @@ ALLOWED = {
     "logit", "logits", "softmax", "Transformer", "Block", "Blocks", "Encoder", "Decoder", "only", "RNN", "RoPE", "GPT", "Llama",
     "QK", "KV", "Q", "K", "V", "W_O", "v", "x", "h", "h_t", "x_t", "t", "n", "k", "i", "p", "cos", "tanh", "E", "X",
     "attnscope", "PNG", "SVG", "JSON", "OpenAPI", "ALiBi", "KL", "ln", "safetensors",
+    "Ctrl", "Enter",  # key names on the keyboard, as printed on its keys
 }
 
 # Every string a reader can see or hover, and the token text among it, from the live page.
