@@ -181,3 +181,20 @@ def test_the_head_grids_buttons_fit_on_one_line(browser: object, base_url: str, 
     assert max(middle.values()) - min(middle.values()) < 4, boxes
     assert boxes["svg"]["x"] + boxes["svg"]["width"] <= boxes["tools"]["x"] + boxes["tools"]["width"] + 0.5
     page.close()
+
+
+def test_compares_default_second_prompt_has_as_many_tokens(page: object, base_url: str) -> None:
+    """Compare's default second prompt swapped the first two words ("cat The sat …": 15 tokens against
+    14, the first word's space moving): it swaps the second and third, so that every example the page
+    offers, and the default prompt, line up with their reordering position by position."""
+    page.goto(f"{base_url}/?view=compare")
+    page.wait_for_selector("[data-testid=head-compare][data-n]", state="attached", timeout=60_000)
+    examples = page.evaluate("() => [...document.querySelectorAll('.example')].map((b) => b.dataset.example)")
+    assert "The cat sat on the mat. The cat sat on the mat." in examples and len(examples) >= 4
+    for text in [page.get_by_test_id("prompt-input").input_value(), *examples]:
+        page.goto(f"{base_url}/?text={quote(text)}&view=compare")
+        page.wait_for_selector("[data-testid=head-compare][data-n]", state="attached", timeout=60_000)
+        other = page.get_by_test_id("compare-prompt").input_value()
+        assert other != text
+        n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+        assert page.get_by_test_id("compare-note").text_content().startswith(f"Both prompts have {n} tokens."), (text, other)

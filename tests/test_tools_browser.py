@@ -214,7 +214,7 @@ def test_compare_offers_the_same_tokens_reordered(page: object, base_url: str) -
     assert page.get_by_test_id("compare-prompt").input_value() == "爱我人工智能"
     out = page.evaluate("""async () => { const { reordered } = await import('/static/js/tools/compare.js');
         return ['dog bites man', '我爱人工智能', '  好好学习', 'x', '😀🙂 ok'].map(reordered); }""")
-    assert out == ["bites dog man", "爱我人工智能", "  好学好习", "x", "🙂😀 ok"]
+    assert out == ["dog man bites", "爱我人工智能", "  好学好习", "x", "🙂😀 ok"]  # the 2nd and 3rd words: same tokens
 
 
 def test_compare_long_prompts_as_tiles(page: object, base_url: str) -> None:

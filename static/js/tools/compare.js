@@ -64,8 +64,13 @@ async function compareTiles(ctx, run, runB, { a, b, d, box, note }) {
 }
 
 // The default second prompt: the same tokens in another order, as in the seed's "dog bites man":
-// the first two words swapped, or, in text without spaces (Chinese), the first two characters.
+// the second and third words swapped (both after a space, each keeps its own tokens, so the two
+// prompts line up position by position: "The cat sat" -> "The sat cat"; swapping the first word
+// took its space to another and changed the count, 14 -> 15), else the first two words, or, in text
+// without spaces (Chinese), the first two different characters.
 export function reordered(text) {
+  const middle = text.replace(/^(\W*\w+\W*? )(\w+) (\w+)\b/, (m, lead, a, b) => (a === b ? m : `${lead}${b} ${a}`));
+  if (middle !== text) return middle;
   const swapped = text.replace(/\b(\w+) (\w+)\b/, "$2 $1");
   if (swapped !== text) return swapped;
   const chars = Array.from(text);
