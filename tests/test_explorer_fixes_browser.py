@@ -198,3 +198,28 @@ def test_compares_default_second_prompt_has_as_many_tokens(page: object, base_ur
         assert other != text
         n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
         assert page.get_by_test_id("compare-note").text_content().startswith(f"Both prompts have {n} tokens."), (text, other)
+
+
+def test_a_double_click_zooms_out_clears_the_note_and_keeps_the_focused_token(page: object, base_url: str) -> None:
+    """A double-click on the heatmap (plotly's zoom back out) left the range boxes' zoom note and moved
+    the focused token to the cell double-clicked: the note goes, the token stays."""
+    open_explorer(page, base_url, "The cat sat on the mat. The cat sat on the mat.")
+    page.get_by_test_id("token").nth(3).click()
+    page.wait_for_function("() => new URLSearchParams(location.search).get('pos') === '3'")
+    page.get_by_test_id("zoom-q0").fill("2")
+    page.get_by_test_id("zoom-q1").fill("99")  # clamped to 13: the note says so
+    page.get_by_test_id("zoom-apply").click()
+    note = page.get_by_test_id("zoom-note")
+    note.wait_for()
+    page.get_by_test_id("attention-heatmap").scroll_into_view_if_needed()
+    box = page.locator("[data-testid=attention-heatmap] .nsewdrag").bounding_box()
+    x, y = box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.7  # a cell of another query
+    page.mouse.move(x, y)
+    page.mouse.dblclick(x, y)
+    page.wait_for_function("() => document.querySelector('#zoom-q0').value === ''")  # zoomed back out
+    page.wait_for_timeout(500)  # the clicks' selection, had it moved, would be in by now
+    assert note.is_hidden()
+    assert page.evaluate("() => new URLSearchParams(location.search).get('pos')") == "3"
+    assert "selected" in (page.get_by_test_id("token").nth(3).get_attribute("class") or "")
+    page.mouse.click(x, y)  # a single click still picks that cell
+    page.wait_for_function("() => new URLSearchParams(location.search).get('pos') !== '3'")

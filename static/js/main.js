@@ -165,9 +165,17 @@ function wireHeatmap(div) {
     const bin = binOf(pt);
     return tiles.tile && bin ? binText(tiles.tile, state.run.tokens, bin[0], bin[1]) : "";
   });
+  // A double-click zooms back out: plotly reports a click before it and one after it, which must not
+  // move the selection (the first is undone, the second, detail 2, ignored)
+  let beforeClick = null;
+  div.on("plotly_doubleclick", () => {
+    if (beforeClick && performance.now() - beforeClick.at < 1000) selectCell(beforeClick.pos, beforeClick.key);
+    beforeClick = null;
+  });
   div.on("plotly_click", (ev) => {
     const pt = ev.points.find((p) => p.data.type === "heatmap");
-    if (!pt) return;
+    if (!pt || (ev.event && ev.event.detail >= 2)) return;
+    beforeClick = { pos: state.pos, key: state.key, at: performance.now() };
     if (!isLong(state.run)) return selectCell(pt.y, pt.x);
     const bin = binOf(pt), tile = tiles.tile;
     if (!bin || !tile) return;
@@ -412,6 +420,7 @@ function onRelayout(ev) {
   if (relabelling || !state.run) return;
   const keys = Object.keys(ev || {});
   if (!keys.some((k) => k.startsWith("xaxis.range") || k.startsWith("yaxis.range") || k.endsWith("autorange"))) return;
+  $("#zoom-note").hidden = true; // it spoke of the range boxes' last zoom, which this one replaces
   if (isLong(state.run)) { // a finer (or coarser) tile of what is now in view; a burst of wheel steps asks once
     const all = keys.some((k) => k.endsWith("autorange")); // double-click: back to the overview
     set({ zoom: all ? null : windowFrom($("#heatmap"), shown()) });
