@@ -97,3 +97,9 @@ def test_learn_at_phone_width(phone: object, base_url: str, lang: str) -> None:
     assert [s for s in spans if s[1] != 1] == []
     # and the table still fits the phone: the page does not scroll sideways
     assert phone.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
+    # the generation steps' chart: its long x title wraps inside the chart (plotly cut it at the edge)
+    phone.get_by_test_id("l2-generate").click()
+    phone.wait_for_function("() => document.querySelector('[data-testid=l2-stream]').dataset.done", timeout=120_000)
+    box = phone.evaluate("""() => { const gd = document.querySelector('[data-testid=l2-steps]'), b = gd.getBoundingClientRect(),
+        r = gd.querySelector('.g-xtitle text').getBoundingClientRect(); return [b.left, b.right, r.left, r.right]; }""")
+    assert box[0] - 1 <= box[2] and box[3] <= box[1] + 1, box

@@ -3,6 +3,7 @@
 import { el, fmt, showToken } from "../dom.js";
 import { postJSON, readSSE } from "../api.js";
 import { figure, plot } from "./charts.js";
+import { wrap } from "../tools/common.js";
 import { sentences } from "../i18n.js";
 
 const LONG = 24; // tokens timed at most: long enough for the cache to pay off, short enough to time in seconds
@@ -97,7 +98,9 @@ export async function render(body, ctx) {
       title: `${showToken(g.token)} · ${t("l2.step_hover", { p: fmt(g.prob, 3), ms: fmt(g.ms, 1) })}` })));
     await plot(steps, [{ type: "bar", x: generated.map((_, i) => i + 1), y: generated.map((g) => g.ms), marker: { color: "#2171b5" },
       hovertemplate: t("l2.steps.hover") + "<extra></extra>" }],
-    { xaxis: { title: { text: t("l2.steps.x") }, dtick: 1 }, yaxis: { title: { text: t("common.ms") } } });
+    // plotly never wraps an axis title: on a phone it is broken into lines that fit the chart
+    { xaxis: { title: { text: wrap(t("l2.steps.x"), (steps.clientWidth || 600) - 40).join("<br>") }, dtick: 1 },
+      yaxis: { title: { text: t("common.ms") } } });
   }
 
   async function paintTiming() {

@@ -40,6 +40,6 @@ export async function render(body, ctx) {
   await ctx.paint(async () => {
     for (const [g, div, key, m] of sides) await drawHeatmap(div, g.value.scores, g.value.r.tokens, { title: `${t(key)} · ${m.name} · ${headName(t, 0, 0)}` });
     unk.hidden = !unknown.length;
-    unk.textContent = unknown.length ? t("l7.unk", { model: enc.name, chars }) : "";
+    unk.textContent = unknown.length ? t("l7.unk", { model: enc.name, chars, unk: "[UNK]" }) : ""; // the token as the encoder spells it
   });
 }
