@@ -290,8 +290,8 @@ def position_table(lm: LoadedModel, count: int) -> PositionTable:
 
 # ---- 2. one parallel pass vs serial generation ------------------------------------------------
 
-HANDOFF_S = 0.05  # between two rounds, how long the model's lock is left free for a request waiting on it
-HANDOFF_AFTER_S = 0.2  # ...after a round at least this long (shorter ones hold the model 2 s at most in all)
+HANDOFF_S = 0.05  # how long the model's lock is left free for a request waiting on it...
+HANDOFF_AFTER_S = 0.2  # ...each time a timing has held it this long
 
 
 def let_others_in(lock: threading.Lock, patience: float) -> None:
@@ -303,20 +303,53 @@ def let_others_in(lock: threading.Lock, patience: float) -> None:
         time.sleep(0.001)
 
 
+class Turns:
+    """A model's lock held across many forwards, given up between two of them for a request that
+    waits, once it has been held HANDOFF_AFTER_S: no single forward is interrupted, and no request
+    waits longer than that plus one forward."""
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+        self.since = 0.0
+
+    def __enter__(self) -> Turns:
+        self.lock.acquire()
+        self.since = time.perf_counter()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.lock.release()
+
+    def between(self) -> None:
+        """Call between two forwards (outside what is timed)."""
+        if time.perf_counter() - self.since < HANDOFF_AFTER_S:
+            return
+        self.lock.release()
+        try:
+            let_others_in(self.lock, HANDOFF_S)
+        finally:
+            self.lock.acquire()
+            self.since = time.perf_counter()
+
+
 def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> dict[str, Any]:
     """Time one forward over n tokens, n serial steps with the KV cache, and n serial steps
     that recompute the prefix, ``repeats`` times each, interleaved (so that a slow moment of a
     shared machine hits all three alike) after one untimed warm-up of each. Returns the
     per-step medians and every repeat's total.
 
-    Takes the model's lock itself, once per round (the warm-up, then each repeat), and lets a
-    waiting request in between rounds: at its largest (64 tokens, 9 repeats) a timing holds a
-    model for tens of seconds, one round for a tenth of that. The caller must not hold the lock."""
+    Takes the model's lock itself and lets a waiting request in between two forwards every
+    HANDOFF_AFTER_S (``Turns``): at its largest (64 tokens, 9 repeats) a timing runs for tens of
+    seconds on a loaded machine, but holds the model for a fraction of a second at a time. Each
+    step is timed on its own, so what runs in between is not counted. The caller must not hold
+    the lock."""
     n = ids.shape[0]
     model = lm.model
     ids = ids.to(lm.input_device)
+    turns = Turns(lm.lock)
 
     def timed(fn: Callable[[], object]) -> float:
+        turns.between()
         t0 = time.perf_counter()
         fn()
         return 1e3 * (time.perf_counter() - t0)
@@ -324,6 +357,7 @@ def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> 
     def cached() -> list[float]:
         cache, steps = None, []
         for t in range(n):
+            turns.between()  # the KV cache waits meanwhile: it is this request's own
             t0 = time.perf_counter()
             out = model(input_ids=ids[None, t : t + 1], cache=cache, use_cache=True)
             cache = out.cache
@@ -342,19 +376,12 @@ def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> 
     parallel_runs: list[float] = []
     cache_runs: list[list[float]] = []
     no_cache_runs: list[list[float]] = []
-    held = 0.0
-    for round_ in range(repeats + 1):
-        if round_ and held >= HANDOFF_AFTER_S:
-            let_others_in(lm.lock, HANDOFF_S)
-        with lm.lock, torch.inference_mode():
-            t_round = time.perf_counter()
-            if round_ == 0:
-                parallel(), cached(), uncached()  # warm-up, not timed
-            else:
-                parallel_runs.append(timed(parallel))
-                cache_runs.append(cached())
-                no_cache_runs.append(uncached())
-            held = time.perf_counter() - t_round
+    with turns, torch.inference_mode():
+        timed(parallel), cached(), uncached()  # warm-up, not timed
+        for _ in range(repeats):
+            parallel_runs.append(timed(parallel))
+            cache_runs.append(cached())
+            no_cache_runs.append(uncached())
 
     def per_step(runs: list[list[float]]) -> list[float]:
         return [statistics.median(run[t] for run in runs) for t in range(n)]

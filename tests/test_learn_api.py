@@ -172,43 +172,66 @@ def test_compare_same_tokens_other_order(client: TestClient) -> None:
 class RecordingLock:
     """A lock that records each acquire and release, for checking who holds it when."""
 
-    def __init__(self) -> None:
+    def __init__(self, events: list[str]) -> None:
         self.inner = threading.Lock()
-        self.events: list[str] = []
+        self.events = events
 
     def locked(self) -> bool:
         return self.inner.locked()
 
-    def __enter__(self) -> RecordingLock:
+    def acquire(self) -> bool:
         self.inner.acquire()
         self.events.append("acquire")
-        return self
+        return True
 
-    def __exit__(self, *_exc: object) -> None:
+    def release(self) -> None:
         self.events.append("release")
         self.inner.release()
 
+    def __enter__(self) -> RecordingLock:
+        self.acquire()
+        return self
 
-def test_timing_takes_the_model_lock_once_per_round(tiny_models: dict[str, LoadedModel]) -> None:
-    lock = RecordingLock()
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
+@pytest.mark.parametrize("turn_s", [0.0, 1e9])
+def test_timing_holds_the_model_lock_a_turn_at_a_time(tiny_models: dict[str, LoadedModel],
+                                                      monkeypatch: pytest.MonkeyPatch, turn_s: float) -> None:
+    """Every forward of a timing runs under the model's lock, and the lock is given up between two
+    forwards once it has been held HANDOFF_AFTER_S (0: between every two; 1e9: never)."""
+    monkeypatch.setattr(lessons, "HANDOFF_AFTER_S", turn_s)
+    monkeypatch.setattr(lessons, "HANDOFF_S", 0.0)
+    events: list[str] = []
+    lock = RecordingLock(events)
     lm = replace(tiny_models["gpt2"], lock=lock)  # type: ignore[arg-type]
     held: list[bool] = []
-    handle = lm.model.register_forward_pre_hook(lambda *_: held.append(lock.locked()))
+
+    def forward(*_args: object) -> None:
+        held.append(lock.locked())
+        events.append("forward")
+
+    handle = lm.model.register_forward_pre_hook(forward)
     try:
-        result = lessons.parallel_vs_serial(lm, ids_tensor(tokenize(lm.tokenizer, "one two three four")), repeats=3)
+        result = lessons.parallel_vs_serial(lm, ids_tensor(tokenize(lm.tokenizer, "one two three four")), repeats=2)
     finally:
         handle.remove()
-    assert result["repeats"] == 3
-    assert lock.events == ["acquire", "release"] * 4  # the warm-up and each repeat: free in between
-    assert held and all(held)  # every forward under the lock
+    assert result["repeats"] == 2 and held and all(held)
+    forwards = events.count("forward")
+    turns = "".join("a" if e == "acquire" else "r" if e == "release" else "f" for e in events)
+    if turn_s == 0.0:
+        assert "ff" not in turns and turns.count("a") == forwards + 1  # a turn before every forward
+    else:
+        assert turns == "a" + "f" * forwards + "r"  # one turn: nobody asked for the model
 
 
-def test_another_request_runs_between_the_rounds_of_a_long_timing(
+def test_another_request_runs_in_the_middle_of_a_long_timing(
         client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long timing no longer holds the model until it ends: a run that waits for the model gets in
-    between two of its rounds (its forward comes before the timing's last ones)."""
+    between two of its forwards (its forward comes before the timing's last ones)."""
     monkeypatch.setattr(lessons, "HANDOFF_S", 10.0)  # a generous wait for the waiting thread: no race
-    monkeypatch.setattr(lessons, "HANDOFF_AFTER_S", 0.0)  # after every round, however fast this machine
+    monkeypatch.setattr(lessons, "HANDOFF_AFTER_S", 0.05)  # turns far shorter than the timing, on any machine
     lm = engine.model("tiny-gpt2")
     started = threading.Event()
     other: list[int] = []
