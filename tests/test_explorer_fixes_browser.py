@@ -223,3 +223,29 @@ def test_a_double_click_zooms_out_clears_the_note_and_keeps_the_focused_token(pa
     assert "selected" in (page.get_by_test_id("token").nth(3).get_attribute("class") or "")
     page.mouse.click(x, y)  # a single click still picks that cell
     page.wait_for_function("() => new URLSearchParams(location.search).get('pos') !== '3'")
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_the_zoom_notice_does_not_cover_the_language_button(browser: object, base_url: str, width: int) -> None:
+    """plotly's "Double-click to zoom back out" notice, shown after a drag-zoom, sat over the header's
+    language button (fixed, 50 px from the top): it is shown at the bottom right."""
+    page = browser.new_page(viewport={"width": width, "height": 844})
+    open_explorer(page, base_url, "The cat sat on the mat. The cat sat on the mat.")
+    page.get_by_test_id("attention-heatmap").scroll_into_view_if_needed()
+    box = page.locator("[data-testid=attention-heatmap] .nsewdrag").bounding_box()
+    x, y = box["x"] + box["width"] * 0.2, box["y"] + box["height"] * 0.2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + 60, y + 60, steps=6)
+    page.mouse.up()
+    page.wait_for_selector(".plotly-notifier .notifier-note")
+    page.evaluate("() => window.scrollTo(0, 0)")  # the header in view, the notice fixed where it is
+    got = page.evaluate("""() => {
+      const r = (s) => document.querySelector(s).getBoundingClientRect();
+      const a = r('.plotly-notifier .notifier-note'), b = r('[data-testid=lang-switch]');
+      const overlap = Math.min(a.right, b.right) > Math.max(a.left, b.left) && Math.min(a.bottom, b.bottom) > Math.max(a.top, b.top);
+      return {overlap, note: [a.left, a.top, a.right, a.bottom], lang: [b.left, b.top, b.right, b.bottom], h: innerHeight, w: innerWidth};
+    }""")
+    assert not got["overlap"], got
+    assert got["note"][1] >= 0 and got["note"][3] <= got["h"] and got["note"][2] <= got["w"], got  # still in view
+    page.close()
