@@ -99,7 +99,7 @@ class RunRequest(Strict):
                                     description="next-token candidates kept per position: at most the "
                                     "server's ATTNSCOPE_MAX_TOP_K (100 unless configured; past it, 422); default "
                                     "10, or that limit if lower", examples=[5])
-    truncate: bool = Field(False, description="a text over the model's token limit: analyse its beginning, the "
+    truncate: StrictBool = Field(False, description="a text over the model's token limit: analyse its beginning, the "
                                               "first limit tokens (the run's `truncated` says what was kept), "
                                               "instead of answering 422. Text only, not messages")
 

@@ -257,6 +257,7 @@ STRICT_CASES: list[tuple[str, dict[str, Any], str]] = [
     ("/api/generate", {"text": "hi", "top_p": "0.5"}, 'top_p: must be a number (without quotes), not the string "0.5"'),
     ("/api/generate", {"text": "hi", "record": 1}, "record: Input should be a valid boolean"),
     ("/api/generate", {"text": "hi", "stop_at_eos": "false"}, 'stop_at_eos: must be true or false, not the string "false"'),
+    ("/api/runs", {"text": "hi", "truncate": "yes"}, 'truncate: must be true or false, not the string "yes"'),
 ]
 
 
