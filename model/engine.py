@@ -11,6 +11,7 @@ one background thread), and ``wait_scores`` waits for them.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -73,6 +74,8 @@ class Engine:
         self.max_tokens = max_tokens
         self.budget = MemoryBudget(forward_bytes)
         self.scores = ScoreWorker(store, self.budget)  # the head scores runs still owe, after they answered
+        self._warm_stop = threading.Event()
+        self._warm_thread: threading.Thread | None = None
         for lm in self.models.values():
             probes.check_attention(lm)  # a model whose attention returns no weights never serves
 
@@ -81,18 +84,29 @@ class Engine:
         embedding lesson's untrained rows: a V x V sweep, seconds for a 30k vocabulary), so that the
         first such request answers as fast as the next; one that comes meanwhile waits for it."""
 
+        stop = self._warm_stop
+        models = list(self.models.values())
+
         def run() -> None:
-            for lm in self.models.values():
+            for lm in models:
                 t0 = time.perf_counter()
                 try:
-                    lessons.warm(lm)
+                    lessons.warm(lm, stop)
+                except lessons.Stopped:
+                    return
                 except Exception:  # a request computes it again, and says what failed
                     log.exception("warming up %s failed", lm.info.name)
                     continue
                 log.info("warmed up %s in %.1f s", lm.info.name, time.perf_counter() - t0)
 
-        thread = threading.Thread(target=run, name="attnscope-warm-up", daemon=True)
+        thread = self._warm_thread = threading.Thread(target=run, name="attnscope-warm-up", daemon=True)
         thread.start()
+
+        def stop_and_join() -> None:  # torch aborts the process if a daemon thread is inside it at exit
+            stop.set()
+            thread.join(timeout=60)
+
+        atexit.register(stop_and_join)
         return thread
 
     # ---- lookup -----------------------------------------------------------------
@@ -247,7 +261,10 @@ class Engine:
         return self.store.get(run_id)
 
     def close(self) -> None:
-        """Stop the background work (the late head scores)."""
+        """Stop the background work (the warm-up, the late head scores)."""
+        self._warm_stop.set()
+        if self._warm_thread is not None:
+            self._warm_thread.join(timeout=60)
         self.scores.close()
 
     def check_layer_head(self, cache: ActivationCache, layer: int, head: int | None) -> None:

@@ -103,7 +103,11 @@ _untrained_busy: dict[tuple[int, int], threading.Event] = {}  # computations in 
 _untrained_lock = threading.Lock()
 
 
-def untrained_rows(lm: LoadedModel) -> torch.Tensor:
+class Stopped(Exception):
+    """A background computation was asked to stop (the server is shutting down)."""
+
+
+def untrained_rows(lm: LoadedModel, stop: threading.Event | None = None) -> torch.Tensor:
     """(V,) bool: rows of E that training never moved apart.
 
     A token the training text never contains gets no gradient of its own; with a tied LM head
@@ -112,7 +116,7 @@ def untrained_rows(lm: LoadedModel) -> torch.Tensor:
     out. A row with at least MIN_TWINS other rows at cosine >= TWIN_COS is flagged. Computed
     once per model (V x V cosines, half of them, in blocks: seconds for a 30k vocabulary), by
     ``warm`` in the background when the server starts; a request that comes while it runs
-    waits for it rather than computing it again."""
+    waits for it rather than computing it again. ``stop`` set: Stopped, between two blocks."""
     E = input_embeddings(lm.model)
     key = (id(lm.model), E.data_ptr())
     while True:
@@ -125,7 +129,7 @@ def untrained_rows(lm: LoadedModel) -> torch.Tensor:
                 break
         busy.wait()  # another thread computes it; if it failed, the loop computes it here
     try:
-        flags = twin_counts(E.detach()) >= MIN_TWINS
+        flags = twin_counts(E.detach(), stop) >= MIN_TWINS
         with _untrained_lock:
             _untrained[key] = flags
     finally:
@@ -135,7 +139,7 @@ def untrained_rows(lm: LoadedModel) -> torch.Tensor:
     return flags
 
 
-def twin_counts(E: torch.Tensor) -> torch.Tensor:
+def twin_counts(E: torch.Tensor, stop: threading.Event | None = None) -> torch.Tensor:
     """(V, d) -> (V,) long: how many *other* rows each row has at cosine >= TWIN_COS. Each pair of
     blocks is compared once and counted for both sides (the cosine matrix is symmetric)."""
     unit = torch.nn.functional.normalize(E.float(), dim=-1)  # (V, d)
@@ -143,16 +147,18 @@ def twin_counts(E: torch.Tensor) -> torch.Tensor:
     twins = torch.zeros(V, dtype=torch.long)
     with torch.inference_mode():
         for a in range(0, V, step):
+            if stop is not None and stop.is_set():
+                raise Stopped
             near = (unit[a : a + step] @ unit[a:].T) >= TWIN_COS  # (block, V - a): this block and the rest
             twins[a : a + step] += near.sum(-1)
             twins[a + step :] += near[:, step:].sum(0)  # the later rows' pairs with this block
     return twins - 1  # each row is its own twin once
 
 
-def warm(lm: LoadedModel) -> None:
+def warm(lm: LoadedModel, stop: threading.Event | None = None) -> None:
     """What the Learn views compute once per model, computed now (``Engine.warm_up`` calls it in a
     background thread at start-up, so the first embedding request answers as fast as the next)."""
-    untrained_rows(lm)
+    untrained_rows(lm, stop)
 
 
 def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, Any]:

@@ -291,9 +291,9 @@ def test_the_embedding_answer_is_unchanged_and_warmed_up_before_the_first_reques
     sweeps: list[int] = []
     sweep = lessons.twin_counts
 
-    def counted(E: torch.Tensor) -> torch.Tensor:
+    def counted(E: torch.Tensor, stop: threading.Event | None = None) -> torch.Tensor:
         sweeps.append(E.shape[0])
-        return sweep(E)
+        return sweep(E, stop)
 
     monkeypatch.setattr(lessons, "twin_counts", counted)
     engine.warm_up().join(timeout=120)
@@ -314,11 +314,11 @@ def test_a_request_during_the_warm_up_waits_for_it_instead_of_sweeping_again(
     sweeps: list[str] = []
     sweep = lessons.twin_counts
 
-    def held(E: torch.Tensor) -> torch.Tensor:
+    def held(E: torch.Tensor, stop: threading.Event | None = None) -> torch.Tensor:
         sweeps.append(threading.current_thread().name)
         inside.set()
         go.wait(timeout=60)
-        return sweep(E)
+        return sweep(E, stop)
 
     monkeypatch.setattr(lessons, "twin_counts", held)
     warming = threading.Thread(target=lessons.warm, args=(lm,), name="warm")
@@ -332,3 +332,31 @@ def test_a_request_during_the_warm_up_waits_for_it_instead_of_sweeping_again(
     asking.join(timeout=60)
     assert sweeps == ["warm"] and len(answers) == 1
     assert answers[0] is lessons.untrained_rows(lm)  # the warm-up's own answer
+
+
+def test_closing_the_engine_stops_its_warm_up(tiny_models: dict[str, LoadedModel],
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server shutting down mid-sweep stops it between two blocks (a daemon thread left inside torch
+    at exit aborts the process) and keeps no half answer: the next request computes it whole."""
+    lm = tiny_models["gpt_neox"]
+    engine = make_engine({"m": lm}, "m")
+    monkeypatch.setattr(lessons, "_untrained", {})
+    inside = threading.Event()
+    sweep = lessons.twin_counts
+
+    def slow(E: torch.Tensor, stop: threading.Event | None = None) -> torch.Tensor:
+        inside.set()
+        assert stop is not None and stop.wait(timeout=60)  # until the engine closes
+        return sweep(E, stop)
+
+    monkeypatch.setattr(lessons, "twin_counts", slow)
+    thread = engine.warm_up()
+    assert inside.wait(timeout=60)
+    engine.close()
+    assert not thread.is_alive() and lessons._untrained == {}
+    monkeypatch.setattr(lessons, "twin_counts", sweep)
+    assert lessons.untrained_rows(lm).shape == (lm.info.vocab_size,)
+    stopped = threading.Event()
+    stopped.set()
+    with pytest.raises(lessons.Stopped):
+        lessons.twin_counts(torch.randn(8, 4), stopped)
