@@ -122,3 +122,33 @@ def test_a_count_of_zero_minus_three_or_nothing_is_refused_at_the_box(page: obje
     count.fill("2")  # a usable count clears it
     assert note.is_hidden()
     assert count.get_attribute("aria-invalid") == "false"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_failure_after_the_stream_started_is_said_at_the_generate_control(
+        page: object, base_url: str, bundled_engine: object, monkeypatch: pytest.MonkeyPatch, lang: str) -> None:
+    """A failure after the stream has started ends it with an "error" event (the recorded run would not
+    fit the run cache, here): the page stops reading, says the server's message in its language next
+    to Generate, and asks for no run that does not exist."""
+    from model.errors import TooLarge
+
+    def too_large(*_args: object, **_kwargs: object) -> object:
+        raise TooLarge("this prompt's run would keep 9 MiB (30 tokens; its forward peaks near 12 MiB); "
+                       "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)")
+
+    monkeypatch.setattr(bundled_engine, "store_generation", too_large)
+    asked: list[str] = []
+    page.on("request", lambda r: "/api/runs/" in r.url and asked.append(r.url))
+    page.goto(f"{base_url}/?text=The%20cat%20sat%20on%20the%20mat.&lang={lang}")
+    page.wait_for_function(READY, timeout=60_000)
+    asked.clear()
+    page.get_by_test_id("generate-count").fill("3")
+    page.get_by_test_id("generate-button").click()
+    status = page.get_by_test_id("generate-status")
+    status.wait_for(state="visible", timeout=60_000)
+    page.wait_for_function(READY, timeout=60_000)
+    text = status.inner_text()
+    assert ("would keep 9 MiB" if lang == "en" else "9 MiB") in text, text
+    if lang == "zh":
+        assert "Generation failed" not in text and "would keep" not in text, text  # translated, not English
+    assert not [u for u in asked if "undefined" in u or "null" in u], asked

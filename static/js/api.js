@@ -137,7 +137,9 @@ export function rowOf(slice, i, head = 0) {
   return data.subarray(start, start + (causal ? i + 1 : n));
 }
 
-// Server-Sent Events from a fetch() response (EventSource cannot POST): yields {event, data}.
+// Server-Sent Events from a fetch() response (EventSource cannot POST): yields {event, data}. An
+// "error" event (a failure after the stream started: the server ends the stream with it) is thrown
+// as an ApiError with the server's status and message, so that every reader stops and says it.
 export async function* readSSE(response) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
@@ -151,7 +153,9 @@ export async function* readSSE(response) {
       const block = buffer.slice(0, cut);
       buffer = buffer.slice(cut + 2);
       const fields = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 2)]));
-      yield { event: fields.event, data: JSON.parse(fields.data) };
+      const data = JSON.parse(fields.data);
+      if (fields.event === "error") throw new ApiError(data.status || 500, data.message);
+      yield { event: fields.event, data };
     }
   }
 }
