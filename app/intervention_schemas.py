@@ -88,7 +88,8 @@ class AblatedPosition(BaseModel):
 
 
 class AblateOut(BaseModel):
-    heads: list[tuple[int, int]]
+    # an example: Swagger UI samples a tuple's prefixItems as nulls
+    heads: list[tuple[int, int]] = Field(description="the [layer, head] pairs ablated", examples=[[[4, 0]]])
     mode: Mode
     positions: list[AblatedPosition]
 

@@ -231,6 +231,7 @@ def test_a_long_prompt_the_encoder_refuses_is_said_in_lesson_7(page: object, bas
     open_learn(page, base_url, "&lang=en", text=text)
     err = lesson_error(page, 7)
     assert err["shown"] and re.search(r"the prompt has \d+ tokens, more than this model's limit of 512", err["text"]), err
+    assert err["text"].startswith("The encoder (minilm-l6) refuses this prompt, so only the decoder is drawn:"), err
     assert page.get_by_test_id("error-message").is_hidden()  # said where it happened, not at the top
     page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
     assert js(page, "q('l7-encoder').hidden") is True and js(page, "q('l7-decoder').data.length") > 0  # the decoder still drawn
@@ -242,7 +243,8 @@ def test_a_long_prompt_the_encoder_refuses_is_said_in_lesson_7(page: object, bas
     keys = js(page, "q('l2-verdict').dataset.keys")
     page.get_by_test_id("lang-switch").click()
     page.wait_for_function("() => document.documentElement.dataset.painted === 'zh'")
-    assert re.search(r"提示词有 \d+ 个 token，超过了该模型的上限 512", lesson_error(page, 7)["text"])
+    assert re.search(r"^编码器（minilm-l6）拒绝了这个提示词，因此只画出解码器：提示词有 \d+ 个 token，超过了该模型的上限 512",
+                     lesson_error(page, 7)["text"])
     assert "前 24 个" in js(page, "q('l2-timing').parentElement.querySelector('figcaption').textContent")
     assert js(page, "q('l2-verdict').dataset.keys") == keys  # the same verdict in both languages
     # running a prompt the encoder takes clears the lesson's error

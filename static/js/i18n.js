@@ -141,6 +141,8 @@ export async function initLanguage() {
 const SERVER_ERRORS = [
   [/^(?:(?:body\.)?text: )?text is empty or only whitespace/, "err.empty"],
   [/^the prompt has (\d+) tokens, more than this model's limit of (\d+)/, "err.too_long"],
+  [/^the prompt has at least (\d+) tokens, more than this model's limit of (\d+) \(counted in its first ([\d,]+) of ([\d,]+) characters/, "err.too_long_at_least_read"],
+  [/^the prompt has at least (\d+) tokens, more than this model's limit of (\d+) \(from its length of ([\d,]+) characters alone/, "err.too_long_at_least_length"],
   [/^the prompt has at least (\d+) tokens, more than this model's limit of (\d+)/, "err.too_long_at_least"],
   [/^the prompt has ([\d,]+) characters, more than this model reads for its limit of (\d+) tokens/, "err.too_long_chars"],
   [/^run expired/, "err.expired"],

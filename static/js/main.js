@@ -781,6 +781,7 @@ function genCount() {
   if (raw === "" || box.validity.badInput) countProblem = { key: "x.gen.count_empty", vars: { max } };
   else countProblem = Number.isInteger(n) && n >= 1 && n <= max ? null : { key: "x.gen.count_bad", vars: { v: raw, max } };
   showCountProblem();
+  if (countProblem) hideStatus(); // the last generation's word would read as this request's answer
   return countProblem ? null : n;
 }
 

@@ -3,7 +3,7 @@
 // language calls them all again (no request, no reload).
 import { $, el } from "../dom.js";
 import { getJSON, postJSON } from "../api.js";
-import { errorText, initLanguage, lang, onLanguage, t } from "../i18n.js";
+import { errorText, initLanguage, lang, onLanguage, sentences, t } from "../i18n.js";
 import { chineseNote } from "./note.js";
 import * as l1 from "./l1.js";
 import * as l2 from "./l2.js";
@@ -40,17 +40,19 @@ function paintError() {
   const box = $("#error");
   box.textContent = lastError ? errorText(lastError) : "";
   box.hidden = !lastError;
-  for (const { box: b, message } of lessonErrors.values()) {
-    b.textContent = message ? errorText(message) : "";
+  for (const { box: b, message, lead } of lessonErrors.values()) {
+    b.textContent = message ? sentences([lead ? t(lead.key, lead.vars) : "", errorText(message)]) : "";
     b.hidden = !message;
   }
 }
 
-// A lesson's error goes to that lesson; an empty message clears it.
-function showError(message, lesson = null) {
+// A lesson's error goes to that lesson; an empty message clears it. ``lead``: a catalogue key and its
+// values said before the server's message (which model refused, say).
+function showError(message, lesson = null, lead = null) {
   if (lesson) {
     errorBox(lesson);
     lessonErrors.get(lesson).message = message || "";
+    lessonErrors.get(lesson).lead = lead;
   } else {
     lastError = message || null;
   }
@@ -98,7 +100,7 @@ async function runAll(models) {
       const body = section.querySelector(".lesson-body");
       delete body.dataset.ready;
       const ctx = {
-        run, text, models, model: dflt, t, error: (message) => showError(message, n), errorBox: () => errorBox(n), paint: painter(n),
+        run, text, models, model: dflt, t, error: (message, lead = null) => showError(message, n, lead), errorBox: () => errorBox(n), paint: painter(n),
         later: (fn) => later.push(async () => {
           try {
             await fn();

@@ -72,8 +72,9 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   const layout = {
     margin: { l: 90, r: 10, t: 80, b: title.includes("\n") ? 46 : 28 },
     title: { text: plotlyText(title).replace(/\n/g, "<br>"), font: { size: 12 }, y: 0.012, yanchor: "bottom" },
-    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1], budget), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 } },
-    yaxis: { ...ticks(tokens, zq[0], zq[1], budget), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: t("heat.query") } },
+    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1], budget), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 }, automargin: true },
+    // automargin: a long token's slanted label grows the margin instead of running through the axis title
+    yaxis: { ...ticks(tokens, zq[0], zq[1], budget), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: t("heat.query") }, automargin: true },
     plot_bgcolor: "#ffffff",
     dragmode: "zoom",
     shapes: cell ? [cellShape(cell.q, cell.k)] : [],
