@@ -152,3 +152,18 @@ def test_a_failure_after_the_stream_started_is_said_at_the_generate_control(
     if lang == "zh":
         assert "Generation failed" not in text and "would keep" not in text, text  # translated, not English
     assert not [u for u in asked if "undefined" in u or "null" in u], asked
+
+
+def test_a_refused_count_hides_the_last_generations_status(page: object, base_url: str) -> None:
+    """After a generation, a count the box refuses must not leave "Generated 2 tokens…" beside the
+    refusal, where it read as this request's answer."""
+    page.goto(f"{base_url}/?text=The%20cat%20sat%20on%20the%20mat.")
+    page.wait_for_function(READY, timeout=60_000)
+    page.get_by_test_id("generate-count").fill("2")
+    page.get_by_test_id("generate-button").click()
+    page.get_by_test_id("generate-status").wait_for(state="visible", timeout=120_000)
+    page.wait_for_function(READY, timeout=60_000)
+    page.get_by_test_id("generate-count").fill("0")
+    page.get_by_test_id("generate-button").click()
+    assert page.get_by_test_id("generate-count-error").is_visible()
+    assert page.get_by_test_id("generate-status").is_hidden()
