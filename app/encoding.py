@@ -21,12 +21,12 @@ import torch
 def sqrt_u8(packed: torch.Tensor) -> bytes:
     """(..., cells) float weights in [0, 1] -> bytes, one per cell."""
     q = torch.round(packed.clamp(0, 1).sqrt() * 255).to(torch.uint8)
-    return q.numpy().tobytes()
+    return q.cpu().numpy().tobytes()  # a GPU run's weights come back to the host here
 
 
 def f32_le(packed: torch.Tensor) -> bytes:
     """(..., cells) weights -> little-endian float32 bytes, exact."""
-    return packed.to(torch.float32).numpy().astype("<f4").tobytes()
+    return packed.to(torch.float32).cpu().numpy().astype("<f4").tobytes()
 
 
 def f32_base64(packed: torch.Tensor) -> str:
@@ -51,7 +51,7 @@ def decode_sqrt_u8(data: bytes) -> np.ndarray:
 
 def rows(pattern: torch.Tensor, causal: bool, decimals: int = 6) -> list[list[float]]:
     """(n, n) one head -> rows of visible weights (causal: row i keeps i+1), rounded for JSON."""
-    values = np.round(pattern.numpy().astype(np.float64), decimals)
+    values = np.round(pattern.detach().cpu().numpy().astype(np.float64), decimals)  # a GPU run's pattern too
     if not causal:
         full: list[list[float]] = values.tolist()
         return full

@@ -54,8 +54,9 @@ class FrozenNorm:
     shift: torch.Tensor  # (d,) float64
 
     def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """(..., d) -> (..., d): the norm's linear part, the same for every summand."""
-        x = x.double()
+        """(..., d) -> (..., d): the norm's linear part, the same for every summand (float64, on the CPU
+        where attribution adds its terms, whatever device the run's activations are on)."""
+        x = x.double().cpu()
         if self.center:
             x = x - x.mean(-1, keepdim=True)
         return x * self.scale
@@ -77,13 +78,14 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
     module's own output is kept; none matching is an error, not a silent approximation.
     """
     d = x.shape[-1]
-    xd = x.double()
+    xd = x.double().cpu()  # (d,) the maths below is float64 on the CPU
     if norm is None:
         return FrozenNorm(False, torch.ones(d, dtype=torch.float64), torch.zeros(d, dtype=torch.float64))
     with torch.inference_mode():
         # run the norm in float32 whatever the model's dtype, so its output is checked at float32 precision
         params = {name: t.float() for name, t in [*norm.named_parameters(), *norm.named_buffers()]}
-        y = torch.func.functional_call(norm, params, (x[None].float(),))[0].double()  # (d,)
+        dev = next((t.device for t in params.values()), x.device)  # where the norm's weights are (a GPU)
+        y = torch.func.functional_call(norm, params, (x[None].float().to(dev),))[0].double().cpu()  # (d,)
     eps = _eps(norm)
     weight = getattr(norm, "weight", None)
     w = weight.detach().double().cpu() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)

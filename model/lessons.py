@@ -144,7 +144,7 @@ def twin_counts(E: torch.Tensor, stop: threading.Event | None = None) -> torch.T
     blocks is compared once and counted for both sides (the cosine matrix is symmetric)."""
     unit = torch.nn.functional.normalize(E.float(), dim=-1)  # (V, d)
     V, step = unit.shape[0], TWIN_BLOCK
-    twins = torch.zeros(V, dtype=torch.long)
+    twins = torch.zeros(V, dtype=torch.long, device=unit.device)  # beside the rows (a GPU model's on the GPU)
     with torch.inference_mode():
         for a in range(0, V, step):
             if stop is not None and stop.is_set():
@@ -152,7 +152,7 @@ def twin_counts(E: torch.Tensor, stop: threading.Event | None = None) -> torch.T
             near = (unit[a : a + step] @ unit[a:].T) >= TWIN_COS  # (block, V - a): this block and the rest
             twins[a : a + step] += near.sum(-1)
             twins[a + step :] += near[:, step:].sum(0)  # the later rows' pairs with this block
-    return twins - 1  # each row is its own twin once
+    return (twins - 1).cpu()  # each row is its own twin once
 
 
 def warm(lm: LoadedModel, stop: threading.Event | None = None) -> None:

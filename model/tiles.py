@@ -286,7 +286,7 @@ def u8_tile(values: torch.Tensor) -> bytes:
     """
     hidden = values.isnan()
     q = torch.round(values.nan_to_num(0.0).clamp(0, 1).sqrt() * 254).to(torch.uint8)
-    return q.masked_fill(hidden, MASKED_U8).numpy().tobytes()
+    return q.masked_fill(hidden, MASKED_U8).cpu().numpy().tobytes()  # a GPU run's tile too
 
 
 MASKED_U8 = 255

@@ -53,6 +53,9 @@ def test_endpoints_on_the_gpu(dtype: torch.dtype) -> None:
                             ("export", {}), ("attribution", {"position": n - 1})]:
             r = client.get(f"/api/runs/{rid}/{url}", params=params)
             assert r.status_code == 200, (url, r.text[:300])
+        # the Learn views' embedding sweep (V x V cosines, in blocks) runs beside the GPU model's rows
+        r = client.get("/api/models/gpu-llama/embedding", params={"id": 5})
+        assert r.status_code == 200, r.text[:300]
         r = client.post("/api/generate", json={"text": "the cat", "max_new_tokens": 3, "record": True})
         assert r.status_code == 200 and "event: done" in r.text
         info = client.get("/api/models").json()["models"][0]

@@ -234,8 +234,9 @@ def _tile_response(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int
     values = kept_tiles(tiles, run_id, cache, layer, heads, spec)  # (heads, Sq, Sk)
     timing = f"tile;dur={1e3 * (time.perf_counter() - start):.1f}"  # computed, kept or waited for
     if fmt == "json":
-        cells = np.round(values.numpy().astype(np.float64), 6).astype(object)
-        cells[np.isnan(values.numpy())] = None
+        host = values.cpu().numpy()  # a GPU run's tiles too
+        cells = np.round(host.astype(np.float64), 6).astype(object)
+        cells[np.isnan(host)] = None
         return _json({"layer": layer, "head": head, "n_heads": len(heads), "n": cache.n, "causal": cache.causal,
                       "q0": spec.q0, "q1": spec.q1, "k0": spec.k0, "k1": spec.k1, "pool": spec.pool,
                       "exact": spec.exact, "q_edges": spec.q_edges().tolist(), "k_edges": spec.k_edges().tolist(),
