@@ -10,6 +10,8 @@ COPY app app
 COPY model model
 COPY static static
 COPY templates templates
+# attnscope/ links to the four folders above: installed, they are attnscope.app, attnscope.model, …
+COPY attnscope attnscope
 RUN pip install --no-cache-dir -e . && useradd --create-home attnscope
 USER attnscope
 EXPOSE 8000

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from app.schemas import RunOut
-    from model.cache import ActivationCache
+    from attnscope.app.schemas import RunOut
+    from attnscope.model.cache import ActivationCache
 
 log = logging.getLogger("attnscope")
 
@@ -45,11 +45,11 @@ def model_overrides(items: list[str]) -> dict[str, Any]:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app.main import build_engine, create_app
-    from app.memory import tune_malloc
-    from app.settings import Settings
-    from model import probes
-    from model.errors import EngineError
+    from attnscope.app.main import build_engine, create_app
+    from attnscope.app.memory import tune_malloc
+    from attnscope.app.settings import Settings
+    from attnscope.model import probes
+    from attnscope.model.errors import EngineError
 
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     try:
@@ -88,7 +88,7 @@ def run_file(out: RunOut, cache: ActivationCache, model_info: dict[str, Any], ma
     (``attnscope-run/2``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
     run.json`` then ``attnscope export run.json ...`` works; above ``max_cells`` cells the attention is
     left out, as the API's export refuses it."""
-    from app.encoding import f32_base64
+    from attnscope.app.encoding import f32_base64
 
     saved: dict[str, Any] = {"format": "attnscope-run/2", **out.model_dump(mode="json"), "model_info": model_info}
     visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
@@ -105,13 +105,13 @@ def run_file(out: RunOut, cache: ActivationCache, model_info: dict[str, Any], ma
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from app.routes.runs import run_out
-    from app.schemas import PredictionOut
-    from app.settings import Settings
-    from model.cache import RunStore
-    from model.engine import Engine
-    from model.errors import EngineError
-    from model.loading import load_model
+    from attnscope.app.routes.runs import run_out
+    from attnscope.app.schemas import PredictionOut
+    from attnscope.app.settings import Settings
+    from attnscope.model.cache import RunStore
+    from attnscope.model.engine import Engine
+    from attnscope.model.errors import EngineError
+    from attnscope.model.loading import load_model
 
     settings = Settings()
     name = args.model or settings.default_model
@@ -145,8 +145,8 @@ def _analyze(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from app.encoding import rows_from_f32_base64
-    from app.svg_export import heatmap_svg
+    from attnscope.app.encoding import rows_from_f32_base64
+    from attnscope.app.svg_export import heatmap_svg
 
     try:
         run = json.loads(args.run.read_text(encoding="utf-8"))

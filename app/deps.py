@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.gate import Gate
-from app.settings import Settings
-from model.engine import Engine
-from model.errors import ModelLoadError
-from model.tilecache import Tiles
+from attnscope.app.gate import Gate
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
+from attnscope.model.errors import ModelLoadError
+from attnscope.model.tilecache import Tiles
 
 
 def get_engine(request: Request) -> Engine:
@@ -23,21 +23,21 @@ def get_engine(request: Request) -> Engine:
 def get_settings(request: Request) -> Settings:
     settings = request.app.state.settings
     if not isinstance(settings, Settings):
-        raise TypeError("app.state.settings is not a Settings: build the app with app.main.create_app")
+        raise TypeError("app.state.settings is not a Settings: build the app with attnscope.app.main.create_app")
     return settings
 
 
 def get_gate(request: Request) -> Gate:
     gate = request.app.state.gate
     if not isinstance(gate, Gate):
-        raise TypeError("app.state.gate is not a Gate: build the app with app.main.create_app")
+        raise TypeError("app.state.gate is not a Gate: build the app with attnscope.app.main.create_app")
     return gate
 
 
 def get_tiles(request: Request) -> Tiles:
     tiles = request.app.state.tiles
     if not isinstance(tiles, Tiles):
-        raise TypeError("app.state.tiles is not a Tiles: build the app with app.main.create_app")
+        raise TypeError("app.state.tiles is not a Tiles: build the app with attnscope.app.main.create_app")
     return tiles
 
 

@@ -11,8 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.middleware import BodyTooLarge
-from model.errors import (
+from attnscope.app.middleware import BodyTooLarge
+from attnscope.model.errors import (
     AttentionUnavailable,
     BadInput,
     EngineError,

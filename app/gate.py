@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from app.errors import Busy
+from attnscope.app.errors import Busy
 
 
 class Gate:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictInt, field_validator
 
-from app.schemas import Strict, TokenOut, _text_not_blank
+from attnscope.app.schemas import Strict, TokenOut, _text_not_blank
 
 INT32 = 2**31
 # a layer, head, position or vocabulary id: a JSON integer (never true/false or "3"). The schema states its

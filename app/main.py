@@ -14,16 +14,16 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
-from app import errors
-from app.gate import Gate
-from app.middleware import AllowedHosts, BodyLimit, SecurityHeaders, Utf8Json
-from app.routes import generate, interventions, learn, models, pages, runs
-from app.schemas import ErrorOut
-from app.settings import Settings
-from model.cache import RunStore
-from model.engine import Engine
-from model.loading import load_model
-from model.tilecache import Tiles
+from attnscope.app import errors
+from attnscope.app.gate import Gate
+from attnscope.app.middleware import AllowedHosts, BodyLimit, SecurityHeaders, Utf8Json
+from attnscope.app.routes import generate, interventions, learn, models, pages, runs
+from attnscope.app.schemas import ErrorOut
+from attnscope.app.settings import Settings
+from attnscope.model.cache import RunStore
+from attnscope.model.engine import Engine
+from attnscope.model.loading import load_model
+from attnscope.model.tilecache import Tiles
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parents[1] / "static"

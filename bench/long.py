@@ -51,12 +51,12 @@ sys.path.insert(0, str(ROOT))
 
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
-from app.memory import rss_bytes, tune_malloc  # noqa: E402
-from app.routes.runs import head_tiles  # noqa: E402
+from attnscope.app.memory import rss_bytes, tune_malloc  # noqa: E402
+from attnscope.app.routes.runs import head_tiles  # noqa: E402
+from attnscope.model.hooks import RESIDUAL, run_with_cache  # noqa: E402
+from attnscope.model.loading import LoadedModel, wrap_model  # noqa: E402
+from attnscope.model.tiles import TileSpec  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from model.hooks import RESIDUAL, run_with_cache  # noqa: E402
-from model.loading import LoadedModel, wrap_model  # noqa: E402
-from model.tiles import TileSpec  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
 from tests.families import LONG_POSITIONS, long_llama  # noqa: E402
 from tests.tinytok import tiny_tokenizer  # noqa: E402

@@ -50,10 +50,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
+from attnscope.model.loading import LoadedModel  # noqa: E402
+from attnscope.model.names import act_name  # noqa: E402
 from bench.capture import gpt2_small_folder, prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from model.loading import LoadedModel  # noqa: E402
-from model.names import act_name  # noqa: E402
 
 log = logging.getLogger("bench.peers")
 # what BertViz's page asks the CDN for, and the npm package file that answers it
@@ -93,9 +93,9 @@ def measure_capture(lm: LoadedModel, folder: Path, texts: dict[int, str], repeat
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import GPT2LMHeadModel
 
-    from model.cache import RunStore
-    from model.engine import Engine
-    from model.hooks import run_with_cache
+    from attnscope.model.cache import RunStore
+    from attnscope.model.engine import Engine
+    from attnscope.model.hooks import run_with_cache
 
     engine = Engine({lm.info.name: lm}, lm.info.name, RunStore(1 << 30), 1024)  # LRU: one big run at a time
     # TransformerLens wraps the modules of the model it is given: a second copy of the same weights
@@ -286,9 +286,9 @@ def main() -> None:
         return
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
-    from app.settings import Settings
-    from model.loading import load_model
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+    from attnscope.model.loading import load_model
     from tests.conftest import make_engine
 
     folder = gpt2_small_folder(args.tmp)

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from model.cache import ActivationCache
-from model.errors import BadInput
-from model.intervene import (
+from attnscope.model.cache import ActivationCache
+from attnscope.model.errors import BadInput
+from attnscope.model.intervene import (
     Hook,
     Registration,
     batch_size,
@@ -35,7 +35,7 @@ from model.intervene import (
     split_heads,
     temporary_hooks,
 )
-from model.loading import LoadedModel
+from attnscope.model.loading import LoadedModel
 
 Mode = Literal["zero", "mean"]
 

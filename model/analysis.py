@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from model.loading import LMHead
+from attnscope.model.loading import LMHead
 
 
 @dataclass(frozen=True)

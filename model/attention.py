@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from model.capture import LazyMask, visible_span
-from model.spans import Spans, mask_spans
+from attnscope.model.capture import LazyMask, visible_span
+from attnscope.model.spans import Spans, mask_spans
 
 CHUNK_CELLS = 1 << 21  # weights per head x rows x keys block while a whole layer is swept (8 MiB float32)
 

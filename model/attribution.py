@@ -17,10 +17,10 @@ from typing import Literal
 import torch
 from torch import nn
 
-from model.cache import ActivationCache
-from model.errors import BadInput
-from model.intervene import capture_z, head_weights, require_decoder
-from model.loading import LoadedModel
+from attnscope.model.cache import ActivationCache
+from attnscope.model.errors import BadInput
+from attnscope.model.intervene import capture_z, head_weights, require_decoder
+from attnscope.model.loading import LoadedModel
 
 TermKind = Literal["embed", "head", "mlp", "bias"]
 

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from model.capture import BLOCK_CELLS
-from model.errors import TooLarge
-from model.loading import LoadedModel
+from attnscope.model.capture import BLOCK_CELLS
+from attnscope.model.errors import TooLarge
+from attnscope.model.loading import LoadedModel
 
 MIB = 1 << 20
 

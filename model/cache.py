@@ -11,15 +11,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.analysis import HeadSparsity
-from model.attention import LayerAttention
-from model.budget import mib_over
-from model.errors import RunNotFound, TooLarge
-from model.names import parse
-from model.results import RunSummary
+from attnscope.model.analysis import HeadSparsity
+from attnscope.model.attention import LayerAttention
+from attnscope.model.budget import mib_over
+from attnscope.model.errors import RunNotFound, TooLarge
+from attnscope.model.names import parse
+from attnscope.model.results import RunSummary
 
 if TYPE_CHECKING:
-    from model.late_scores import PendingScores
+    from attnscope.model.late_scores import PendingScores
 
 
 def tril_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:

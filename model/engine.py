@@ -19,16 +19,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from model import analysis, lessons, probes
-from model.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
-from model.cache import ActivationCache, RunStore
-from model.errors import BadInput, UnknownModel
-from model.generation import tempered_logits
-from model.hooks import RESIDUAL, Captures, run_with_cache
-from model.late_scores import PendingScores, ScoreWorker
-from model.loading import LMHead, LoadedModel
-from model.names import act_name
-from model.results import (
+from attnscope.model import analysis, lessons, probes
+from attnscope.model.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
+from attnscope.model.cache import ActivationCache, RunStore
+from attnscope.model.errors import BadInput, UnknownModel
+from attnscope.model.generation import tempered_logits
+from attnscope.model.hooks import RESIDUAL, Captures, run_with_cache
+from attnscope.model.late_scores import PendingScores, ScoreWorker
+from attnscope.model.loading import LMHead, LoadedModel
+from attnscope.model.names import act_name
+from attnscope.model.results import (
     ActualNext,
     LensPosition,
     LensStage,
@@ -38,7 +38,7 @@ from model.results import (
     RunSummary,
     TokenProb,
 )
-from model.tokens import (
+from attnscope.model.tokens import (
     TextAssembler,
     Token,
     TokenCount,

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from safetensors.torch import load, save
 
-from model.attention import CHUNK_CELLS, LayerAttention, logits
-from model.cache import ActivationCache
+from attnscope.model.attention import CHUNK_CELLS, LayerAttention, logits
+from attnscope.model.cache import ActivationCache
 
 FORMAT = "attnscope-run-tensors/1"
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import torch
 
-from model.hooks import RESIDUAL, Captures, Filter, hooked, last_logits_only
-from model.loading import LoadedModel
-from model.recording import Recorder
-from model.tokens import TextAssembler, token_strings
+from attnscope.model.hooks import RESIDUAL, Captures, Filter, hooked, last_logits_only
+from attnscope.model.loading import LoadedModel
+from attnscope.model.recording import Recorder
+from attnscope.model.tokens import TextAssembler, token_strings
 
 
 @dataclass(frozen=True)

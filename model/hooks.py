@@ -26,14 +26,14 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from model import attention, capture, module_qk, pair_scores
-from model.analysis import HeadScore, ScoreAccumulator
-from model.attention import LayerAttention
-from model.capture import AttentionCall, LazyMask
-from model.errors import AttentionUnavailable
-from model.loading import LoadedModel
-from model.module_qk import ModuleQK
-from model.names import KINDS, LOGITS, act_name, kind_of
+from attnscope.model import attention, capture, module_qk, pair_scores
+from attnscope.model.analysis import HeadScore, ScoreAccumulator
+from attnscope.model.attention import LayerAttention
+from attnscope.model.capture import AttentionCall, LazyMask
+from attnscope.model.errors import AttentionUnavailable
+from attnscope.model.loading import LoadedModel
+from attnscope.model.module_qk import ModuleQK
+from attnscope.model.names import KINDS, LOGITS, act_name, kind_of
 
 Filter = Callable[[str], bool]
 

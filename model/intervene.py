@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from model.errors import BadInput
-from model.loading import LoadedModel
+from attnscope.model.errors import BadInput
+from attnscope.model.loading import LoadedModel
 
 # one budget for the batched forwards' largest tensors (attention scores, MLP hidden, logits)
 BATCH_BYTES = 256 * 2**20

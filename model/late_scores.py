@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from model.analysis import SCORE_FIELDS, SCORE_NAMES, HeadScore, ScoreAccumulator
-from model.attention import LayerAttention
-from model.capture import BLOCK_CELLS
-from model.hooks import complete
-from model.jobthread import JobThread
-from model.pair_scores import InductionPairs
+from attnscope.model.analysis import SCORE_FIELDS, SCORE_NAMES, HeadScore, ScoreAccumulator
+from attnscope.model.attention import LayerAttention
+from attnscope.model.capture import BLOCK_CELLS
+from attnscope.model.hooks import complete
+from attnscope.model.jobthread import JobThread
+from attnscope.model.pair_scores import InductionPairs
 
 if TYPE_CHECKING:
-    from model.budget import MemoryBudget
-    from model.cache import ActivationCache, RunStore
+    from attnscope.model.budget import MemoryBudget
+    from attnscope.model.cache import ActivationCache, RunStore
 
 log = logging.getLogger(__name__)
 STOPPED = "the server stopped before these scores were computed"

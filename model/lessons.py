@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from model.arch import PositionEncoding
-from model.attention import LayerAttention
-from model.errors import BadInput
-from model.loading import LoadedModel, input_embeddings, output_embeddings, position_embeddings
+from attnscope.model.arch import PositionEncoding
+from attnscope.model.attention import LayerAttention
+from attnscope.model.errors import BadInput
+from attnscope.model.loading import LoadedModel, input_embeddings, output_embeddings, position_embeddings
 
 # ---- 1. attention aggregates context ----------------------------------------------------------
 

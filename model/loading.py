@@ -35,8 +35,8 @@ from transformers import (
 )
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from model import capture
-from model.arch import (
+from attnscope.model import capture
+from attnscope.model.arch import (
     ArchSpec,
     PositionEncoding,
     UnsupportedArchitecture,
@@ -46,7 +46,7 @@ from model.arch import (
     max_positions,
     spec_for,
 )
-from model.errors import AttentionUnavailable, ModelLoadError
+from attnscope.model.errors import AttentionUnavailable, ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import torch
 
-from model.analysis import INDUCTION_NEAR
-from model.capture import BLOCK_CELLS, flash_attention
+from attnscope.model.analysis import INDUCTION_NEAR
+from attnscope.model.capture import BLOCK_CELLS, flash_attention
 
 SMALL_GROUP = 16  # a token with at most this many copies is computed in the batched chunks
 

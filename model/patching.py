@@ -24,8 +24,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from model.errors import BadInput
-from model.intervene import (
+from attnscope.model.errors import BadInput
+from attnscope.model.intervene import (
     Hook,
     Registration,
     attention_module,
@@ -41,8 +41,8 @@ from model.intervene import (
     temporary_hooks,
     with_hidden,
 )
-from model.loading import LoadedModel
-from model.tokens import tokenize
+from attnscope.model.loading import LoadedModel
+from attnscope.model.tokens import tokenize
 
 Site = Literal["resid", "attn_out", "mlp_out", "heads"]
 SITES: tuple[Site, ...] = ("resid", "attn_out", "mlp_out", "heads")

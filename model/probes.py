@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from model.hooks import run_with_cache
-from model.loading import LoadedModel
-from model.names import act_name, kind_of
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import LoadedModel
+from attnscope.model.names import act_name, kind_of
 
 
 def repeated_random_tokens(vocab_size: int, length: int, seed: int = 0) -> torch.Tensor:

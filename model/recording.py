@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from model import attention
-from model.hooks import Captures, finish, publish
-from model.loading import LoadedModel
-from model.names import act_name, kind_of
+from attnscope.model import attention
+from attnscope.model.hooks import Captures, finish, publish
+from attnscope.model.loading import LoadedModel
+from attnscope.model.names import act_name, kind_of
 
 
 @dataclass

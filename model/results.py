@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from model.analysis import HeadScore
-from model.tokens import Token
+from attnscope.model.analysis import HeadScore
+from attnscope.model.tokens import Token
 
 
 @dataclass(frozen=True, slots=True)

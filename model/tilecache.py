@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import torch
 
-from model.attention import LayerAttention
-from model.jobthread import JobThread
-from model.tiles import TileSpec, head_tile
+from attnscope.model.attention import LayerAttention
+from attnscope.model.jobthread import JobThread
+from attnscope.model.tiles import TileSpec, head_tile
 
 log = logging.getLogger(__name__)
 OVERVIEW = 256  # bins per axis of an overview: the explorer's TILE

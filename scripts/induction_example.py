@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from app.main import create_app  # noqa: E402
-from app.settings import Settings  # noqa: E402
+from attnscope.app.main import create_app  # noqa: E402
+from attnscope.app.settings import Settings  # noqa: E402
 from bench.report import write_section  # noqa: E402
 
 SENTENCE = "Nine violet lanterns drifted slowly past the quiet harbour wall."

@@ -21,12 +21,12 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from app.main import create_app
-from app.settings import Settings
-from model import probes
-from model.cache import RunStore
-from model.engine import Engine
-from model.loading import BUNDLED_DIR, LoadedModel, load_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model import probes
+from attnscope.model.cache import RunStore
+from attnscope.model.engine import Engine
+from attnscope.model.loading import BUNDLED_DIR, LoadedModel, load_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # TestClient sends "Host: testserver"; the app answers only to the host names it is configured for

@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch import nn
 
-from model import capture
-from model.capture import attnscope_attention
-from model.errors import AttentionUnavailable
-from model.hooks import Captures, run_with_cache
-from model.loading import wrap_model
+from attnscope.model import capture
+from attnscope.model.capture import attnscope_attention
+from attnscope.model.errors import AttentionUnavailable
+from attnscope.model.hooks import Captures, run_with_cache
+from attnscope.model.loading import wrap_model
 from tests.families import FAMILIES
 from tests.tinytok import tiny_tokenizer
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.budget import MemoryBudget, estimate, mib_over
-from model.cache import RunStore
-from model.engine import Engine
-from model.errors import TooLarge
-from model.export import KeptRun
-from model.loading import LoadedModel
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.budget import MemoryBudget, estimate, mib_over
+from attnscope.model.cache import RunStore
+from attnscope.model.engine import Engine
+from attnscope.model.errors import TooLarge
+from attnscope.model.export import KeptRun
+from attnscope.model.loading import LoadedModel
 from tests.conftest import make_engine
 
 

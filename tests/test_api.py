@@ -10,12 +10,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.encoding import decode_sqrt_u8
-from app.main import create_app
-from app.settings import Settings
-from model import probes
-from model.engine import Engine
-from model.loading import LoadedModel, load_model
+from attnscope.app.encoding import decode_sqrt_u8
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model import probes
+from attnscope.model.engine import Engine
+from attnscope.model.loading import LoadedModel, load_model
 from tests.conftest import make_engine, save_tiny
 from tests.sse import events as sse_events
 

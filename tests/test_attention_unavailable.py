@@ -9,12 +9,12 @@ import pytest
 from fastapi.testclient import TestClient
 from transformers import AutoModelForCausalLM
 
-from app.main import create_app
-from app.settings import Settings
-from model.errors import AttentionUnavailable
-from model.hooks import run_with_cache
-from model.loading import LoadedModel, load_model
-from model.tokens import ids_tensor, tokenize
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.errors import AttentionUnavailable
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import LoadedModel, load_model
+from attnscope.model.tokens import ids_tensor, tokenize
 from tests.conftest import make_engine
 
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.analysis import INDUCTION_MIN_QUERIES
-from model.engine import Engine
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.analysis import INDUCTION_MIN_QUERIES
+from attnscope.model.engine import Engine
 
 EVERYDAY = [
     "I think that the dog and the cat are friends.",

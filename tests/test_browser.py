@@ -8,7 +8,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from model.loading import BUNDLED_DIR
+from attnscope.model.loading import BUNDLED_DIR
 from tests.browser import ConsoleWatch, shot
 
 pytestmark = pytest.mark.browser

@@ -15,14 +15,14 @@ import torch
 from fastapi.testclient import TestClient
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from app.main import create_app
-from app.settings import Settings
-from model.analysis import head_scores, previous_token_weights
-from model.engine import Engine
-from model.hooks import run_with_cache
-from model.loading import BUNDLED_DIR
-from model.names import act_name, kind_of
-from model.tokens import ids_tensor, tokenize
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.analysis import head_scores, previous_token_weights
+from attnscope.model.engine import Engine
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import BUNDLED_DIR
+from attnscope.model.names import act_name, kind_of
+from attnscope.model.tokens import ids_tensor, tokenize
 
 FOLDER = BUNDLED_DIR / "attnscope-tiny"
 HELDOUT = Path(__file__).parent / "data" / "heldout_sample.txt"

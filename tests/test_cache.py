@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.errors import RunNotFound
-from model.loading import LoadedModel
-from model.names import KINDS, LOGITS, act_name, block_names, kind_of, parse
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.errors import RunNotFound
+from attnscope.model.loading import LoadedModel
+from attnscope.model.names import KINDS, LOGITS, act_name, block_names, kind_of, parse
 from tests.conftest import make_engine
 
 

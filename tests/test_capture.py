@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from model import analysis
-from model.cache import pack_pattern
-from model.hooks import run_with_cache
-from model.loading import LoadedModel
-from model.names import LOGITS, act_name, block_names
-from model.tokens import ids_tensor, tokenize
+from attnscope.model import analysis
+from attnscope.model.cache import pack_pattern
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import LoadedModel
+from attnscope.model.names import LOGITS, act_name, block_names
+from attnscope.model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
 
 TEXT = "The cat sat on the mat. The cat sat on the mat again, and the dog barked."

@@ -8,10 +8,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.loading import wrap_model
-from model.tokens import ids_tensor
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.loading import wrap_model
+from attnscope.model.tokens import ids_tensor
 from tests.conftest import make_engine
 from tests.families import FAMILIES
 from tests.tinytok import tiny_tokenizer

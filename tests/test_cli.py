@@ -14,8 +14,8 @@ import httpx
 import numpy as np
 import pytest
 
-from app import svg_export
-from app.encoding import rows_from_f32_base64
+from attnscope.app import svg_export
+from attnscope.app.encoding import rows_from_f32_base64
 from tests.servers import free_port
 
 
@@ -40,7 +40,7 @@ def test_serve_with_a_broken_model_exits_with_one_line(tmp_path: Path) -> None:
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())],
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "serve", "--port", str(free_port())],
                           env=_env({"bad": str(broken)}, "bad"), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
@@ -48,7 +48,7 @@ def test_serve_with_a_broken_model_exits_with_one_line(tmp_path: Path) -> None:
 
 
 def test_serve_missing_folder(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(free_port())],
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "serve", "--port", str(free_port())],
                           env=_env({"gone": str(tmp_path / "nowhere")}, "gone"), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1 and "does not exist" in proc.stderr.strip().splitlines()[-1]
@@ -56,7 +56,7 @@ def test_serve_missing_folder(tmp_path: Path) -> None:
 
 def test_serve_prints_url_and_answers(tiny_dirs: dict[str, Path]) -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--port", str(port)],
                             env=_env({"tiny": str(tiny_dirs["gpt2"])}, "tiny"), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
@@ -78,7 +78,7 @@ def test_serve_prints_url_and_answers(tiny_dirs: dict[str, Path]) -> None:
 
 
 def test_analyze_json(tiny_dirs: dict[str, Path]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "analyze", "dog bites man", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "analyze", "dog bites man", "--json"],
                           env=_env({"tiny": str(tiny_dirs["gpt2"])}, "tiny"), capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -103,13 +103,13 @@ def test_export_run_to_svg(client_for_export: tuple, tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     path.write_bytes(body.content)
     out = tmp_path / "head.svg"
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "export", str(path), "--layer", "1", "--head", "3", "--svg", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "export", str(path), "--layer", "1", "--head", "3", "--svg", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     svg = out.read_text()
     assert svg.startswith("<svg") and svg.count("<rect") == n * n + 1  # cells + the hatch pattern tile
     assert "&lt;" in svg and "<b>" not in svg and "</b>" not in svg  # token text is escaped
-    bad = subprocess.run([sys.executable, "-m", "app.cli", "export", str(path), "--layer", "9", "--head", "0", "--svg", str(out)],
+    bad = subprocess.run([sys.executable, "-m", "attnscope", "export", str(path), "--layer", "9", "--head", "0", "--svg", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "out of range" in bad.stderr
 
@@ -123,7 +123,7 @@ def client_for_export(client):
 def test_serve_model_name_equals_source_serves_exactly_those(tiny_dirs: dict[str, Path]) -> None:
     port = free_port()
     args = ["--model", f"first={tiny_dirs['llama']}", "--model", f"second={tiny_dirs['gpt2']}"]
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", "--port", str(port), *args],
+    proc = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--port", str(port), *args],
                             env=_env({"other": "bundled:attnscope-tiny"}, "other"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -140,7 +140,7 @@ def test_serve_model_name_equals_source_serves_exactly_those(tiny_dirs: dict[str
 
 
 def test_serve_hub_id_without_network_fails_in_one_line() -> None:
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--port", str(free_port()),
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "serve", "--port", str(free_port()),
                            "--model", "qwen=Qwen/Qwen2.5-0.5B-Instruct"], env=_env({}, "x"), capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 1
@@ -149,7 +149,7 @@ def test_serve_hub_id_without_network_fails_in_one_line() -> None:
 
 
 def test_model_overrides() -> None:
-    from app.cli import model_overrides
+    from attnscope.app.cli import model_overrides
 
     assert model_overrides(["a=bundled:x", "b=/m"]) == {"models": {"a": "bundled:x", "b": "/m"}, "default_model": "a"}
     assert model_overrides(["a=bundled:x", "b=/m", "b"])["default_model"] == "b"
@@ -167,21 +167,22 @@ def test_svg_masks_cells_with_the_browsers_grey() -> None:
     assert f'fill="{svg_export.MASKED}"' in svg and 'fill="url(#mask)"' in svg
 
 
-def test_wheel_builds_without_warnings_and_ships_the_bundled_model(tmp_path: Path) -> None:
-    """`pip install .` prints no packaging warning (model.bundled was once "absent from the packages
-    configuration"), and the wheel holds the bundled model's files. Built from a copy of the sources,
-    so that setuptools' build folder never lands in the checkout."""
+def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: Path) -> None:
+    """`pip wheel .` prints no packaging warning and ships one top-level name, attnscope (app, model,
+    static/, templates/ and the bundled model inside it: a user's own model.py or app.py shadows
+    nothing). Installed into an empty target folder, it serves the bundled model, its pages and its
+    scripts from a folder that holds a model.py and an app.py of its own. Built from a copy of the
+    sources, so that setuptools' build folder never lands in the checkout."""
     import shutil
     import zipfile
 
     root = Path(__file__).resolve().parents[1]
     src = tmp_path / "src"
     src.mkdir()
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        if (root / name).exists():
-            shutil.copy2(root / name, src / name)
-    for package in ("app", "model"):
-        shutil.copytree(root / package, src / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, src / name)
+    for folder in ("app", "model", "static", "templates", "attnscope"):  # attnscope/ links to the others
+        shutil.copytree(root / folder, src / folder, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
                            str(tmp_path / "whl"), str(src)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -189,9 +190,43 @@ def test_wheel_builds_without_warnings_and_ships_the_bundled_model(tmp_path: Pat
     assert "warn" not in output.lower() and "absent from the `packages`" not in output, output
     (wheel,) = (tmp_path / "whl").glob("attnscope-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    assert {n.split("/")[0] for n in names} == {"attnscope", wheel.name.removesuffix("-py3-none-any.whl") + ".dist-info"}
     for part in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
-        assert f"model/bundled/attnscope-tiny/{part}" in names
-    assert {"app/routes/runs.py", "model/engine.py"} <= names
+        assert f"attnscope/model/bundled/attnscope-tiny/{part}" in names
+    assert {"attnscope/__main__.py", "attnscope/app/routes/runs.py", "attnscope/model/engine.py",
+            "attnscope/static/js/main.js", "attnscope/static/i18n/zh.js", "attnscope/static/css/app.css",
+            "attnscope/templates/index.html"} <= names
+
+    target = tmp_path / "site"
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target),
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    work = tmp_path / "work"  # a user's project folder, with modules named like ours
+    work.mkdir()
+    (work / "model.py").write_text("raise SystemExit('the user model.py was imported')\n")
+    (work / "app.py").write_text("raise SystemExit('the user app.py was imported')\n")
+    env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1"}
+    env.pop("ATTNSCOPE_MODELS", None)
+    where = subprocess.run([sys.executable, "-c", "import attnscope; print(attnscope.__file__)"], cwd=work, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert where.stdout.strip().startswith(str(target)), where  # the wheel's copy, not the checkout's
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--port", str(port),
+                               "--model", "attnscope-tiny"], cwd=work, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        models = _models_when_up(port)
+        assert [m["name"] for m in models if m["default"]] == ["attnscope-tiny"]
+        page = httpx.get(f"http://127.0.0.1:{port}/", timeout=30)
+        assert page.status_code == 200 and "attnscope" in page.text
+        for path in ("/static/js/main.js", "/static/i18n/zh.js", "/static/css/app.css", "/learn", "/docs"):
+            assert httpx.get(f"http://127.0.0.1:{port}{path}", timeout=30).status_code == 200, path
+        run = httpx.post(f"http://127.0.0.1:{port}/api/runs", json={"text": "The cat sat on the mat."}, timeout=60)
+        assert run.status_code == 201, run.text
+    finally:
+        server.terminate()
+        _out, err = server.communicate(timeout=30)
+    assert "the user" not in err
 
 
 def test_readme_cli_sequence_runs_as_written(tmp_path: Path) -> None:
@@ -203,7 +238,7 @@ def test_readme_cli_sequence_runs_as_written(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATTNSCOPE_")}
     env["HF_HUB_OFFLINE"] = "1"
     for line in lines:
-        command = line.split("#")[0].replace(".venv/bin/attnscope", f"{sys.executable} -m app.cli", 1)
+        command = line.split("#")[0].replace(".venv/bin/attnscope", f"{sys.executable} -m attnscope", 1)
         proc = subprocess.run(command, shell=True, cwd=tmp_path, env={**env, "PYTHONPATH": str(Path.cwd())},
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{line}\n{proc.stderr}"
@@ -220,6 +255,6 @@ def test_readme_cli_sequence_runs_as_written(tmp_path: Path) -> None:
 def test_export_of_a_run_without_attention_says_how_to_save_one(tmp_path: Path) -> None:
     path = tmp_path / "run.json"
     path.write_text(json.dumps({"tokens": [], "model": "m"}), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "app.cli", "export", str(path), "--layer", "0", "--head", "0",
+    proc = subprocess.run([sys.executable, "-m", "attnscope", "export", str(path), "--layer", "0", "--head", "0",
                            "--svg", str(tmp_path / "x.svg")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "holds no attention" in proc.stderr and "--json > run.json" in proc.stderr

@@ -10,11 +10,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
-from model.errors import ModelLoadError
-from model.loading import Placement, load_model, resolve_device, resolve_dtype, wrap_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
+from attnscope.model.errors import ModelLoadError
+from attnscope.model.loading import Placement, load_model, resolve_device, resolve_dtype, wrap_model
 from tests.conftest import make_engine
 from tests.families import FAMILIES
 from tests.sse import events as sse_events

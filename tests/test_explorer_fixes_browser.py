@@ -9,9 +9,9 @@ from urllib.parse import quote
 
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
 from tests.conftest import make_engine
 
 pytestmark = pytest.mark.browser

@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 import torch
 
-from model.arch import SUPPORTED, spec_for
-from model.capture import active_count
-from model.engine import Engine
-from model.generation import GenerationSession, SamplingParams
-from model.hooks import Captures, run_with_cache
-from model.loading import LoadedModel, wrap_model
-from model.names import act_name, kind_of
-from model.tokens import ids_tensor, tokenize
+from attnscope.model.arch import SUPPORTED, spec_for
+from attnscope.model.capture import active_count
+from attnscope.model.engine import Engine
+from attnscope.model.generation import GenerationSession, SamplingParams
+from attnscope.model.hooks import Captures, run_with_cache
+from attnscope.model.loading import LoadedModel, wrap_model
+from attnscope.model.names import act_name, kind_of
+from attnscope.model.tokens import ids_tensor, tokenize
 from tests.conftest import make_engine
 from tests.families import DECODERS, ENCODERS, FAMILIES, Family
 from tests.tinytok import tiny_tokenizer
@@ -244,7 +244,7 @@ def test_encoders_see_the_whole_sequence(family: Family) -> None:
 def test_an_unsupported_family_is_refused_naming_the_supported_ones() -> None:
     from transformers import AutoConfig
 
-    from model.arch import UnsupportedArchitecture
+    from attnscope.model.arch import UnsupportedArchitecture
 
     with pytest.raises(UnsupportedArchitecture) as err:
         spec_for(AutoConfig.for_model("mamba"))

@@ -11,12 +11,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.gate import Gate
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
-from model.errors import TooLarge
-from model.generation import GenerationSession, SamplingParams, sampling_distribution
+from attnscope.app.gate import Gate
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
+from attnscope.model.errors import TooLarge
+from attnscope.model.generation import GenerationSession, SamplingParams, sampling_distribution
 from tests.sse import events as sse_events
 
 BODY = {"text": "the cat sat on the mat", "max_new_tokens": 4, "stop_at_eos": False}

@@ -9,9 +9,9 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.loading import load_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.loading import load_model
 from tests.conftest import make_engine, save_tiny
 from tests.sse import events as sse_events
 

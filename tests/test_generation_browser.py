@@ -130,7 +130,7 @@ def test_a_failure_after_the_stream_started_is_said_at_the_generate_control(
     """A failure after the stream has started ends it with an "error" event (the recorded run would not
     fit the run cache, here): the page stops reading, says the server's message in its language next
     to Generate, and asks for no run that does not exist."""
-    from model.errors import TooLarge
+    from attnscope.model.errors import TooLarge
 
     def too_large(*_args: object, **_kwargs: object) -> object:
         raise TooLarge("this prompt's run would keep 9 MiB (30 tokens; its forward peaks near 12 MiB); "

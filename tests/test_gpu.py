@@ -10,11 +10,11 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.hooks import run_with_cache
-from model.loading import wrap_model
-from model.names import act_name
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import wrap_model
+from attnscope.model.names import act_name
 from tests.conftest import make_engine
 from tests.families import FAMILIES, Family
 from tests.tinytok import tiny_tokenizer

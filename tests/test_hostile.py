@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
 
 JSON = {"content-type": "application/json"}
 
@@ -214,9 +214,9 @@ def test_413_figures_differ_when_rounding_would_make_them_equal(over: int) -> No
     refusal by size differ (more decimals, or bytes), and the first is the larger."""
     from types import SimpleNamespace
 
-    from model import budget
-    from model.cache import RunStore
-    from model.errors import TooLarge
+    from attnscope.model import budget
+    from attnscope.model.cache import RunStore
+    from attnscope.model.errors import TooLarge
 
     cap = 32 * budget.MIB
     messages = []

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from model import ablation, attribution, intervene, patching
-from model.engine import Engine
-from model.loading import LoadedModel
-from model.tokens import ids_tensor, tokenize
+from attnscope.model import ablation, attribution, intervene, patching
+from attnscope.model.engine import Engine
+from attnscope.model.loading import LoadedModel
+from attnscope.model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
 from tests.i18n_check import server_error_key
 

@@ -7,8 +7,8 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
-from model.engine import Engine
-from model.tokens import display, tokenize
+from attnscope.model.engine import Engine
+from attnscope.model.tokens import display, tokenize
 from tests.conftest import ARCHS
 from tests.i18n_check import server_error_key
 

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from model import ablation, attribution, patching
-from model.cache import ActivationCache
-from model.loading import LoadedModel
+from attnscope.model import ablation, attribution, patching
+from attnscope.model.cache import ActivationCache
+from attnscope.model.loading import LoadedModel
 from tests.conftest import make_engine
 from tests.families import DECODERS, Family
 from tests.test_families import TEXT, built

@@ -12,14 +12,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model import analysis, late_scores
-from model.budget import estimate
-from model.engine import Engine
-from model.errors import RunNotFound
-from model.loading import LoadedModel, wrap_model
-from model.tokens import ids_tensor, tokenize
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model import analysis, late_scores
+from attnscope.model.budget import estimate
+from attnscope.model.engine import Engine
+from attnscope.model.errors import RunNotFound
+from attnscope.model.loading import LoadedModel, wrap_model
+from attnscope.model.tokens import ids_tensor, tokenize
 from tests.conftest import make_engine
 from tests.families import DECODERS, Family
 from tests.tinytok import tiny_tokenizer

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 import pytest
 
-from model.engine import Engine
+from attnscope.model.engine import Engine
 
 pytestmark = pytest.mark.browser
 TEXT = "The cat sat on the mat. The dog sat on the log. The cat sat on the mat."

@@ -12,10 +12,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
-from model.loading import load_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
+from attnscope.model.loading import load_model
 from tests.browser import shot
 from tests.conftest import BUNDLED, VOCAB, make_engine
 

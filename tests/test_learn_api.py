@@ -10,14 +10,14 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model import lessons
-from model.engine import Engine
-from model.hooks import run_with_cache
-from model.loading import LoadedModel
-from model.names import act_name
-from model.tokens import ids_tensor, tokenize
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model import lessons
+from attnscope.model.engine import Engine
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import LoadedModel
+from attnscope.model.names import act_name
+from attnscope.model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS, make_engine
 
 

@@ -10,10 +10,10 @@ import torch
 from fastapi.testclient import TestClient
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 
-from app.main import create_app
-from app.settings import Settings
-from model.budget import estimate
-from model.loading import wrap_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.budget import estimate
+from attnscope.model.loading import wrap_model
 from tests.conftest import make_engine
 from tests.families import LONG_POSITIONS, long_llama
 from tests.tinytok import tiny_tokenizer

@@ -16,9 +16,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from app.main import create_app
-from app.settings import Settings
-from model.loading import load_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.loading import load_model
 from tests.browser import ConsoleWatch, shot
 from tests.conftest import BUNDLED, VOCAB, make_engine
 
@@ -210,7 +210,7 @@ def test_token_strip_is_virtual_and_selection_works(long_page: object) -> None:
 def test_exports_what_the_run_keeps(long_page: object, tmp_path: Path) -> None:
     """The JSON export (every head's n x n cells) is refused in words that name the other button;
     the safetensors export is what the run keeps, and any head rebuilds from it exactly."""
-    from model.export import KeptRun
+    from attnscope.model.export import KeptRun
 
     page = long_page
     page.get_by_test_id("export-json").click()

@@ -10,12 +10,12 @@ import pytest
 from fastapi.testclient import TestClient
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
-from app.main import create_app
-from app.settings import Settings
-from model import tokens as tokens_module
-from model.engine import Engine
-from model.loading import LoadedModel
-from model.tokens import count_tokens, first_tokens, max_chars_per_token, read_cap, tokenize
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model import tokens as tokens_module
+from attnscope.model.engine import Engine
+from attnscope.model.loading import LoadedModel
+from attnscope.model.tokens import count_tokens, first_tokens, max_chars_per_token, read_cap, tokenize
 
 WORDS = "the quick brown fox jumps over the lazy dog and 猫 sat on a mat, it's 😀 there. "
 BIG = (WORDS * (3_900_000 // len(WORDS) + 1))[:3_900_000]  # 3.9 MB: under the 4 MiB body limit
@@ -44,7 +44,7 @@ def read_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(tokens_module, "_spans", counted_spans)
     monkeypatch.setattr(tokens_module, "tokenize", counted_tokenize)
-    monkeypatch.setattr("model.engine.tokenize", counted_tokenize)
+    monkeypatch.setattr("attnscope.model.engine.tokenize", counted_tokenize)
     return sizes
 
 

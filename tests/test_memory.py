@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 # glibc's defaults the tensors sit in the heap between the kept objects, which pins them.
 FRAGMENT = """
 import sys, torch
-from app.memory import rss_bytes, tune_malloc
+from attnscope.app.memory import rss_bytes, tune_malloc
 if sys.argv[1] == "tuned":
     assert tune_malloc()
 torch.zeros(1)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.loading import load_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.loading import load_model
 from tests.conftest import make_engine
 
 SAMPLES = {"string": "string", "integer": 0, "number": 0.0, "boolean": True, "null": None}

@@ -11,12 +11,12 @@ import pytest
 import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
-from model import analysis, capture, pair_scores
-from model.analysis import INDUCTION_NEAR
-from model.attention import logits
-from model.capture import LazyMask, flash_attention
-from model.hooks import run_with_cache
-from model.loading import wrap_model
+from attnscope.model import analysis, capture, pair_scores
+from attnscope.model.analysis import INDUCTION_NEAR
+from attnscope.model.attention import logits
+from attnscope.model.capture import LazyMask, flash_attention
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import wrap_model
 from tests.families import FAMILIES
 from tests.tinytok import tiny_tokenizer
 

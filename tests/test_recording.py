@@ -6,12 +6,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from model.engine import Engine
-from model.generation import GenerationSession, SamplingParams
-from model.hooks import run_with_cache
-from model.loading import LoadedModel
-from model.names import act_name
-from model.tokens import ids_tensor, tokenize
+from attnscope.model.engine import Engine
+from attnscope.model.generation import GenerationSession, SamplingParams
+from attnscope.model.hooks import run_with_cache
+from attnscope.model.loading import LoadedModel
+from attnscope.model.names import act_name
+from attnscope.model.tokens import ids_tensor, tokenize
 from tests.conftest import ARCHS
 from tests.sse import events as sse_events
 

@@ -12,9 +12,9 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from app.main import create_app
-from app.settings import Settings
-from model.loading import load_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.loading import load_model
 from tests.conftest import make_engine, save_tiny
 
 _tmp = Path(tempfile.mkdtemp(prefix="attnscope-fuzz-"))

@@ -18,11 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, TypeAdapter
 
-import app.intervention_schemas
-import app.schemas
-from app.routes.runs import RunBody
-from model.engine import Engine
-from model.results import LogitLens
+from attnscope.app import intervention_schemas, schemas
+from attnscope.app.routes.runs import RunBody
+from attnscope.model.engine import Engine
+from attnscope.model.results import LogitLens
 
 PROMPT = "the cat sat on the mat and the cat sat"
 Request = tuple[str, str, dict[str, Any] | None]  # method, URL (may hold {run}, {other}), JSON body
@@ -79,7 +78,7 @@ REQUESTS: dict[str, list[Request]] = {
 
 def _schema_class(ref: str) -> type[BaseModel]:
     name = ref.rsplit("/", 1)[-1]
-    for module in (app.schemas, app.intervention_schemas):
+    for module in (schemas, intervention_schemas):
         if isinstance(getattr(module, name, None), type):
             return getattr(module, name)
     raise LookupError(f"no schema class {name}")
@@ -113,7 +112,7 @@ def test_json_is_exactly_the_response_model(client: TestClient, runs: dict[str, 
         assert adapter.dump_python(adapter.validate_python(sent), mode="json") == sent, url
 
 
-@pytest.mark.parametrize(("fast", "schema"), [(RunBody, app.schemas.RunOut), (LogitLens, app.schemas.LogitLensOut)])
+@pytest.mark.parametrize(("fast", "schema"), [(RunBody, schemas.RunOut), (LogitLens, schemas.LogitLensOut)])
 def test_fast_serialisers_name_the_schema_fields(fast: type, schema: type[BaseModel]) -> None:
     """The dataclasses serialised without validation have exactly their schema's fields."""
     assert set(TypeAdapter(fast).json_schema()["properties"]) == set(schema.model_json_schema()["properties"])

@@ -10,11 +10,11 @@ import pytest
 from fastapi.testclient import TestClient
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
-from model.errors import ModelLoadError
-from model.loading import load_model
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
+from attnscope.model.errors import ModelLoadError
+from attnscope.model.loading import load_model
 from tests.conftest import save_tiny
 
 

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
 from tests.servers import serve
 
 

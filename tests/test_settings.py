@@ -13,9 +13,9 @@ import anyio.to_thread
 import pytest
 from fastapi.testclient import TestClient
 
-from app import cli
-from app.main import create_app
-from app.settings import Settings
+from attnscope.app import cli
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = " ".join(["word"] * 200)  # 200 tokens: more than test_max_tokens' limit
@@ -120,7 +120,7 @@ def test_serve_reads_host_port_log_level_and_tune_malloc(tiny_dirs: dict[str, Pa
                                                         tune: bool) -> None:
     import uvicorn
 
-    import app.memory
+    from attnscope.app import memory
 
     served: dict[str, Any] = {}
     tuned: list[bool] = []
@@ -130,7 +130,7 @@ def test_serve_reads_host_port_log_level_and_tune_malloc(tiny_dirs: dict[str, Pa
         tuned.append(True)
         return True
 
-    monkeypatch.setattr(app.memory, "tune_malloc", fake_tune)
+    monkeypatch.setattr(memory, "tune_malloc", fake_tune)
     monkeypatch.setenv("ATTNSCOPE_MODELS", f'{{"a": "{tiny_dirs["gpt2"]}"}}')
     monkeypatch.setenv("ATTNSCOPE_DEFAULT_MODEL", "a")
     monkeypatch.setenv("ATTNSCOPE_HOST", "127.0.0.2")

@@ -12,9 +12,9 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from model.engine import Engine
-from model.loading import LoadedModel
-from model.tokens import TextAssembler, tokenize
+from attnscope.model.engine import Engine
+from attnscope.model.loading import LoadedModel
+from attnscope.model.tokens import TextAssembler, tokenize
 from tests.sse import events as sse_events
 
 TEXTS = {

@@ -14,15 +14,15 @@ import torch
 from fastapi.testclient import TestClient
 from transformers.masking_utils import causal_mask_function
 
-from app.main import create_app
-from app.routes.runs import head_tiles
-from app.settings import Settings
+from attnscope.app.main import create_app
+from attnscope.app.routes.runs import head_tiles
+from attnscope.app.settings import Settings
+from attnscope.model.attention import LayerAttention, build
+from attnscope.model.capture import LazyMask
+from attnscope.model.loading import wrap_model
+from attnscope.model.tilecache import OVERVIEW, Prefetch, TileCache, Tiles, overview
+from attnscope.model.tiles import TileSpec, head_tile
 from bench.long import text_of
-from model.attention import LayerAttention, build
-from model.capture import LazyMask
-from model.loading import wrap_model
-from model.tilecache import OVERVIEW, Prefetch, TileCache, Tiles, overview
-from model.tiles import TileSpec, head_tile
 from tests.conftest import make_engine
 from tests.families import long_llama
 from tests.tinytok import tiny_tokenizer

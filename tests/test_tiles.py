@@ -10,10 +10,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.main import create_app
-from app.settings import Settings
-from model.engine import Engine
-from model.tiles import MASKED_U8, TileSpec, edges, tile
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.engine import Engine
+from attnscope.model.tiles import MASKED_U8, TileSpec, edges, tile
 
 PROMPT = "the cat sat on the mat and the dog sat on the log while the cat ran off to the barn; " * 2
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers.masking_utils import and_masks, causal_mask_function
 
-from model.attention import LayerAttention, build
-from model.capture import LazyMask
-from model.spans import mask_spans
-from model.tiles import TileSpec, head_tile, tile
+from attnscope.model.attention import LayerAttention, build
+from attnscope.model.capture import LazyMask
+from attnscope.model.spans import mask_spans
+from attnscope.model.tiles import TileSpec, head_tile, tile
 from tests.families import FAMILIES, Family
 from tests.test_families import N, built
 

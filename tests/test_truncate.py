@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi.testclient import TestClient
 
-from app.schemas import RunOut
+from attnscope.app.schemas import RunOut
 
 # the tiny GPT-2 has 256 positions; about 360 tokens of the bundled tokenizer
 LONG = "The cat sat on the mat and looked at the dog. " * 30

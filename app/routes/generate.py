@@ -13,13 +13,13 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import EngineDep, GateDep, SettingsDep
-from app.errors import STATUS
-from app.routes.runs import DEFAULT_TOP_K
-from app.schemas import ErrorOut, GenerateRequest
-from model.errors import BadInput, EngineError
-from model.generation import GenerationSession, SamplingParams
-from model.tokens import ids_tensor
+from attnscope.app.deps import EngineDep, GateDep, SettingsDep
+from attnscope.app.errors import STATUS
+from attnscope.app.routes.runs import DEFAULT_TOP_K
+from attnscope.app.schemas import ErrorOut, GenerateRequest
+from attnscope.model.errors import BadInput, EngineError
+from attnscope.model.generation import GenerationSession, SamplingParams
+from attnscope.model.tokens import ids_tensor
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["generate"])

@@ -10,8 +10,8 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.deps import EngineDep, GateDep
-from app.intervention_schemas import (
+from attnscope.app.deps import EngineDep, GateDep
+from attnscope.app.intervention_schemas import (
     AblatedNext,
     AblatedPosition,
     AblateOut,
@@ -27,12 +27,12 @@ from app.intervention_schemas import (
     TermOut,
     TokenRef,
 )
-from app.routes.runs import ERRORS
-from app.schemas import TokenOut
-from model import ablation, attribution, patching
-from model.errors import BadInput
-from model.loading import LoadedModel
-from model.tokens import ids_tensor, token_map
+from attnscope.app.routes.runs import ERRORS
+from attnscope.app.schemas import TokenOut
+from attnscope.model import ablation, attribution, patching
+from attnscope.model.errors import BadInput
+from attnscope.model.loading import LoadedModel
+from attnscope.model.tokens import ids_tensor, token_map
 
 router = APIRouter(prefix="/api", tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]

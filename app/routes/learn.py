@@ -6,10 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from app.convert import fields_of
-from app.deps import EngineDep, GateDep
-from app.routes.runs import ERRORS
-from app.schemas import (
+from attnscope.app.convert import fields_of
+from attnscope.app.deps import EngineDep, GateDep
+from attnscope.app.routes.runs import ERRORS
+from attnscope.app.schemas import (
     AnatomyOut,
     CompareOut,
     CompareToken,
@@ -23,9 +23,9 @@ from app.schemas import (
     TimingOut,
     TimingRequest,
 )
-from model import lessons
-from model.errors import BadInput
-from model.tokens import ids_tensor, token_map
+from attnscope.model import lessons
+from attnscope.model.errors import BadInput
+from attnscope.model.tokens import ids_tensor, token_map
 
 router = APIRouter(prefix="/api", tags=["learn"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]

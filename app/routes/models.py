@@ -4,10 +4,10 @@ from dataclasses import asdict
 
 from fastapi import APIRouter
 
-from app.deps import EngineDep, TilesDep
-from app.memory import rss_bytes
-from app.schemas import HealthOut, ModelOut, ModelsOut
-from model import probes
+from attnscope.app.deps import EngineDep, TilesDep
+from attnscope.app.memory import rss_bytes
+from attnscope.app.schemas import HealthOut, ModelOut, ModelsOut
+from attnscope.model import probes
 
 router = APIRouter(prefix="/api", tags=["models"])
 

@@ -14,9 +14,9 @@ import torch
 from fastapi import APIRouter, Query, Response
 from pydantic import TypeAdapter
 
-from app.deps import EngineDep, GateDep, SettingsDep, TilesDep
-from app.encoding import f32_base64, f32_le, rows, sqrt_u8
-from app.schemas import (
+from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
+from attnscope.app.encoding import f32_base64, f32_le, rows, sqrt_u8
+from attnscope.app.schemas import (
     MAX_TOP_K_SETTING,
     AttentionOut,
     AttentionTileOut,
@@ -34,16 +34,16 @@ from app.schemas import (
     SparsityOut,
     TruncatedOut,
 )
-from app.settings import Settings
-from model import analysis
-from model.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
-from model.cache import ActivationCache
-from model.errors import BadInput
-from model.export import to_safetensors
-from model.results import LogitLens, PositionPrediction
-from model.tilecache import OVERVIEW, Tiles
-from model.tiles import MASKED_U8, TileSpec, head_tile, u8_tile
-from model.tokens import Token
+from attnscope.app.settings import Settings
+from attnscope.model import analysis
+from attnscope.model.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
+from attnscope.model.cache import ActivationCache
+from attnscope.model.errors import BadInput
+from attnscope.model.export import to_safetensors
+from attnscope.model.results import LogitLens, PositionPrediction
+from attnscope.model.tilecache import OVERVIEW, Tiles
+from attnscope.model.tiles import MASKED_U8, TileSpec, head_tile, u8_tile
+from attnscope.model.tokens import Token
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
