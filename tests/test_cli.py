@@ -210,6 +210,9 @@ def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: 
     where = subprocess.run([sys.executable, "-c", "import attnscope; print(attnscope.__file__)"], cwd=work, env=env,
                            capture_output=True, text=True, timeout=60)
     assert where.stdout.strip().startswith(str(target)), where  # the wheel's copy, not the checkout's
+    script = subprocess.run([str(target / "bin" / "attnscope"), "--help"], cwd=work, env=env, capture_output=True,
+                            text=True, timeout=120)  # the console script, as pip wrote it
+    assert script.returncode == 0 and "serve" in script.stdout, script
     port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--port", str(port),
                                "--model", "attnscope-tiny"], cwd=work, env=env, stdout=subprocess.PIPE,
