@@ -105,7 +105,7 @@ def run_file(out: RunOut, cache: ActivationCache, model_info: dict[str, Any], ma
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from attnscope.app.routes.runs import run_out
+    from attnscope.app.runjson import run_out
     from attnscope.app.schemas import PredictionOut
     from attnscope.app.settings import Settings
     from attnscope.model.cache import RunStore

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnscope.app.middleware import BodyTooLarge
+from attnscope.app.schemas import ErrorOut
 from attnscope.model.errors import (
     AttentionUnavailable,
     BadInput,
@@ -21,6 +22,9 @@ from attnscope.model.errors import (
     TooLarge,
     UnknownModel,
 )
+
+# the error responses every API route may give, for OpenAPI (a route adds its own)
+ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,9 @@ DEFAULT_MODELS = {
 }
 
 
+DEFAULT_TOP_K = 10  # next tokens a run keeps per position when a request names no top_k
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ATTNSCOPE_", protected_namespaces=())
 

@@ -52,10 +52,9 @@ sys.path.insert(0, str(ROOT))
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from attnscope.app.memory import rss_bytes, tune_malloc  # noqa: E402
-from attnscope.app.routes.runs import head_tiles  # noqa: E402
 from attnscope.model.hooks import RESIDUAL, run_with_cache  # noqa: E402
 from attnscope.model.loading import LoadedModel, wrap_model  # noqa: E402
-from attnscope.model.tiles import TileSpec  # noqa: E402
+from attnscope.model.tiles import TileSpec, head_tiles  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from tests.conftest import make_engine  # noqa: E402
 from tests.families import LONG_POSITIONS, long_llama  # noqa: E402
@@ -158,11 +157,11 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[
     engine.close()
     dense = cache.n_layers * cache.n_heads * n * n * 4
     layer, head = cache.n_layers - 1, cache.n_heads - 1
-    overview_ms = timed(lambda: head_tiles(cache, layer, [head], TileSpec(0, n, 0, n, size=256, pool="max")),
+    overview_ms = timed(lambda: head_tiles(cache.attention[layer], [head], TileSpec(0, n, 0, n, size=256, pool="max")),
                         repeats)
     mid = n // 2
     exact = TileSpec(mid, min(n, mid + 256), max(0, mid - 128), min(n, mid + 128), size=None, pool="max")
-    tile_ms = timed(lambda: head_tiles(cache, layer, [head], exact), repeats)
+    tile_ms = timed(lambda: head_tiles(cache.attention[layer], [head], exact), repeats)
     drawn = browser(key, lm, text) if browser is not None else None
     log.info("%s n=%d: sdpa %.0f ms, capture %.0f ms, kept %.1f MiB", key, n, sdpa_ms, capture_ms, cache.nbytes / MIB)
     return {

@@ -155,6 +155,11 @@ def tile(rows: RowsFn, spec: TileSpec, cell_budget: int = CELL_BUDGET) -> torch.
     return torch.cat(out).float()
 
 
+def head_tiles(layer: LayerAttention, heads: list[int], spec: TileSpec) -> torch.Tensor:
+    """(heads, Sq, Sk) float32 tiles of one layer, NaN where a bin has no visible cell (computed, not kept)."""
+    return torch.stack([head_tile(layer, h, spec) for h in heads])
+
+
 def head_tile(layer: LayerAttention, head: int, spec: TileSpec, cell_budget: int = CELL_BUDGET,
               pause: Callable[[], None] | None = None) -> torch.Tensor:
     """(Sq, Sk) float32 pooled weights of one kept head, NaN where a bin has no visible cell.

@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from pydantic import BaseModel, TypeAdapter
 
 from attnscope.app import intervention_schemas, schemas
-from attnscope.app.routes.runs import RunBody
+from attnscope.app.runjson import RunBody
 from attnscope.model.engine import Engine
 from attnscope.model.results import LogitLens
 

@@ -15,13 +15,12 @@ from fastapi.testclient import TestClient
 from transformers.masking_utils import causal_mask_function
 
 from attnscope.app.main import create_app
-from attnscope.app.routes.runs import head_tiles
 from attnscope.app.settings import Settings
 from attnscope.model.attention import LayerAttention, build
 from attnscope.model.capture import LazyMask
 from attnscope.model.loading import wrap_model
 from attnscope.model.tilecache import OVERVIEW, Prefetch, TileCache, Tiles, overview
-from attnscope.model.tiles import TileSpec, head_tile
+from attnscope.model.tiles import TileSpec, head_tile, head_tiles
 from bench.long import text_of
 from tests.conftest import make_engine
 from tests.families import long_llama
@@ -149,12 +148,12 @@ def test_a_long_runs_overviews_and_thumbnails_through_the_api() -> None:
         cache = engine.run(run_id)
         url = f"/api/runs/{run_id}/attention"
         thumbs = client.get(url, params={"layer": 1, "size": 32, "pool": "max", "format": "f32"})
-        want = head_tiles(cache, 1, [0, 1, 2, 3], TileSpec(0, n, 0, n, 32, "max")).numpy()
+        want = head_tiles(cache.attention[1], [0, 1, 2, 3], TileSpec(0, n, 0, n, 32, "max")).numpy()
         got = np.frombuffer(thumbs.content, dtype="<f4").reshape(want.shape)
         np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
         np.testing.assert_array_equal(got[~np.isnan(got)], want[~np.isnan(want)])
         one = client.get(url, params={"layer": 0, "head": 2, "size": OVERVIEW, "format": "f32"})
-        want = head_tiles(cache, 0, [2], overview(n)).numpy()
+        want = head_tiles(cache.attention[0], [2], overview(n)).numpy()
         got = np.frombuffer(one.content, dtype="<f4").reshape(want.shape)
         np.testing.assert_array_equal(np.nan_to_num(got, nan=-1), np.nan_to_num(want, nan=-1))
         assert len(tiles.cache) == 2 * 4  # both answered from the kept overviews

@@ -15,8 +15,8 @@ from starlette.concurrency import run_in_threadpool
 
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep
 from attnscope.app.errors import STATUS
-from attnscope.app.routes.runs import DEFAULT_TOP_K
 from attnscope.app.schemas import ErrorOut, GenerateRequest
+from attnscope.app.settings import DEFAULT_TOP_K
 from attnscope.model.errors import BadInput, EngineError
 from attnscope.model.generation import GenerationSession, SamplingParams
 from attnscope.model.tokens import ids_tensor

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from attnscope.app.deps import EngineDep, GateDep
+from attnscope.app.errors import ERRORS
 from attnscope.app.intervention_schemas import (
     AblatedNext,
     AblatedPosition,
@@ -27,7 +28,6 @@ from attnscope.app.intervention_schemas import (
     TermOut,
     TokenRef,
 )
-from attnscope.app.routes.runs import ERRORS
 from attnscope.app.schemas import TokenOut
 from attnscope.model import ablation, attribution, patching
 from attnscope.model.errors import BadInput

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query
 
 from attnscope.app.convert import fields_of
 from attnscope.app.deps import EngineDep, GateDep
-from attnscope.app.routes.runs import ERRORS
+from attnscope.app.errors import ERRORS
 from attnscope.app.schemas import (
     AnatomyOut,
     CompareOut,

@@ -5,22 +5,22 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import asdict
+from typing import Annotated, Literal
 
 import anyio
 import numpy as np
 import torch
 from fastapi import APIRouter, Query, Response
-from pydantic import TypeAdapter
 
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
 from attnscope.app.encoding import f32_base64, f32_le, rows, sqrt_u8
+from attnscope.app.errors import ERRORS
+from attnscope.app.runjson import LENS_JSON, RUN_JSON, run_body
 from attnscope.app.schemas import (
     MAX_TOP_K_SETTING,
     AttentionOut,
     AttentionTileOut,
-    ErrorOut,
     HeadOut,
     HeadsOut,
     LayerAttentionOut,
@@ -34,20 +34,16 @@ from attnscope.app.schemas import (
     SparsityOut,
     TruncatedOut,
 )
-from attnscope.app.settings import Settings
+from attnscope.app.settings import DEFAULT_TOP_K, Settings
 from attnscope.model import analysis
-from attnscope.model.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
 from attnscope.model.cache import ActivationCache
 from attnscope.model.errors import BadInput
 from attnscope.model.export import to_safetensors
-from attnscope.model.results import LogitLens, PositionPrediction
 from attnscope.model.tilecache import OVERVIEW, Tiles
-from attnscope.model.tiles import MASKED_U8, TileSpec, head_tile, u8_tile
-from attnscope.model.tokens import Token
+from attnscope.model.tiles import MASKED_U8, TileSpec, u8_tile
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
-ERRORS: dict[int | str, dict[str, Any]] = {404: {"model": ErrorOut}, 422: {"model": ErrorOut}}
 BINARY_DOC = (
     "With `format=bin` the body is `application/octet-stream`: one byte per visible cell, "
     "row-major by query (causal: row i holds keys 0..i; encoder: n keys per row), heads one "
@@ -72,49 +68,6 @@ TILE_DOC = (
     "cell). A response never holds more than ATTNSCOPE_MAX_CELLS cells (bins x heads; a whole head counts "
     "its visible cells): past it, 422 naming `size` and the tile parameters."
 )
-
-
-@dataclass(frozen=True, slots=True)
-class RunBody:
-    """RunOut's fields over the engine's typed results.
-
-    A run's JSON is serialised from this by pydantic-core without building and validating
-    a RunOut: at 1,024 positions x top-k that would cost more than the analysis itself.
-    The schema is still RunOut: tests validate the JSON against it and check that the
-    fields agree.
-    """
-
-    run_id: str
-    model: str
-    causal: bool
-    n_layers: int
-    n_heads: int
-    text: str
-    tokens: list[Token]
-    predictions: list[PositionPrediction]
-    heads: list[HeadScore]
-    induction_queries: int
-    induction_min_queries: int
-    timing_ms: dict[str, float]
-    scores_pending: tuple[str, ...]
-    truncated: TruncatedOut | None = None
-
-
-RUN_JSON = TypeAdapter(RunBody)
-LENS_JSON = TypeAdapter(LogitLens)  # the fields of LogitLensOut, as RunBody's are RunOut's
-
-
-def run_body(run_id: str, cache: ActivationCache, truncated: TruncatedOut | None = None) -> RunBody:
-    s = cache.summary
-    return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
-                   n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
-                   induction_queries=induction_queries(cache.input_ids), induction_min_queries=INDUCTION_MIN_QUERIES,
-                   timing_ms=s.timing_ms, scores_pending=s.scores_pending, truncated=truncated)
-
-
-def run_out(run_id: str, cache: ActivationCache) -> RunOut:
-    """The run as a validated RunOut (for callers that want the object, not the bytes)."""
-    return RunOut.model_validate_json(RUN_JSON.dump_json(run_body(run_id, cache)))
 
 
 def _typed_json(content: bytes, status: int = 200) -> Response:
@@ -180,9 +133,6 @@ async def run_heads(run_id: str, engine: EngineDep,
     return _typed_json(out.model_dump_json().encode(), status=202 if still else 200)
 
 
-DEFAULT_TOP_K = 10
-
-
 def checked_top_k(top_k: int | None, settings: Settings) -> int:
     """The top-k a request asked for, within ATTNSCOPE_MAX_TOP_K; when it asked for none, 10 or that limit."""
     if top_k is None:
@@ -216,14 +166,10 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
                        f"bins, or ask for a narrower tile ({TILE_PARAMS})")
 
 
-def head_tiles(cache: ActivationCache, layer: int, heads: list[int], spec: TileSpec) -> torch.Tensor:
-    """(heads, Sq, Sk) float32 tiles of one layer, NaN where a bin has no visible cell (computed, not kept)."""
-    return torch.stack([head_tile(cache.attention[layer], h, spec) for h in heads])
-
-
 def kept_tiles(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int, heads: list[int],
                spec: TileSpec) -> torch.Tensor:
-    """As ``head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails from them)."""
+    """As ``model.tiles.head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails
+    from them)."""
     return torch.stack([tiles.tile(run_id, layer, cache.attention[layer], h, spec) for h in heads])
 
 

@@ -1,0 +1,57 @@
+"""A run's JSON, serialised fast: RunOut's fields over the engine's typed results (``RunBody``), and
+the logit lens's the same way. Used by the run routes and the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import TypeAdapter
+
+from attnscope.app.schemas import RunOut, TruncatedOut
+from attnscope.model.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
+from attnscope.model.cache import ActivationCache
+from attnscope.model.results import LogitLens, PositionPrediction
+from attnscope.model.tokens import Token
+
+
+@dataclass(frozen=True, slots=True)
+class RunBody:
+    """RunOut's fields over the engine's typed results.
+
+    A run's JSON is serialised from this by pydantic-core without building and validating
+    a RunOut: at 1,024 positions x top-k that would cost more than the analysis itself.
+    The schema is still RunOut: tests validate the JSON against it and check that the
+    fields agree.
+    """
+
+    run_id: str
+    model: str
+    causal: bool
+    n_layers: int
+    n_heads: int
+    text: str
+    tokens: list[Token]
+    predictions: list[PositionPrediction]
+    heads: list[HeadScore]
+    induction_queries: int
+    induction_min_queries: int
+    timing_ms: dict[str, float]
+    scores_pending: tuple[str, ...]
+    truncated: TruncatedOut | None = None
+
+
+RUN_JSON = TypeAdapter(RunBody)
+LENS_JSON = TypeAdapter(LogitLens)  # the fields of LogitLensOut, as RunBody's are RunOut's
+
+
+def run_body(run_id: str, cache: ActivationCache, truncated: TruncatedOut | None = None) -> RunBody:
+    s = cache.summary
+    return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
+                   n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
+                   induction_queries=induction_queries(cache.input_ids), induction_min_queries=INDUCTION_MIN_QUERIES,
+                   timing_ms=s.timing_ms, scores_pending=s.scores_pending, truncated=truncated)
+
+
+def run_out(run_id: str, cache: ActivationCache) -> RunOut:
+    """The run as a validated RunOut (for callers that want the object, not the bytes)."""
+    return RunOut.model_validate_json(RUN_JSON.dump_json(run_body(run_id, cache)))
