@@ -91,13 +91,17 @@ class Engine:
             for lm in models:
                 t0 = time.perf_counter()
                 try:
-                    lessons.warm(lm, stop)
+                    warmed = lessons.warm(lm, stop)
                 except lessons.Stopped:
                     return
                 except Exception:  # a request computes it again, and says what failed
                     log.exception("warming up %s failed", lm.info.name)
                     continue
-                log.info("warmed up %s in %.1f s", lm.info.name, time.perf_counter() - t0)
+                if warmed:
+                    log.info("warmed up %s in %.1f s", lm.info.name, time.perf_counter() - t0)
+                else:
+                    log.info("%s: the embedding view's sweep (%.1e FLOP) is left to its first request",
+                             lm.info.name, lessons.sweep_flops(lm))
 
         thread = self._warm_thread = threading.Thread(target=run, name="attnscope-warm-up", daemon=True)
         thread.start()

@@ -155,10 +155,27 @@ def twin_counts(E: torch.Tensor, stop: threading.Event | None = None) -> torch.T
     return (twins - 1).cpu()  # each row is its own twin once
 
 
-def warm(lm: LoadedModel, stop: threading.Event | None = None) -> None:
+# the largest untrained-rows sweep (V x V x d multiply-adds, half of them twice) worth running at every
+# start-up: both bundled models (attnscope-tiny 1.1e11, minilm-l6 3.6e11) are seconds; GPT-2's 50k x 768
+# (1.9e12) or a 128k x 4096 vocabulary (6.9e13) would be minutes to hours of CPU beside every request,
+# for a view that may never be opened, and is left to the first request that asks for it
+WARM_FLOPS = 10**12
+
+
+def sweep_flops(lm: LoadedModel) -> int:
+    """What ``untrained_rows`` costs for this model's embedding: V x V x d (V x V/2 dot products of 2d)."""
+    vocab, d = input_embeddings(lm.model).shape
+    return int(vocab) * int(vocab) * int(d)
+
+
+def warm(lm: LoadedModel, stop: threading.Event | None = None) -> bool:
     """What the Learn views compute once per model, computed now (``Engine.warm_up`` calls it in a
-    background thread at start-up, so the first embedding request answers as fast as the next)."""
+    background thread at start-up, so the first embedding request answers as fast as the next).
+    False: the sweep costs more than WARM_FLOPS and is left to the first request."""
+    if sweep_flops(lm) > WARM_FLOPS:
+        return False
     untrained_rows(lm, stop)
+    return True
 
 
 def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, Any]:

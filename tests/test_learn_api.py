@@ -306,6 +306,21 @@ def test_the_embedding_answer_is_unchanged_and_warmed_up_before_the_first_reques
     assert [n["untrained"] for n in body["neighbours"]] == [bool(flags[n["id"]]) for n in body["neighbours"]]
 
 
+def test_a_sweep_past_the_start_up_budget_is_left_to_its_first_request(
+        tiny_models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm-up runs the embedding sweep only where it is cheap (both bundled models); a large
+    vocabulary's V x V sweep (minutes of CPU at every start) waits for a request that wants it."""
+    from attnscope.model.loading import BUNDLED_DIR, load_model
+
+    bundled = load_model("attnscope-tiny", str(BUNDLED_DIR / "attnscope-tiny"))
+    assert lessons.sweep_flops(bundled) <= lessons.WARM_FLOPS  # the shipped models are warmed at start
+    lm = tiny_models["gpt2"]
+    monkeypatch.setattr(lessons, "_untrained", {})
+    monkeypatch.setattr(lessons, "WARM_FLOPS", lessons.sweep_flops(lm) - 1)
+    assert lessons.warm(lm) is False and lessons._untrained == {}  # nothing swept at start-up
+    assert lessons.untrained_rows(lm).shape[0] == lm.info.vocab_size  # the request computes it
+
+
 def test_a_request_during_the_warm_up_waits_for_it_instead_of_sweeping_again(
         tiny_models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
     lm = tiny_models["llama"]
