@@ -88,20 +88,16 @@ def run_file(out: RunOut, cache: ActivationCache, model_info: dict[str, Any], ma
     (``attnscope-run/2``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
     run.json`` then ``attnscope export run.json ...`` works; above ``max_cells`` cells the attention is
     left out, as the API's export refuses it."""
-    from attnscope.app.encoding import f32_base64
+    from attnscope.app.runjson import EXPORT_FORMAT, attention_cells, attention_json
 
-    saved: dict[str, Any] = {"format": "attnscope-run/2", **out.model_dump(mode="json"), "model_info": model_info}
-    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
-    cells = visible * cache.n_heads * cache.n_layers
+    saved: dict[str, Any] = {"format": EXPORT_FORMAT, **out.model_dump(mode="json"), "model_info": model_info}
+    cells = attention_cells(cache)
     if cells > max_cells:
         saved["attention_note"] = (f"{cells:,} attention cells, more than the limit of {max_cells:,} "
                                    "(ATTNSCOPE_MAX_CELLS); GET /api/runs/ID/export?format=safetensors keeps any "
                                    "length")
         return saved
-    saved["attention_encoding"] = "f32-le-base64"
-    saved["attention"] = [[f32_base64(head_cells) for head_cells in cache.packed(layer)]
-                          for layer in range(cache.n_layers)]
-    return saved
+    return {**saved, **attention_json(cache)}
 
 
 def _analyze(args: argparse.Namespace) -> int:

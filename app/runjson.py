@@ -1,12 +1,15 @@
 """A run's JSON, serialised fast: RunOut's fields over the engine's typed results (``RunBody``), and
-the logit lens's the same way. Used by the run routes and the command line."""
+the logit lens's the same way; and the attention of the JSON export (``attnscope-run/2``). Used by the
+run routes and the command line."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import TypeAdapter
 
+from attnscope.app.encoding import f32_base64
 from attnscope.app.schemas import RunOut, TruncatedOut
 from attnscope.model.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
 from attnscope.model.cache import ActivationCache
@@ -55,3 +58,19 @@ def run_body(run_id: str, cache: ActivationCache, truncated: TruncatedOut | None
 def run_out(run_id: str, cache: ActivationCache) -> RunOut:
     """The run as a validated RunOut (for callers that want the object, not the bytes)."""
     return RunOut.model_validate_json(RUN_JSON.dump_json(run_body(run_id, cache)))
+
+
+EXPORT_FORMAT = "attnscope-run/2"
+
+
+def attention_cells(cache: ActivationCache) -> int:
+    """Every head's visible attention cells: what a JSON export of the run holds."""
+    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
+    return visible * cache.n_heads * cache.n_layers
+
+
+def attention_json(cache: ActivationCache) -> dict[str, Any]:
+    """The JSON export's attention: [layer][head] each head's visible cells, base64 float32 (exact)."""
+    return {"attention_encoding": "f32-le-base64",
+            "attention": [[f32_base64(head_cells) for head_cells in cache.packed(layer)]
+                          for layer in range(cache.n_layers)]}

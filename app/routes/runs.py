@@ -14,9 +14,9 @@ import torch
 from fastapi import APIRouter, Query, Response
 
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
-from attnscope.app.encoding import f32_base64, f32_le, rows, sqrt_u8
+from attnscope.app.encoding import f32_le, rows, sqrt_u8
 from attnscope.app.errors import ERRORS
-from attnscope.app.runjson import LENS_JSON, RUN_JSON, run_body
+from attnscope.app.runjson import EXPORT_FORMAT, LENS_JSON, RUN_JSON, attention_cells, attention_json, run_body
 from attnscope.app.schemas import (
     MAX_TOP_K_SETTING,
     AttentionOut,
@@ -335,21 +335,18 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep,
     cache = engine.run(run_id)
     lm = engine.model(cache.model)
     run = RUN_JSON.dump_python(run_body(run_id, cache), mode="json")
-    summary = {"format": "attnscope-run/2", "run_id": run_id, "text": cache.text,
+    summary = {"format": EXPORT_FORMAT, "run_id": run_id, "text": cache.text,
                "model_info": asdict(lm.info), "causal": cache.causal,
                **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms", "scores_pending")}}
     if format == "safetensors":
         body = to_safetensors(cache, {k: v for k, v in summary.items() if k != "predictions"})
         return Response(body, media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.safetensors"'})
-    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
-    cells = visible * cache.n_heads * cache.n_layers
+    cells = attention_cells(cache)
     if cells > settings.max_cells:
         raise BadInput(f"the JSON export of this run would hold {cells:,} attention cells, more than this server's "
                        f"limit of {settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): export format=safetensors instead "
                        "(what the run keeps, from which model.export rebuilds any head)")
-    payload = {**summary, "attention_encoding": "f32-le-base64",
-               "attention": [[f32_base64(head_cells) for head_cells in cache.packed(layer)]
-                             for layer in range(cache.n_layers)]}
+    payload = {**summary, **attention_json(cache)}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.json"'})
