@@ -165,6 +165,16 @@ const SERVER_ERRORS = [
   [/^patching these prompts takes (\d+) patched forwards of (\d+) tokens \(about (\d+) TFLOP\), more than this server's limit of (\d+)/, "err.patch_flops"],
 ];
 
+// Which known server message this is: its catalogue key and the values its pattern read (null: none).
+export function serverError(message) {
+  const msg = String(message || "");
+  for (const [pattern, key] of SERVER_ERRORS) {
+    const m = msg.match(pattern);
+    if (m) return { key, values: m.slice(1) };
+  }
+  return null;
+}
+
 // A server message in the reader's language: a known message is translated; any other keeps
 // the server's words after a translated lead (English mode shows the server's words as they are).
 export function errorText(message) {

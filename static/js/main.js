@@ -9,7 +9,7 @@ import { LiveHeatmap } from "./views/live.js";
 import { drawFocusBars, drawFocusLines, focusNote } from "./views/focus.js";
 import { EXACT_MAX, TileView, binOf, binText, poolingText, windowFrom } from "./views/tiled.js";
 import { drawNext, fetchNext } from "./views/nexttoken.js";
-import { errorText, initLanguage, lang, onLanguage, sentences, t } from "./i18n.js";
+import { errorText, initLanguage, lang, onLanguage, sentences, serverError, t } from "./i18n.js";
 import { urlExtras } from "./state.js";
 import { Tools } from "./tools/tools.js"; // causal tools (issue 17): attribution, ablation, patching, lens, residual, compare
 
@@ -39,10 +39,12 @@ function showError(message, offer = null) {
 }
 
 // A prompt over the model's token limit: the limit, read from the server's refusal (null: another error).
+// Every such refusal (counted whole, "at least", or by its characters) names the limit second.
+const TOO_LONG = new Set(["err.too_long", "err.too_long_at_least_read", "err.too_long_at_least_length",
+                          "err.too_long_at_least", "err.too_long_chars"]);
 function tokenLimitOf(err) {
-  const m = err && err.status === 422 &&
-    String(err.message).match(/^the prompt has .*more than this model(?:'s limit of| reads for its limit of) (\d+)/);
-  return m ? Number(m[1]) : null;
+  const hit = err && err.status === 422 ? serverError(err.message) : null;
+  return hit && TOO_LONG.has(hit.key) ? Number(hit.values[1]) : null;
 }
 
 // What a truncated run kept (the prompt box still holds the whole text), said under the prompt.
