@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnscope.app.schemas import RunOut
-    from attnscope.model.cache import ActivationCache
+    from attnscope.model.runs.record import ActivationCache
 
 log = logging.getLogger("attnscope")
 
@@ -48,8 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
     from attnscope.app.main import build_engine, create_app
     from attnscope.app.memory import tune_malloc
     from attnscope.app.settings import Settings
-    from attnscope.model import probes
     from attnscope.model.errors import EngineError
+    from attnscope.model.scores import probes
 
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     try:
@@ -104,10 +104,10 @@ def _analyze(args: argparse.Namespace) -> int:
     from attnscope.app.runjson import run_out
     from attnscope.app.schemas import PredictionOut
     from attnscope.app.settings import Settings
-    from attnscope.model.cache import RunStore
-    from attnscope.model.engine import Engine
     from attnscope.model.errors import EngineError
-    from attnscope.model.loading import load_model
+    from attnscope.model.load.models import load_model
+    from attnscope.model.runs.record import RunStore
+    from attnscope.model.services.engine import Engine
 
     settings = Settings()
     name = args.model or settings.default_model

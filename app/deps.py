@@ -8,9 +8,9 @@ from fastapi import Depends, Request
 
 from attnscope.app.gate import Gate
 from attnscope.app.settings import Settings
-from attnscope.model.engine import Engine
 from attnscope.model.errors import ModelLoadError
-from attnscope.model.tilecache import Tiles
+from attnscope.model.runs.tile_store import Tiles
+from attnscope.model.services.engine import Engine
 
 
 def get_engine(request: Request) -> Engine:

@@ -20,10 +20,10 @@ from attnscope.app.middleware import AllowedHosts, BodyLimit, SecurityHeaders, U
 from attnscope.app.routes import generate, interventions, learn, models, pages, runs
 from attnscope.app.schemas import ErrorOut
 from attnscope.app.settings import Settings
-from attnscope.model.cache import RunStore
-from attnscope.model.engine import Engine
-from attnscope.model.loading import load_model
-from attnscope.model.tilecache import Tiles
+from attnscope.model.load.models import load_model
+from attnscope.model.runs.record import RunStore
+from attnscope.model.runs.tile_store import Tiles
+from attnscope.model.services.engine import Engine
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parents[1] / "static"

@@ -11,10 +11,10 @@ from pydantic import TypeAdapter
 
 from attnscope.app.encoding import f32_base64
 from attnscope.app.schemas import RunOut, TruncatedOut
-from attnscope.model.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
-from attnscope.model.cache import ActivationCache
+from attnscope.model.load.tokens import Token
 from attnscope.model.results import LogitLens, PositionPrediction
-from attnscope.model.tokens import Token
+from attnscope.model.runs.record import ActivationCache
+from attnscope.model.scores.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
 
 
 @dataclass(frozen=True, slots=True)

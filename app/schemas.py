@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from attnscope.model.analysis import INDUCTION_NEAR, INDUCTION_RULE
+from attnscope.model.scores.analysis import INDUCTION_NEAR, INDUCTION_RULE
 
 PositionEncoding = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
 

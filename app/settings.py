@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from attnscope.model.loading import Placement
+from attnscope.model.load.models import Placement
 
 DEFAULT_MODELS = {
     "attnscope-tiny": "bundled:attnscope-tiny",

@@ -41,12 +41,12 @@ sys.path.insert(0, str(ROOT))
 
 from attnscope.app.main import create_app  # noqa: E402
 from attnscope.app.settings import Settings  # noqa: E402
-from attnscope.model.loading import LoadedModel, load_model  # noqa: E402
+from attnscope.model.load.models import LoadedModel, load_model  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from tests.browser import ARGS, CHROMIUM  # noqa: E402
-from tests.conftest import make_engine  # noqa: E402
-from tests.servers import serve  # noqa: E402
+from tests.support.browser import ARGS, CHROMIUM  # noqa: E402
+from tests.support.servers import serve  # noqa: E402
+from tests.support.tiny import make_engine  # noqa: E402
 
 log = logging.getLogger("bench.browser")
 
@@ -278,10 +278,10 @@ def long_main(lengths: list[int], repeats: int, write: Path | None) -> None:
     """--long: bench/long.py's long-context Llama (and prompts), served alone, one Chromium session per length."""
     import torch
 
-    from attnscope.model.loading import wrap_model
+    from attnscope.model.load.models import wrap_model
     from bench.long import text_of
-    from tests.families import long_llama
-    from tests.tinytok import tiny_tokenizer
+    from tests.support.families import long_llama
+    from tests.support.tinytok import tiny_tokenizer
 
     torch.set_num_threads(1)  # as bench/long.py: with a training job on one of two cores, one thread is faster
     lm = wrap_model("long-llama", long_llama(), tiny_tokenizer(), source="config:long-llama")

@@ -43,11 +43,11 @@ sys.path.insert(0, str(ROOT))
 from attnscope.app.main import create_app  # noqa: E402
 from attnscope.app.memory import tune_malloc  # noqa: E402
 from attnscope.app.settings import Settings  # noqa: E402
-from attnscope.model.cache import RunStore  # noqa: E402
-from attnscope.model.engine import Engine  # noqa: E402
-from attnscope.model.hooks import run_with_cache  # noqa: E402
-from attnscope.model.loading import BUNDLED_DIR, load_model, resolve_device, wrap_model  # noqa: E402
-from attnscope.model.names import act_name  # noqa: E402
+from attnscope.model.capture.forward import run_with_cache  # noqa: E402
+from attnscope.model.capture.names import act_name  # noqa: E402
+from attnscope.model.load.models import BUNDLED_DIR, load_model, resolve_device, wrap_model  # noqa: E402
+from attnscope.model.runs.record import RunStore  # noqa: E402
+from attnscope.model.services.engine import Engine  # noqa: E402
 from bench.report import write_section  # noqa: E402
 
 log = logging.getLogger("bench.capture")

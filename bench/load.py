@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from attnscope.app.memory import rss_bytes  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from tests.servers import free_port  # noqa: E402
+from tests.support.servers import free_port  # noqa: E402
 
 log = logging.getLogger("bench.load")
 WORDS = ("river", "lamp", "quiet", "seven", "garden", "paper", "winter", "bright", "stone", "music", "cloud", "apple")

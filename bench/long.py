@@ -3,7 +3,7 @@ patterns, peak RSS, and the time to a tile, on config-built models (random weigh
 
     python bench/long.py            # writes the "long" section of BENCHMARKS.md
 
-Rows: the long-context Llama of tests/families.py (2 layers, hidden 128, 4 heads, 2 K/V heads,
+Rows: the long-context Llama of tests/support/families.py (2 layers, hidden 128, 4 heads, 2 K/V heads,
 32,768 positions) at n = 1k, 4k, 16k, 32k, and a GPT-2-small-shaped model (12 x 12 heads,
 d_model 768, 1,024 positions) at 256 and 1,024. Per row:
 
@@ -16,7 +16,7 @@ d_model 768, 1,024 positions) at 256 and 1,024. Per row:
 * exact scores: every head score from the kept Q, K and lse -- previous-token, first-token and
   induction from single dot products, entropy and peak from every visible cell again (entropy: the
   fused kernel once more, keys as values; each row's largest weight: tiled Q K^T maxima) -- which runs
-  *after* the response in the engine's background worker (``model/late_scores.py``;
+  *after* the response in the engine's background worker (``model/scores/late.py``;
   ``timing_ms["exact_scores"]`` of the completed run);
 * capture + exact / SDPA: both model passes against SDPA — the model work of every exact score;
 * analyse → all scores: from the analyse's start until the last late score is in
@@ -52,13 +52,13 @@ sys.path.insert(0, str(ROOT))
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from attnscope.app.memory import rss_bytes, tune_malloc  # noqa: E402
-from attnscope.model.hooks import RESIDUAL, run_with_cache  # noqa: E402
-from attnscope.model.loading import LoadedModel, wrap_model  # noqa: E402
-from attnscope.model.tiles import TileSpec, head_tiles  # noqa: E402
+from attnscope.model.capture.forward import RESIDUAL, run_with_cache  # noqa: E402
+from attnscope.model.load.models import LoadedModel, wrap_model  # noqa: E402
+from attnscope.model.runs.tiles import TileSpec, head_tiles  # noqa: E402
 from bench.report import write_section  # noqa: E402
-from tests.conftest import make_engine  # noqa: E402
-from tests.families import LONG_POSITIONS, long_llama  # noqa: E402
-from tests.tinytok import tiny_tokenizer  # noqa: E402
+from tests.support.families import LONG_POSITIONS, long_llama  # noqa: E402
+from tests.support.tiny import make_engine  # noqa: E402
+from tests.support.tinytok import tiny_tokenizer  # noqa: E402
 
 log = logging.getLogger("bench.long")
 MIB = 1 << 20

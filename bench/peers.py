@@ -50,8 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
-from attnscope.model.loading import LoadedModel  # noqa: E402
-from attnscope.model.names import act_name  # noqa: E402
+from attnscope.model.capture.names import act_name  # noqa: E402
+from attnscope.model.load.models import LoadedModel  # noqa: E402
 from bench.capture import gpt2_small_folder, prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
 
@@ -93,9 +93,9 @@ def measure_capture(lm: LoadedModel, folder: Path, texts: dict[int, str], repeat
     from transformer_lens.model_bridge import TransformerBridge
     from transformers import GPT2LMHeadModel
 
-    from attnscope.model.cache import RunStore
-    from attnscope.model.engine import Engine
-    from attnscope.model.hooks import run_with_cache
+    from attnscope.model.capture.forward import run_with_cache
+    from attnscope.model.runs.record import RunStore
+    from attnscope.model.services.engine import Engine
 
     engine = Engine({lm.info.name: lm}, lm.info.name, RunStore(1 << 30), 1024)  # LRU: one big run at a time
     # TransformerLens wraps the modules of the model it is given: a second copy of the same weights
@@ -288,8 +288,8 @@ def main() -> None:
 
     from attnscope.app.main import create_app
     from attnscope.app.settings import Settings
-    from attnscope.model.loading import load_model
-    from tests.conftest import make_engine
+    from attnscope.model.load.models import load_model
+    from tests.support.tiny import make_engine
 
     folder = gpt2_small_folder(args.tmp)
     lm = load_model("gpt2-small-random", str(folder))
@@ -317,8 +317,8 @@ def main() -> None:
 def pages(payload: list[dict[str, Any]], texts: dict[int, str], app: Any, assets: Path, timeout_s: float) -> None:
     from playwright.sync_api import sync_playwright
 
-    from tests.browser import ARGS, CHROMIUM
-    from tests.servers import serve
+    from tests.support.browser import ARGS, CHROMIUM
+    from tests.support.servers import serve
 
     with serve(app) as url, sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)

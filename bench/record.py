@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # imports below must follow it (hence their noqa: E402)
 sys.path.insert(0, str(ROOT))
 
-from attnscope.model.generation import GenerationSession, SamplingParams  # noqa: E402
-from attnscope.model.loading import load_model  # noqa: E402
-from attnscope.model.tokens import ids_tensor, tokenize  # noqa: E402
+from attnscope.model.capture.generation import GenerationSession, SamplingParams  # noqa: E402
+from attnscope.model.load.models import load_model  # noqa: E402
+from attnscope.model.load.tokens import ids_tensor, tokenize  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from attnscope.model.analysis import HeadScore
-from attnscope.model.tokens import Token
+from attnscope.model.load.tokens import Token
+from attnscope.model.scores.analysis import HeadScore
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,11 +35,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from attnscope.model.analysis import head_scores, previous_token_weights  # noqa: E402
-from attnscope.model.hooks import run_with_cache  # noqa: E402
-from attnscope.model.loading import LoadedModel, load_model  # noqa: E402
-from attnscope.model.names import act_name, kind_of  # noqa: E402
-from attnscope.model.probes import induction_scores  # noqa: E402
+from attnscope.model.capture.forward import run_with_cache  # noqa: E402
+from attnscope.model.capture.names import act_name, kind_of  # noqa: E402
+from attnscope.model.load.models import LoadedModel, load_model  # noqa: E402
+from attnscope.model.scores.analysis import head_scores, previous_token_weights  # noqa: E402
+from attnscope.model.scores.probes import induction_scores  # noqa: E402
 from bench.report import write_section  # noqa: E402
 
 log = logging.getLogger("model_card")

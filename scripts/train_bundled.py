@@ -50,7 +50,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerFast
 
-from attnscope.model.analysis import previous_token_weights
+from attnscope.model.scores.analysis import previous_token_weights
 
 log = logging.getLogger("train_bundled")
 EOS = "<|endoftext|>"

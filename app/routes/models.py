@@ -7,7 +7,7 @@ from fastapi import APIRouter
 from attnscope.app.deps import EngineDep, TilesDep
 from attnscope.app.memory import rss_bytes
 from attnscope.app.schemas import HealthOut, ModelOut, ModelsOut
-from attnscope.model import probes
+from attnscope.model.scores import probes
 
 router = APIRouter(prefix="/api", tags=["models"])
 

@@ -35,12 +35,12 @@ from attnscope.app.schemas import (
     TruncatedOut,
 )
 from attnscope.app.settings import DEFAULT_TOP_K, Settings
-from attnscope.model import analysis
-from attnscope.model.cache import ActivationCache
 from attnscope.model.errors import BadInput
-from attnscope.model.export import to_safetensors
-from attnscope.model.tilecache import OVERVIEW, Tiles
-from attnscope.model.tiles import MASKED_U8, TileSpec, u8_tile
+from attnscope.model.runs.export import to_safetensors
+from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.tile_store import OVERVIEW, Tiles
+from attnscope.model.runs.tiles import MASKED_U8, TileSpec, u8_tile
+from attnscope.model.scores import analysis
 
 router = APIRouter(prefix="/api", tags=["runs"])
 

@@ -1,0 +1,1 @@
+"""Numbers for the Learn views, each computed from the running model's own weights."""

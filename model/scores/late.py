@@ -1,0 +1,183 @@
+"""Head scores a run still owes, computed exactly after the analyse has answered.
+
+A forward through the fused kernel (``model.capture``) keeps Q, K and each row's lse; every head score
+follows from them exactly (``model.pair_scores``): previous-token, first-token and induction from single
+dot products, entropy and peak (a row's largest weight) from every visible cell once more. That sweep
+costs about as much as the forward itself, and even the dot products cost a third of the capture's own
+time at 1k tokens, so ``Engine.analyse`` answers without any of them (``run_with_cache(defer=True)``;
+a layer that took the block path has its scores complete): the run is stored with those fields None and named in
+``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in one background thread from
+what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as before
+(``model.hooks.complete``), then swaps the completed summary into the stored run.
+
+Bytes: nothing is attached to the run. The completed head scores replace the pending ones, which the
+store counted when the run was added (``summary_bytes`` counts ~0.6 kB a head, a head's scores with
+their floats included), so a run never grows after it was counted. The sweep's own transient memory
+(the fused kernel's output, (H, n, dh), and the row maxima) is held in the engine's byte budget
+(``model.budget.MemoryBudget``) while it runs, like a forward's.
+
+Runs evicted before their scores are computed are skipped (the worker holds them weakly and asks the
+store before and after each layer); whoever waits for them is woken and finds the run gone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from attnscope.model.capture.forward import complete
+from attnscope.model.capture.interface import BLOCK_CELLS
+from attnscope.model.runs.attention import LayerAttention
+from attnscope.model.runs.jobthread import JobThread
+from attnscope.model.scores.analysis import SCORE_FIELDS, SCORE_NAMES, HeadScore, ScoreAccumulator
+from attnscope.model.scores.pairs import InductionPairs
+
+if TYPE_CHECKING:
+    from attnscope.model.runs.budget import MemoryBudget
+    from attnscope.model.runs.record import ActivationCache, RunStore
+
+log = logging.getLogger(__name__)
+STOPPED = "the server stopped before these scores were computed"
+
+
+@dataclass
+class PendingScores:
+    """The work a stored run still owes: which fields of which layers, and who waits for them.
+
+    ``done`` is set once the scores are in the run's summary, or the run was evicted first, or the
+    sweep failed (``error``)."""
+
+    fields: dict[int, frozenset[str]]  # layer -> accumulator fields owed (``SCORE_FIELDS``)
+    started: float  # perf_counter when the analyse began (for "scores_ready")
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The owed fields as HeadScore (and API) names, e.g. ["entropy", "max", "prev_token", "first_token",
+        "induction"]."""
+        owed = set().union(*self.fields.values()) if self.fields else set()
+        return [SCORE_NAMES[f] for f in SCORE_FIELDS if f in owed]
+
+
+def sweep_bytes(layer: LayerAttention) -> int:
+    """The sweep's transient memory for one layer: the fused kernel's P K (H, n, dh) with its lse, the
+    row statistics (a few (H, n) tensors), a tile or block of logits, and the run's induction pairs
+    (``InductionPairs``, found once per run and held through the sweep: 56 bytes a position, with the
+    sort's temporaries under 96)."""
+    h, n, dh = layer.q.shape
+    return 4 * (h * n * (dh + 8) + 2 * BLOCK_CELLS) + 96 * n
+
+
+def layer_scores(kept: LayerAttention, ids: torch.Tensor, fields: frozenset[str], layer: int,
+                 pairs: InductionPairs | None = None) -> list[HeadScore]:
+    """One layer's owed fields, exactly over every row: HeadScores whose other fields are meaningless.
+    ``pairs``: the run's induction pairs (found once for all its layers)."""
+    acc = ScoreAccumulator(kept.n_heads, ids)
+    acc.todo = set(fields)
+    complete(acc, kept, pairs)
+    return acc.finish(layer)
+
+
+def merged(heads: list[HeadScore], late: dict[int, list[HeadScore]], fields: dict[int, frozenset[str]]
+           ) -> list[HeadScore]:
+    """The run's heads with each layer's owed fields taken from ``late``."""
+    out = []
+    for s in heads:
+        if s.layer not in late:
+            out.append(s)
+            continue
+        new = late[s.layer][s.head]
+        out.append(dataclasses.replace(s, **{SCORE_NAMES[f]: getattr(new, SCORE_NAMES[f]) for f in fields[s.layer]}))
+    return out
+
+
+@dataclass(frozen=True)
+class _Job:
+    run_id: str
+    cache: weakref.ref[ActivationCache]
+
+
+class ScoreWorker(JobThread[_Job]):
+    """One background thread that computes the scores stored runs still owe, oldest run first.
+
+    ``pause`` (if set) is called between layers: the app passes the tile prefetch's wait for requests
+    in flight, so a tile a person waits for does not share the CPU with a sweep."""
+
+    def __init__(self, store: RunStore, budget: MemoryBudget | None = None) -> None:
+        super().__init__("attnscope-scores")
+        self.store = store
+        self.budget = budget
+        self.pause: Callable[[], None] | None = None
+
+    def submit(self, run_id: str, cache: ActivationCache) -> None:
+        with self._cond:
+            self._closed = False  # a closed worker starts again on new work (an engine shared by apps)
+            self._jobs.append(_Job(run_id, weakref.ref(cache)))
+            self._start()
+
+    def pending(self) -> int:
+        """Runs waiting or being computed."""
+        with self._cond:
+            return len(self._jobs) + int(self._running)
+
+    def close(self) -> None:
+        """Stop after the layer being computed; runs still owed stay pending (and their waiters are woken)."""
+        left, thread = self._stop()
+        for job in left:
+            cache = job.cache()
+            if cache is not None and cache.pending is not None:
+                cache.pending.error = STOPPED
+                cache.pending.done.set()
+        if thread is not None:
+            thread.join(timeout=30)
+
+    def _run(self, job: _Job) -> None:
+        cache = job.cache()
+        if cache is None or cache.pending is None:
+            return
+        try:
+            self._sweep(job.run_id, cache, cache.pending)
+        except Exception as err:  # a failed sweep is reported on the run, never taken down the server
+            log.exception("late head scores of run %s failed", job.run_id)
+            cache.pending.error = f"the head scores could not be computed: {err}"
+        finally:
+            cache.pending.done.set()
+
+    def _sweep(self, run_id: str, cache: ActivationCache, pending: PendingScores) -> None:
+        t0 = time.perf_counter()
+        late: dict[int, list[HeadScore]] = {}
+        owes_induction = any("induction" in fields for fields in pending.fields.values())
+        pairs = InductionPairs.of(cache.input_ids) if owes_induction else None  # one sort for every layer
+        with torch.inference_mode():
+            for layer, fields in sorted(pending.fields.items()):
+                if self.pause is not None:
+                    self.pause()
+                if self._closed:
+                    pending.error = STOPPED
+                    return
+                if not self.store.holds(run_id, cache):
+                    log.info("run %s left the store before its head scores were computed", run_id)
+                    return
+                kept = cache.attention[layer]
+                if self.budget is None:
+                    late[layer] = layer_scores(kept, cache.input_ids, fields, layer, pairs)
+                else:
+                    with self.budget.reserve(sweep_bytes(kept)):
+                        late[layer] = layer_scores(kept, cache.input_ids, fields, layer, pairs)
+        t1 = time.perf_counter()
+        summary = cache.summary
+        done = dataclasses.replace(
+            summary, heads=merged(summary.heads, late, pending.fields), scores_pending=(),
+            timing_ms={**summary.timing_ms, "exact_scores": 1e3 * (t1 - t0),
+                       "scores_ready": 1e3 * (t1 - pending.started)})
+        if self.store.settle(run_id, cache, done):
+            log.info("run %s: exact %s in %.0f ms", run_id, " and ".join(pending.names), 1e3 * (t1 - t0))

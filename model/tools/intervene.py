@@ -1,0 +1,177 @@
+"""The shared machinery of the causal tools: per-head outputs, temporary edits, batched forwards.
+
+A head's own output is its value-weighted sum ``z`` (what the attention module hands its
+output projection, heads side by side: ``(B, n, H * d_head)``) pushed through its slice of
+``W_O``. A forward *pre*-hook on the output projection sees ``z`` in every family that
+projects with a module (GPT-2's ``Conv1D`` ``c_proj``, Llama's ``o_proj``, NeoX's ``dense``,
+OPT's ``out_proj``), so reading, zeroing, averaging or patching one head is one hook.
+
+Every edit here is a hook that lives only inside a ``with`` and is removed in ``finally``:
+hooks are global state on a shared model. The causal tools take ``lm.lock`` around their forwards:
+one forward at a time per model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from attnscope.model.errors import BadInput
+from attnscope.model.load.models import LoadedModel
+
+# one budget for the batched forwards' largest tensors (attention scores, MLP hidden, logits)
+BATCH_BYTES = 256 * 2**20
+
+Hook = Callable[..., Any]
+HookKind = Literal["pre", "pre_kwargs", "post"]
+
+
+@dataclass(frozen=True)
+class Registration:
+    module: nn.Module
+    kind: HookKind
+    fn: Hook
+
+
+@contextmanager
+def temporary_hooks(registrations: list[Registration]) -> Iterator[None]:
+    """Register the hooks for the ``with`` only; every one is removed in ``finally``,
+    also when registering a later one or the forward inside fails."""
+    handles: list[RemovableHandle] = []
+    try:
+        for reg in registrations:
+            if reg.kind == "pre":
+                handles.append(reg.module.register_forward_pre_hook(reg.fn))
+            elif reg.kind == "pre_kwargs":
+                handles.append(reg.module.register_forward_pre_hook(reg.fn, with_kwargs=True))
+            else:
+                handles.append(reg.module.register_forward_hook(reg.fn))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def require_decoder(lm: LoadedModel, what: str) -> None:
+    if lm.unembed is None or not lm.info.causal:
+        raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: {what} needs a decoder")
+    if lm.spec.residual == "post_norm":
+        raise BadInput(f"model {lm.info.name!r} normalises after each block: its residual stream does not "
+                       f"decompose into sublayer outputs, so {what} is not defined for it")
+
+
+def attention_module(lm: LoadedModel, layer: int) -> nn.Module:
+    return lm.blocks[layer].get_submodule(lm.spec.attn_out)
+
+
+def mlp_module(lm: LoadedModel, layer: int) -> nn.Module:
+    return lm.blocks[layer].get_submodule(lm.spec.mlp_out)
+
+
+def out_proj(lm: LoadedModel, layer: int) -> nn.Module:
+    """The attention's output projection (``ArchSpec.out_proj``), whose input is the heads' ``z`` side by side."""
+    return lm.blocks[layer].get_submodule(lm.spec.out_proj)
+
+
+def _matrix(lm: LoadedModel, proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(d_in, d_out) weight and bias of the projection, whichever way the family stores it."""
+    weight = proj.get_parameter("weight")
+    try:
+        bias: torch.Tensor | None = proj.get_parameter("bias")
+    except AttributeError:
+        bias = None
+    return (weight if lm.spec.out_proj_transposed else weight.T), bias
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    w_o: torch.Tensor  # (H, d_head, d_model): each head's slice of the output projection
+    b_o: torch.Tensor | None  # (d_model,) the projection's bias, shared by the heads
+
+    @property
+    def d_head(self) -> int:
+        return int(self.w_o.shape[1])
+
+
+def head_weights(lm: LoadedModel, layer: int) -> HeadWeights:
+    w, b = _matrix(lm, out_proj(lm, layer))  # (H * d_head, d_model)
+    n_heads = lm.info.n_heads
+    if w.shape[0] % n_heads:
+        raise BadInput(f"layer {layer}'s output projection takes {w.shape[0]} inputs, not a multiple of "
+                       f"{n_heads} heads")
+    return HeadWeights(w_o=w.reshape(n_heads, w.shape[0] // n_heads, w.shape[1]), b_o=b)
+
+
+def split_heads(z: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(..., H * d_head) -> (..., H, d_head); a view."""
+    return z.view(*z.shape[:-1], n_heads, z.shape[-1] // n_heads)
+
+
+def first(output: Any) -> torch.Tensor:
+    value = output[0] if isinstance(output, tuple) else output
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"expected a tensor (or a tuple starting with one), got {type(value).__name__}")
+    return value
+
+
+def replace_first(output: Any, value: torch.Tensor) -> Any:
+    return (value, *output[1:]) if isinstance(output, tuple) else value
+
+
+def hidden_arg(args: tuple[Any, ...], kwargs: dict[str, Any]) -> torch.Tensor:
+    hidden: torch.Tensor = args[0] if args else kwargs["hidden_states"]
+    return hidden
+
+
+def with_hidden(args: tuple[Any, ...], kwargs: dict[str, Any],
+                value: torch.Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    if args:
+        return (value, *args[1:]), kwargs
+    return args, {**kwargs, "hidden_states": value}
+
+
+def logits(lm: LoadedModel, ids: torch.Tensor, keep: int = 0) -> torch.Tensor:
+    """(B, n) ids -> (B, n or keep, V) float32 logits; ``keep`` > 0 keeps the last positions only."""
+    ids = ids.to(lm.input_device)
+    with torch.inference_mode():
+        if keep:
+            out = lm.model(input_ids=ids, use_cache=False, logits_to_keep=keep)
+        else:
+            out = lm.model(input_ids=ids, use_cache=False)
+    result: torch.Tensor = out.logits
+    return result.float().cpu()
+
+
+def capture_z(lm: LoadedModel, ids: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """One forward over ``ids`` (n,): every layer's ``z`` (n, H, d_head) and the logits (n, V)."""
+    store: dict[int, torch.Tensor] = {}
+
+    def saver(layer: int) -> Hook:
+        def hook(_module: nn.Module, args: tuple[Any, ...]) -> None:
+            store[layer] = split_heads(args[0][0].detach(), lm.info.n_heads)
+
+        return hook
+
+    regs = [Registration(out_proj(lm, i), "pre", saver(i)) for i in range(lm.info.n_layers)]
+    with temporary_hooks(regs):
+        out = logits(lm, ids[None])[0]
+    return [store[i] for i in range(lm.info.n_layers)], out
+
+
+def batch_size(lm: LoadedModel, n: int, logit_positions: int) -> int:
+    """How many sequences of n tokens one batched forward may hold within BATCH_BYTES."""
+    info = lm.info
+    per_sequence = 4 * (3 * info.n_heads * n * n + 4 * n * max(info.d_mlp, info.d_model)
+                        + 2 * logit_positions * info.vocab_size)
+    return max(1, BATCH_BYTES // per_sequence)
+
+
+def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """KL(p || q) in nats over the last axis, from log-probabilities; (..., V) -> (...)."""
+    return (logp.exp() * (logp - logq)).sum(-1).clamp_min(0.0)

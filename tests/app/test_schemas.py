@@ -1,0 +1,143 @@
+"""Every JSON endpoint sends exactly what its response model says, and nothing grows a stored
+run outside the store's byte count.
+
+Some routes serialise typed results straight to bytes (a run, the logit lens: too large to
+build and validate pydantic objects for); this is where their JSON meets the schema. Each
+body is validated against the model the OpenAPI document names, then dumped again: the two
+must be equal, so a missing, extra or mistyped field fails.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import BaseModel, TypeAdapter
+
+from attnscope.app import intervention_schemas, schemas
+from attnscope.app.runjson import RunBody
+from attnscope.model.results import LogitLens
+from attnscope.model.services.engine import Engine
+
+PROMPT = "the cat sat on the mat and the cat sat"
+Request = tuple[str, str, dict[str, Any] | None]  # method, URL (may hold {run}, {other}), JSON body
+
+
+@pytest.fixture(scope="module")
+def runs(client: TestClient) -> dict[str, str]:
+    ids = {}
+    for key, text, model in (("run", PROMPT, "tiny-gpt2"), ("other", "the mat sat on the cat", "tiny-gpt2"),
+                             ("enc", PROMPT, "minilm-l6")):
+        r = client.post("/api/runs", json={"text": text, "model": model})
+        assert r.status_code == 201, r.text
+        ids[key] = r.json()["run_id"]
+    return ids
+
+
+# every JSON operation of the API, with requests that reach each shape of its answer
+REQUESTS: dict[str, list[Request]] = {
+    "GET /api/models": [("GET", "/api/models", None)],
+    "GET /api/health": [("GET", "/api/health", None)],
+    "POST /api/runs": [("POST", "/api/runs", {"text": PROMPT}), ("POST", "/api/runs", {"text": "hi", "model": "minilm-l6"}),
+                       ("POST", "/api/runs", {"text": "emoji 🐶 ok", "model": "tiny-llama", "top_k": 3})],
+    "GET /api/runs/{run_id}": [("GET", "/api/runs/{run}", None), ("GET", "/api/runs/{enc}", None)],
+    "GET /api/runs/{run_id}/attention": [("GET", "/api/runs/{run}/attention?layer=1&head=2", None),
+                                         ("GET", "/api/runs/{run}/attention?layer=0", None),
+                                         ("GET", "/api/runs/{enc}/attention?layer=0&head=0", None),
+                                         ("GET", "/api/runs/{run}/attention?layer=1&head=0&size=3&pool=mean", None),
+                                         ("GET", "/api/runs/{run}/attention?layer=0&q0=2&k1=5", None),
+                                         ("GET", "/api/runs/{enc}/attention?layer=1&head=3&size=4", None)],
+    "GET /api/runs/{run_id}/heads": [("GET", "/api/runs/{run}/heads?wait=60", None),
+                                     ("GET", "/api/runs/{enc}/heads", None)],
+    "GET /api/runs/{run_id}/residual": [("GET", "/api/runs/{run}/residual", None)],
+    "GET /api/runs/{run_id}/logit-lens": [("GET", "/api/runs/{run}/logit-lens?top_k=3", None)],
+    "GET /api/runs/{run_id}/sparsity": [("GET", "/api/runs/{run}/sparsity", None),
+                                        ("GET", "/api/runs/{run}/sparsity", None)],
+    "GET /api/runs/{run_id}/next": [("GET", "/api/runs/{run}/next?position=2&temperature=0.5", None),
+                                    ("GET", "/api/runs/{run}/next?position=9", None)],
+    "GET /api/runs/{run_id}/contributions": [("GET", "/api/runs/{run}/contributions?layer=1&head=0&position=4", None)],
+    "GET /api/runs/{run_id}/contribution-gaps": [("GET", "/api/runs/{run}/contribution-gaps?position=4", None)],
+    "GET /api/models/{name}/embedding": [("GET", "/api/models/tiny-gpt2/embedding?id=7&top=4", None)],
+    "GET /api/models/{name}/anatomy": [("GET", "/api/models/tiny-gpt2/anatomy", None),
+                                       ("GET", "/api/models/minilm-l6/anatomy", None)],
+    "GET /api/models/{name}/positions": [("GET", "/api/models/tiny-gpt2/positions?count=8", None),
+                                         ("GET", "/api/models/tiny-llama/positions?count=8", None)],
+    "POST /api/timing": [("POST", "/api/timing", {"text": "one two three"})],
+    "GET /api/compare": [("GET", "/api/compare?a={run}&b={other}", None)],
+    "GET /api/runs/{run_id}/attribution": [("GET", "/api/runs/{run}/attribution?position=3", None)],
+    "POST /api/runs/{run_id}/ablate": [("POST", "/api/runs/{run}/ablate", {"heads": [[0, 1]], "top_k": 2})],
+    "POST /api/runs/{run_id}/ablate/scan": [("POST", "/api/runs/{run}/ablate/scan", {"position": 3})],
+    "POST /api/patch": [("POST", "/api/patch", {"clean": "the cat sat", "corrupted": "the dog sat",
+                                                "answer": " on", "wrong": " the"})],
+}
+
+
+def _schema_class(ref: str) -> type[BaseModel]:
+    name = ref.rsplit("/", 1)[-1]
+    for module in (schemas, intervention_schemas):
+        if isinstance(getattr(module, name, None), type):
+            return getattr(module, name)
+    raise LookupError(f"no schema class {name}")
+
+
+def _json_operations(client: TestClient) -> dict[str, TypeAdapter[Any]]:
+    """'METHOD path' -> an adapter for the model its success response names (JSON ones only)."""
+    out: dict[str, TypeAdapter[Any]] = {}
+    for path, ops in client.app.openapi()["paths"].items():
+        for method, op in ops.items():
+            for status, response in op["responses"].items():
+                schema = response.get("content", {}).get("application/json", {}).get("schema", {})
+                refs = [schema["$ref"]] if "$ref" in schema else [s["$ref"] for s in schema.get("anyOf", [])]
+                if status.startswith("2") and refs:
+                    model = functools.reduce(operator.or_, [_schema_class(ref) for ref in refs])  # A | B | ...
+                    out[f"{method.upper()} {path}"] = TypeAdapter(model)
+    return out
+
+
+def test_every_json_endpoint_has_requests(client: TestClient) -> None:
+    assert set(_json_operations(client)) == set(REQUESTS)
+
+
+@pytest.mark.parametrize("operation", list(REQUESTS))
+def test_json_is_exactly_the_response_model(client: TestClient, runs: dict[str, str], operation: str) -> None:
+    adapter = _json_operations(client)[operation]
+    for method, url, body in REQUESTS[operation]:
+        r = client.request(method, url.format(**runs), json=body)
+        assert r.status_code in (200, 201), f"{url}: {r.status_code} {r.text[:300]}"
+        sent = r.json()
+        assert adapter.dump_python(adapter.validate_python(sent), mode="json") == sent, url
+
+
+@pytest.mark.parametrize(("fast", "schema"), [(RunBody, schemas.RunOut), (LogitLens, schemas.LogitLensOut)])
+def test_fast_serialisers_name_the_schema_fields(fast: type, schema: type[BaseModel]) -> None:
+    """The dataclasses serialised without validation have exactly their schema's fields."""
+    assert set(TypeAdapter(fast).json_schema()["properties"]) == set(schema.model_json_schema()["properties"])
+
+
+def _nbytes_agree(engine: Engine) -> Callable[[], None]:
+    def check() -> None:
+        assert engine.store.nbytes == sum(cache.nbytes for cache in engine.store)
+
+    return check
+
+
+def test_nothing_grows_a_run_outside_the_byte_count(client: TestClient, engine: Engine, runs: dict[str, str]) -> None:
+    check = _nbytes_agree(engine)
+    check()
+    for requests in REQUESTS.values():
+        for method, url, body in requests:
+            client.request(method, url.format(**runs), json=body)
+            check()
+    run = client.post("/api/runs", json={"text": "a fresh run to measure"}).json()["run_id"]
+    cache = engine.run(run)
+    before, store_before = cache.nbytes, engine.store.nbytes
+    assert client.get(f"/api/runs/{run}/sparsity").status_code == 200
+    assert cache.sparsity is not None and cache.nbytes > before  # what the route kept is counted...
+    assert engine.store.nbytes - store_before == cache.nbytes - before  # ...by the store too
+    assert client.get(f"/api/runs/{run}/sparsity").status_code == 200
+    assert cache.nbytes > before and engine.store.nbytes - store_before == cache.nbytes - before  # once
+    check()

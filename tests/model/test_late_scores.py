@@ -1,0 +1,209 @@
+"""Head scores that follow the analyse (model/scores/late.py): the analyse answers after its forward
+with a fused layer's scores pending, a background sweep computes them exactly (equal to the scores of
+``output_attentions=True``), the API says which are pending and hands them out when ready, and a run
+evicted before its scores are in is skipped without harm."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.errors import RunNotFound
+from attnscope.model.load.models import LoadedModel, wrap_model
+from attnscope.model.load.tokens import ids_tensor, tokenize
+from attnscope.model.runs.budget import estimate
+from attnscope.model.scores import analysis
+from attnscope.model.scores import late as late_scores
+from attnscope.model.services.engine import Engine
+from tests.support.families import DECODERS, Family
+from tests.support.tiny import make_engine
+from tests.support.tinytok import tiny_tokenizer
+
+TEXT = "the cat sat on the mat; the cat sat on the hat. " * 2  # 96 tokens: within the families' 128 positions
+WAIT = 60.0
+ALL = ("entropy", "max", "prev_token", "first_token", "induction")  # what a fused layer owes after the analyse
+
+
+def _lm(family: Family) -> LoadedModel:
+    return wrap_model(f"tiny-{family.id}", family.build("eager"), tiny_tokenizer(), source=f"config:{family.id}")
+
+
+def _reference(lm: LoadedModel, ids: torch.Tensor) -> list[analysis.HeadScore]:
+    """Every head's scores from the family's own eager weights (output_attentions=True)."""
+    model = lm.model
+    with lm.lock:
+        model.set_attn_implementation("eager")
+        try:
+            with torch.inference_mode():
+                attentions = model(input_ids=ids[None], output_attentions=True).attentions
+        finally:
+            model.set_attn_implementation(lm.spec.attn_implementation)
+    return [s for i, a in enumerate(attentions) for s in analysis.head_scores(i, a[0].float(), ids)]
+
+
+class Gate:
+    """Holds the score worker before each layer until opened (``ScoreWorker.pause``)."""
+
+    def __init__(self) -> None:
+        self.open = threading.Event()
+
+    def __call__(self) -> None:
+        assert self.open.wait(WAIT), "the test never opened the gate"
+
+
+@pytest.fixture
+def llama() -> Iterator[tuple[Engine, LoadedModel]]:
+    lm = _lm(next(f for f in DECODERS if f.id == "llama"))
+    engine = make_engine({lm.info.name: lm}, lm.info.name)
+    yield engine, lm
+    engine.close()
+
+
+# one family per attention path (the whole table's patterns are tests/model/test_families.py's): the fused kernel
+# (gpt2, llama), fused layers beside windowed ones (qwen2), a window everywhere (mistral), soft-capping (gemma2),
+# ALiBi (bloom), a family read from its module (gpt_neo), parallel blocks with partial rotary (phi)
+PATHS = ("gpt2", "llama", "qwen2", "mistral", "gemma2", "bloom", "gpt_neo", "phi")
+
+
+@pytest.mark.parametrize("family", [f for f in DECODERS if f.id in PATHS], ids=lambda f: f.id)
+def test_late_scores_equal_output_attentions(family: Family) -> None:
+    """What the analyse answers at once and what follows are the eager scores, on every attention path."""
+    lm = _lm(family)
+    engine = make_engine({lm.info.name: lm}, lm.info.name)
+    try:
+        result = engine.analyse(TEXT)
+        first = result.cache.summary
+        ids = ids_tensor(tokenize(lm.tokenizer, TEXT))
+        want = _reference(lm, ids)
+        for got, ref in zip(first.heads, want, strict=True):  # what the response carries
+            late = got.entropy is None  # a fused layer owes every score; a block-path layer has them all
+            for field in ("entropy", "prev_token", "first_token", "max", "induction"):
+                if late:
+                    assert getattr(got, field) is None and field in first.scores_pending, (got, field)
+                else:
+                    assert getattr(got, field) == pytest.approx(getattr(ref, field), abs=1e-5), (got, field)
+        assert bool(first.scores_pending) == any(h.entropy is None for h in first.heads)
+        done = engine.wait_scores(result.run_id, WAIT).summary
+        assert done.scores_pending == ()
+        for got, ref in zip(done.heads, want, strict=True):
+            for field in ("entropy", "prev_token", "first_token", "max", "induction"):
+                assert getattr(got, field) == pytest.approx(getattr(ref, field), abs=1e-5), (got, field)
+        if first.scores_pending:
+            assert "exact_scores" not in first.timing_ms and {"exact_scores", "scores_ready"} <= set(done.timing_ms)
+    finally:
+        engine.close()
+
+
+def test_the_fused_path_leaves_its_scores_and_the_run_does_not_grow(llama: tuple[Engine, LoadedModel]) -> None:
+    engine, lm = llama
+    gate = Gate()
+    engine.scores.pause = gate
+    result = engine.analyse(TEXT)
+    s = result.cache.summary
+    assert s.scores_pending == ALL and all(h.entropy is h.max is h.prev_token is h.first_token is h.induction is None
+                                           for h in s.heads)
+    assert {"forward", "total"} <= set(s.timing_ms) and "exact_scores" not in s.timing_ms
+    counted, kept = engine.store.nbytes, result.cache.nbytes
+    assert kept == estimate(lm, len(s.tokens), 10).keep  # the pending heads are counted as complete ones
+    gate.open.set()
+    done = engine.wait_scores(result.run_id, WAIT)
+    assert done is result.cache and done.summary.scores_pending == ()
+    assert all(None not in (h.entropy, h.max, h.prev_token, h.first_token, h.induction) for h in done.summary.heads)
+    assert engine.store.nbytes == counted and done.nbytes == kept  # nothing attached, nothing grew
+    assert engine.scores.wait_idle(WAIT) and engine.scores.pending() == 0
+
+
+def test_a_run_evicted_before_its_scores_is_skipped(llama: tuple[Engine, LoadedModel]) -> None:
+    _, lm = llama
+    n = len(tokenize(lm.tokenizer, TEXT))
+    engine = make_engine({lm.info.name: lm}, lm.info.name, cache_bytes=estimate(lm, n, 10).keep * 3 // 2)
+    gate = Gate()
+    engine.scores.pause = gate
+    try:
+        old = engine.analyse(TEXT)
+        new = engine.analyse(TEXT + "!")  # the cache holds one run: the first is evicted, its scores still owed
+        assert not engine.store.holds(old.run_id, old.cache) and len(engine.store) == 1
+        gate.open.set()
+        with pytest.raises(RunNotFound) as err:
+            engine.wait_scores(old.run_id, WAIT)
+        assert err.value.expired
+        assert engine.wait_scores(new.run_id, WAIT).summary.scores_pending == ()
+        assert engine.scores.wait_idle(WAIT)
+        assert old.cache.summary.scores_pending == ALL  # the evicted run was left alone
+        assert old.cache.pending is not None and old.cache.pending.done.is_set() and old.cache.pending.error is None
+        assert engine.store.nbytes == new.cache.nbytes
+    finally:
+        engine.close()
+
+
+def test_the_api_marks_pending_scores_and_hands_them_out(llama: tuple[Engine, LoadedModel]) -> None:
+    engine, lm = llama
+    settings = Settings(models={}, default_model=lm.info.name)
+    with TestClient(create_app(settings, engine)) as client:
+        gate = Gate()
+        engine.scores.pause = gate  # after the lifespan's own (the tile prefetch's wait)
+        r = client.post("/api/runs", json={"text": TEXT})
+        assert r.status_code == 201
+        run = r.json()
+        rid = run["run_id"]
+        assert run["scores_pending"] == list(ALL)
+        assert all(h[f] is None for h in run["heads"] for f in ALL)
+        assert "exact_scores" not in run["timing_ms"]
+        early = client.get(f"/api/runs/{rid}/heads")
+        assert early.status_code == 202 and early.json()["scores_pending"] == list(ALL)
+        assert client.get(f"/api/runs/{rid}/heads", params={"wait": 0.2}).status_code == 202  # time up, still owed
+        gate.open.set()
+        late = client.get(f"/api/runs/{rid}/heads", params={"wait": WAIT})
+        assert late.status_code == 200, late.text
+        body = late.json()
+        assert body["scores_pending"] == [] and body["error"] is None
+        assert {"exact_scores", "scores_ready"} <= set(body["timing_ms"])
+        want = _reference(lm, ids_tensor(tokenize(lm.tokenizer, TEXT)))
+        for got, ref in zip(body["heads"], want, strict=True):
+            assert got["entropy"] == pytest.approx(ref.entropy, abs=1e-5)
+            assert got["max"] == pytest.approx(ref.max, abs=1e-5)
+            assert got["prev_token"] == pytest.approx(ref.prev_token, abs=1e-5)
+        again = client.get(f"/api/runs/{rid}").json()  # the run itself now carries them too
+        assert again["scores_pending"] == [] and again["heads"] == body["heads"]
+        assert client.get("/api/runs/nope/heads").status_code == 404
+        assert client.get(f"/api/runs/{rid}/heads", params={"wait": 61}).status_code == 422
+        assert client.get(f"/api/runs/{rid}/heads", params={"wait": -1}).status_code == 422
+
+
+def test_a_failed_sweep_is_reported_not_pending_forever(llama: tuple[Engine, LoadedModel],
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    engine, lm = llama
+
+    def broken(*_args: object) -> list[analysis.HeadScore]:
+        raise RuntimeError("out of paper")
+
+    monkeypatch.setattr(late_scores, "layer_scores", broken)
+    with TestClient(create_app(Settings(models={}, default_model=lm.info.name), engine)) as client:
+        rid = client.post("/api/runs", json={"text": TEXT}).json()["run_id"]
+        r = client.get(f"/api/runs/{rid}/heads", params={"wait": WAIT})
+        assert r.status_code == 200
+        body = r.json()
+        assert body["scores_pending"] == list(ALL) and "out of paper" in body["error"]
+        assert all(h["entropy"] is None for h in body["heads"])
+        assert client.get("/api/models").status_code == 200  # the server goes on
+
+
+def test_closing_the_engine_says_the_scores_will_not_come(llama: tuple[Engine, LoadedModel]) -> None:
+    engine, _ = llama
+    gate = Gate()
+    engine.scores.pause = gate
+    result = engine.analyse(TEXT)
+    closing = threading.Thread(target=engine.close)
+    closing.start()  # while the worker waits before its first layer
+    gate.open.set()
+    closing.join(WAIT)
+    assert not closing.is_alive()
+    pending = result.cache.pending
+    assert pending is not None and pending.done.is_set() and pending.error == late_scores.STOPPED
+    assert engine.wait_scores(result.run_id, 0).summary.scores_pending == ALL

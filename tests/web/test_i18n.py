@@ -1,0 +1,89 @@
+"""The two message catalogues (static/i18n/en.js, zh.js) hold the same keys with the same
+placeholders, and every key the pages use exists."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.support.i18n_check import ALLOWED, MATH, WORD, catalogue
+
+ROOT = Path(__file__).resolve().parents[2]
+CATALOGUES = {lang: catalogue(lang) for lang in ("en", "zh")}
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def test_same_keys_and_placeholders() -> None:
+    en, zh = CATALOGUES["en"], CATALOGUES["zh"]
+    assert sorted(en) == sorted(zh)
+    for key in en:
+        assert en[key].strip() and zh[key].strip(), key
+        assert set(PLACEHOLDER.findall(en[key])) == set(PLACEHOLDER.findall(zh[key])), key
+        # plotly field references (%{y:.3f}) and markup survive translation
+        assert sorted(re.findall(r"%\{[^}]*\}|<[^>]*>", en[key])) == sorted(re.findall(r"%\{[^}]*\}|<[^>]*>", zh[key])), key
+
+
+def test_chinese_keeps_only_the_seeds_english_terms() -> None:
+    """Latin words in the Chinese catalogue are the technical terms the seed note writes in
+    English, symbols, names and quoted example text — nothing else."""
+    examples = {"x.placeholder": "I love artificial intelligence", "l6.p": "dog bites man the",
+                "lang.switch": "English", "err.patch_one": "Peter",  # the Patch tool's example answer
+                "err.patch_same": "answer wrong", "err.patch_same_token": "answer wrong",
+                "err.patch_flops": "TFLOP"}  # a language switch names the other language in its own words
+    for key, text in CATALOGUES["zh"].items():
+        plain = re.sub(r"\{\w+\}|%\{[^}]*\}|<[^>]*>", " ", text)
+        allowed = set(examples.get(key, "").split())
+        stray = [w for w in WORD.findall(plain) if not (len(w) == 1 or MATH.fullmatch(w) or w in ALLOWED or w in allowed)]
+        assert stray == [], f"{key}: {text!r}"
+
+
+def used_keys() -> set[str]:
+    keys: set[str] = set()
+    for path in [*(ROOT / "static" / "js").rglob("*.js"), *(ROOT / "templates").glob("*.html")]:
+        text = path.read_text(encoding="utf-8")
+        keys.update(re.findall(r"""\bt\(\s*["']([\w.]+)["']""", text))
+        keys.update(re.findall(r"""\btr\(\s*["']([\w.]+)["']""", text))
+        keys.update(re.findall(r"""data-i18n(?:-[a-z]+)?="([\w.]+)\"""", text))
+    return keys
+
+
+def test_every_key_used_exists() -> None:
+    missing = sorted(k for k in used_keys() if k not in CATALOGUES["en"])
+    assert missing == []
+
+
+def test_half_translated_chinese_is_caught() -> None:
+    """The check behind the Chinese-mode browser tests flags a heading or tab with no Chinese
+    and a space left after a full stop, and passes their fixed forms."""
+    from tests.support.i18n_check import half_translated
+
+    found = {"texts": ["权重 0.76。 它们", "这里。它们"], "tokens": [],
+             "labels": ["Attention", "residual stream", "9 · Residual stream", "注意力", "9 · 残差流（residual stream）"]}
+    bad = half_translated(found)
+    assert bad["heading or tab without Chinese"] == ["Attention", "residual stream", "9 · Residual stream"]
+    assert bad["space after a Chinese stop"] == ["权重 0.76。 它们"]
+
+
+def test_chinese_headings_and_tabs_say_something_in_chinese() -> None:
+    """Lesson headings, explorer panel headings and tool tabs: each holds Chinese, not only a term."""
+    cjk = re.compile("[\u3400-\u9fff]")
+    zh = CATALOGUES["zh"]
+    keys = [k for k in zh if re.fullmatch(r"l\d\.h|x\.tool\.(?!intro|encoder)\w+|x\.(attention|tokens|heads|focus|next)", k)]
+    assert {"l9.h", "x.attention", "x.tool.residual"} <= set(keys)
+    assert [k for k in keys if not cjk.search(zh[k])] == []
+
+
+def test_singular_forms_pair_with_their_plural() -> None:
+    """A "key.one" form (read by t() when vars.n is 1) sits beside its plural, with the same
+    placeholders, and says something else in English: "1 head ablated", not "1 heads"."""
+    en = CATALOGUES["en"]
+    ones = [k for k in en if k.endswith(".one")]
+    assert {"abl.note.one", "patch.summary.one", "x.heat.tokens.one"} <= set(ones)
+    for key in ones:
+        plural = key.removesuffix(".one")
+        assert plural in en, key
+        assert "n" in PLACEHOLDER.findall(en[plural]), key
+        assert set(PLACEHOLDER.findall(en[key])) == set(PLACEHOLDER.findall(en[plural])), key
+        assert en[key] != en[plural] and "(s)" not in en[plural], key
+    i18n = (ROOT / "static" / "js" / "i18n.js").read_text(encoding="utf-8")
+    assert "vars.n === 1" in i18n and "`${key}.one`" in i18n
