@@ -1,34 +1,92 @@
-"""Errors the engine raises; ``app/errors.py`` maps each to an HTTP status."""
+"""Errors the engine raises; ``app/errors.py`` maps each to an HTTP status.
+
+Every error carries a stable ``code`` (a short snake_case string a client can branch on and
+translate, ``err.<code>`` in the browser's catalogues) and the ``params`` that render it in
+another language; ``message`` is the English sentence, written for a person and safe to show.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Literal, get_args
+
+# A parameter's value: what JSON carries as it is.
+Param = str | int | float | bool | None | Sequence[str | int]
+
+EngineCode = Literal[
+    # class defaults: an error raised with no code of its own
+    "engine_error", "bad_input", "too_large", "attention_unavailable", "model_load_error",
+    "unknown_model", "run_not_found", "run_expired",
+    # the prompt
+    "empty", "chat_template_missing", "chat_template_rejected", "chat_template_empty",
+    "too_long", "too_long_at_least", "too_long_at_least_read", "too_long_at_least_length", "too_long_chars",
+    # ranges over a model or a run
+    "layer_out_of_range", "head_out_of_range", "layer_head_out_of_range", "position_out_of_range",
+    "token_out_of_range", "bad_id", "range_invalid", "top_k_too_large", "temperature_invalid",
+    "no_lm_head", "encoder_no_lm_head", "post_norm_unsupported", "norm_unsupported", "projection_shape",
+    # limits on what a request may cost
+    "run_too_big", "run_over_cache", "forward_too_big", "forward_busy", "too_many_cells", "export_too_large",
+    "timing_long", "max_new_tokens_too_large", "generate_too_long", "watch_needs_record", "watch_out_of_range",
+    "different_models",
+    # the Patch tool
+    "patch_space", "patch_one", "patch_lengths", "patch_same_token", "patch_same", "patch_flops",
+    # loading a model (start-up, and a request for a model not loaded yet)
+    "loading", "device_invalid", "device_unavailable", "package_missing", "model_folder_missing",
+    "hub_unreachable", "architecture_unsupported",
+]
+ENGINE_CODES: tuple[EngineCode, ...] = get_args(EngineCode)
+
 
 class EngineError(Exception):
-    """Base class: the message is written for a person and is safe to show."""
+    """Base class: the message is written for a person and is safe to show; ``code`` and ``params``
+    say the same for a program (and for a page that shows it in another language)."""
+
+    default_code: ClassVar[EngineCode] = "engine_error"
+
+    def __init__(self, message: str, *, code: EngineCode | None = None,
+                 params: Mapping[str, Param] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code: EngineCode = code or self.default_code
+        self.params: dict[str, Param] = dict(params or {})
 
 
 class UnknownModel(EngineError):
+    default_code = "unknown_model"
+
     def __init__(self, name: str, available: list[str]) -> None:
-        super().__init__(f"unknown model {name!r}; configured models: {', '.join(available)}")
+        super().__init__(f"unknown model {name!r}; configured models: {', '.join(available)}",
+                         params={"model": name, "available": list(available)})
 
 
 class RunNotFound(EngineError):
+    default_code = "run_not_found"
+
     def __init__(self, run_id: str, expired: bool) -> None:
         self.expired = expired
-        super().__init__("run expired, analyse again" if expired else f"unknown run {run_id!r}")
+        super().__init__("run expired, analyse again" if expired else f"unknown run {run_id!r}",
+                         code="run_expired" if expired else "run_not_found", params={"run_id": run_id})
 
 
 class BadInput(EngineError):
     """The request is well-formed but asks for something this model or run cannot give."""
 
+    default_code = "bad_input"
+
 
 class AttentionUnavailable(EngineError):
     """The model's attention implementation does not return weights."""
+
+    default_code = "attention_unavailable"
 
 
 class ModelLoadError(EngineError):
     """A configured model could not be loaded."""
 
+    default_code = "model_load_error"
+
 
 class TooLarge(EngineError):
     """What a request would keep or need is more than this server allows (413)."""
+
+    default_code = "too_large"

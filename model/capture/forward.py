@@ -112,7 +112,8 @@ class Captures(dict[str, torch.Tensor]):
         mask = call.mask if isinstance(call.mask, LazyMask) else None
         if mask is None:
             raise AttentionUnavailable(f"layer {layer}: the model built its own attention mask "
-                                       f"({type(call.mask).__name__}); attnscope needs transformers' mask interface")
+                                       f"({type(call.mask).__name__}); attnscope needs transformers' mask interface",
+                                       params={"layer": layer, "mask": type(call.mask).__name__})
         added = k[:, k.shape[1] - r :].float()  # the keys this forward added (a KV cache holds the rest)
         if r < k.shape[1]:
             added = added.clone()  # not a view that would keep the whole cache's keys alive
@@ -309,7 +310,9 @@ def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None,
         raise AttentionUnavailable(
             f"{act_name('pattern', missing[0])}: the attention never reached attnscope's capture point (the "
             f"model runs {lm.model.config._attn_implementation!r} attention); attnscope needs "
-            f"attn_implementation={lm.spec.attn_implementation!r}")
+            f"attn_implementation={lm.spec.attn_implementation!r}",
+            params={"layer": missing[0], "implementation": str(lm.model.config._attn_implementation),
+                    "needs": lm.spec.attn_implementation})
     inline = forwards[0].accumulators if len(forwards) == 1 else {}
     swept: dict[int, ScoreAccumulator] = {}
 

@@ -182,7 +182,8 @@ def embedding_neighbours(lm: LoadedModel, token_id: int, top: int) -> dict[str, 
     E = input_embeddings(lm.model).detach().float()  # (V, d)
     V = E.shape[0]
     if not 0 <= token_id < V:
-        raise BadInput(f"token id {token_id} is out of range: the vocabulary has ids 0..{V - 1}")
+        raise BadInput(f"token id {token_id} is out of range: the vocabulary has ids 0..{V - 1}", code="bad_id",
+                       params={"token_id": token_id, "max": V - 1})
     untrained = untrained_rows(lm)
     unit = torch.nn.functional.normalize(E, dim=-1)
     cos = unit @ unit[token_id]  # (V,)

@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -78,16 +80,21 @@ def resolve_device(name: DeviceName) -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps") from None
+        raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} is not a device; use auto, cpu, cuda, cuda:N or mps",
+                             code="device_invalid", params={"device": name}) from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} but CUDA is not available on this machine")
+            raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} but CUDA is not available on this machine",
+                                 code="device_unavailable", params={"device": name})
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} but this machine has {torch.cuda.device_count()} GPU(s)")
+            raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} but this machine has {torch.cuda.device_count()} GPU(s)",
+                                 code="device_unavailable", params={"device": name})
     elif device.type == "mps" and not torch.backends.mps.is_available():
-        raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} but MPS is not available on this machine")
+        raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} but MPS is not available on this machine",
+                             code="device_unavailable", params={"device": name})
     elif device.type not in ("cpu", "cuda", "mps"):
-        raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} is not supported; use auto, cpu, cuda, cuda:N or mps")
+        raise ModelLoadError(f"ATTNSCOPE_DEVICE={name!r} is not supported; use auto, cpu, cuda, cuda:N or mps",
+                             code="device_invalid", params={"device": name})
     return device
 
 
@@ -243,7 +250,8 @@ def resolve_source(source: str) -> str:
         module = source.removeprefix("package:")
         spec = importlib.util.find_spec(module)
         if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(f"package {module!r} is not installed (pip install {module.replace('_', '-')})")
+            raise ModelLoadError(f"package {module!r} is not installed (pip install {module.replace('_', '-')})",
+                                 code="package_missing", params={"package": module.replace("_", "-")})
         return str(Path(next(iter(spec.submodule_search_locations))) / "model")
     return source
 
@@ -257,20 +265,25 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
     placement = placement or Placement()
     where = resolve_source(source)
     if (where.startswith((".", "/")) or Path(where).exists()) and not Path(where).is_dir():
-        raise ModelLoadError(f"model {name!r}: folder {where} does not exist")
+        raise ModelLoadError(f"model {name!r}: folder {where} does not exist", code="model_folder_missing",
+                             params={"model": name, "folder": where})
     try:
         config = AutoConfig.from_pretrained(where, trust_remote_code=False)
     except OSError as exc:
         if _is_hub_id(where):
             raise ModelLoadError(f"model {name!r}: {where!r} is not a local folder and the Hugging Face hub "
-                                 f"could not be reached (offline?): {str(exc).splitlines()[0]}") from exc
-        raise ModelLoadError(f"model {name!r} could not be loaded from {where}: {exc}") from exc
+                                 f"could not be reached (offline?): {str(exc).splitlines()[0]}",
+                                 code="hub_unreachable", params={"model": name, "source": where}) from exc
+        raise ModelLoadError(f"model {name!r} could not be loaded from {where}: {exc}",
+                             params={"model": name, "source": where, "reason": str(exc)}) from exc
     except Exception as exc:  # from_pretrained raises many types; report them all the same way
-        raise ModelLoadError(f"model {name!r} could not be loaded from {where}: {exc}") from exc
+        raise ModelLoadError(f"model {name!r} could not be loaded from {where}: {exc}",
+                             params={"model": name, "source": where, "reason": str(exc)}) from exc
     try:
         spec = spec_for(config)
     except UnsupportedArchitecture as exc:
-        raise ModelLoadError(f"model {name!r}: {exc}") from exc
+        raise ModelLoadError(f"model {name!r}: {exc}", code="architecture_unsupported",
+                             params={"model": name, "reason": str(exc)}) from exc
     device = resolve_device(placement.device)
     dtype = resolve_dtype(placement.dtype, device, getattr(config, "dtype", None))
     capture.register()
@@ -279,7 +292,8 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
     if placement.device_map is not None:
         if importlib.util.find_spec("accelerate") is None:
             raise ModelLoadError("ATTNSCOPE_DEVICE_MAP=auto needs accelerate: pip install 'attnscope[multi-gpu]' "
-                                 "(or pip install accelerate)")
+                                 "(or pip install accelerate)", code="package_missing",
+                                 params={"package": "accelerate"})
         kwargs["device_map"] = placement.device_map
         if placement.max_memory:
             kwargs["max_memory"] = {int(k) if k.isdigit() else k: v for k, v in placement.max_memory.items()}
@@ -290,7 +304,8 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
         model = cls.from_pretrained(where, trust_remote_code=False, **kwargs)
         tokenizer = AutoTokenizer.from_pretrained(where, trust_remote_code=False)
     except Exception as exc:  # from_pretrained raises many types; report them all the same way
-        raise ModelLoadError(f"model {name!r} could not be loaded from {where}: {exc}") from exc
+        raise ModelLoadError(f"model {name!r} could not be loaded from {where}: {exc}",
+                             params={"model": name, "source": where, "reason": str(exc)}) from exc
     if placement.device_map is None:
         nn.Module.to(model, device)  # (transformers wraps PreTrainedModel.to with a mistyped decorator)
     return wrap_model(name, model, tokenizer, source)
@@ -299,27 +314,63 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
 def wrap_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str) -> LoadedModel:
     """A model already in memory (loaded, or built from a config in a test), ready for inspection.
 
-    Switches its attention to the family's capture implementation.
+    Switches its attention to the family's capture implementation for good (the server owns its
+    models); ``borrowed`` does the same for the length of a ``with`` only (the Python door).
     """
+    lm = inspect_model(name, model, tokenizer, source)
+    switch_attention(lm)
+    model.eval()
+    model.requires_grad_(False)
+    log.info("loaded %s: %s, %d layers x %d heads, d_model %d, %d parameters, %s on %s",
+             name, lm.info.architecture, lm.info.n_layers, lm.info.n_heads, lm.info.d_model, lm.info.n_params,
+             lm.info.dtype, lm.info.device)
+    return lm
+
+
+def inspect_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str) -> LoadedModel:
+    """What attnscope knows of a model (its family's spec, its sizes), changing nothing on it."""
     try:
         spec = spec_for(model.config)
     except UnsupportedArchitecture as exc:
-        raise ModelLoadError(f"model {name!r}: {exc}") from exc
+        raise ModelLoadError(f"model {name!r}: {exc}", code="architecture_unsupported",
+                             params={"model": name, "reason": str(exc)}) from exc
     capture.register()
-    if model.config._attn_implementation != spec.attn_implementation:
-        model.set_attn_implementation(spec.attn_implementation)
-    if model.config._attn_implementation != spec.attn_implementation:
+    return LoadedModel(info=describe(name, model, spec, tokenizer), model=model, tokenizer=tokenizer, spec=spec,
+                       source=source)
+
+
+def switch_attention(lm: LoadedModel) -> None:
+    """Route the model's attention through the family's capture implementation."""
+    model = lm.model
+    want = lm.spec.attn_implementation
+    if model.config._attn_implementation != want:
+        model.set_attn_implementation(want)
+    if model.config._attn_implementation != want:
         raise AttentionUnavailable(
-            f"model {name!r} uses {model.config._attn_implementation!r} attention, which does not "
-            f"return attention weights; attnscope needs {spec.attn_implementation!r}"
+            f"model {lm.info.name!r} uses {model.config._attn_implementation!r} attention, which does not "
+            f"return attention weights; attnscope needs {want!r}"
         )
-    model.eval()
-    model.requires_grad_(False)
-    info = describe(name, model, spec, tokenizer)
-    log.info("loaded %s: %s, %d layers x %d heads, d_model %d, %d parameters, %s on %s",
-             name, info.architecture, info.n_layers, info.n_heads, info.d_model, info.n_params, info.dtype,
-             info.device)
-    return LoadedModel(info=info, model=model, tokenizer=tokenizer, spec=spec, source=source)
+
+
+@contextmanager
+def borrowed(lm: LoadedModel) -> Iterator[None]:
+    """The model switched for inspection (the capture attention, eval mode, no autograd) for the
+    ``with`` only; afterwards, even when the body raised, its attention implementation and every
+    module's training flag are as they were. Parameters and ``requires_grad`` are never touched:
+    everything inside runs under ``torch.inference_mode``."""
+    model = lm.model
+    implementation = model.config._attn_implementation
+    training = [(module, module.training) for module in model.modules()]
+    try:
+        switch_attention(lm)
+        model.eval()
+        with torch.inference_mode():
+            yield
+    finally:
+        if model.config._attn_implementation != implementation and implementation is not None:
+            model.set_attn_implementation(implementation)
+        for module, flag in training:
+            module.training = flag
 
 
 def _first_attr(cfg: object, *names: str) -> int | None:

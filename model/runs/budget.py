@@ -101,11 +101,12 @@ class MemoryBudget:
         if nbytes > self.total:
             need, total = mib_over(nbytes, self.total)
             raise TooLarge(f"this prompt's forward would need {need} at its peak; forwards in flight may "
-                           f"use at most {total} (ATTNSCOPE_FORWARD_BYTES)")
+                           f"use at most {total} (ATTNSCOPE_FORWARD_BYTES)", code="forward_too_big",
+                           params={"need": need, "limit": total})
         with self._cond:
             if not self._cond.wait_for(lambda: self._used + nbytes <= self.total, timeout=timeout):
                 raise TooLarge(f"this prompt's forward would need {mib(nbytes)}; the server is busy with other "
-                               f"long prompts, try again shortly")
+                               f"long prompts, try again shortly", code="forward_busy", params={"need": mib(nbytes)})
             self._used += nbytes
         try:
             yield
@@ -121,4 +122,5 @@ def admit(est: Estimate, cache_cap: int) -> None:
         keep, cap = mib_over(est.keep, cache_cap)
         raise TooLarge(f"this prompt's run would keep {keep} ({est.n:,} tokens; its forward peaks "
                        f"near {mib(est.peak)}); the run cache holds at most {cap} "
-                       "(ATTNSCOPE_CACHE_BYTES)")
+                       "(ATTNSCOPE_CACHE_BYTES)", code="run_too_big",
+                       params={"keep": keep, "tokens": est.n, "peak": mib(est.peak), "cap": cap})

@@ -169,7 +169,7 @@ class RunStore:
         if size > self.max_bytes:
             keep, cap = mib_over(size, self.max_bytes)
             raise TooLarge(f"this run keeps {keep}; the run cache holds at most {cap} "
-                           "(ATTNSCOPE_CACHE_BYTES)")
+                           "(ATTNSCOPE_CACHE_BYTES)", code="run_over_cache", params={"keep": keep, "cap": cap})
         with self._lock:
             self._runs[run_id] = cache
             self._bytes += size
