@@ -38,8 +38,6 @@ export async function getBlob(url, { signal } = {}) {
   return (await check(await fetch(url, { signal }))).blob();
 }
 
-export const isAbort = (err) => err && err.name === "AbortError";
-
 // Every head's scores, once the ones computed after the analyse (entropy, max) are in: the server
 // holds each request up to `wait` seconds and answers 202 while they are still owed.
 export async function waitHeads(runId, { wait = 30, signal } = {}) {
@@ -129,12 +127,11 @@ export async function getRow(runId, layer, head, q, k0, k1, { signal } = {}) {
   return tile.values;
 }
 
-// Row i of one head as a Float32Array of its visible keys.
-export function rowOf(slice, i, head = 0) {
-  const { n, causal, data } = slice;
-  const perHead = causal ? (n * (n + 1)) / 2 : n * n;
-  const start = head * perHead + (causal ? (i * (i + 1)) / 2 : i * n);
-  return data.subarray(start, start + (causal ? i + 1 : n));
+// The next-token distribution at `pos`, re-scaled by `temperature` on the server (exactly, over
+// the whole vocabulary): its k most likely tokens, and the token the text went on with.
+export async function getNext(runId, pos, temperature, k = 10) {
+  const params = new URLSearchParams({ position: pos, temperature, top_k: k });
+  return getJSON(`/api/runs/${encodeURIComponent(runId)}/next?${params}`);
 }
 
 // Server-Sent Events from a fetch() response (EventSource cannot POST): yields {event, data}. An

@@ -51,3 +51,6 @@ export function showToken(s) {
 export function fmt(p, digits = 3) {
   return Number(p).toFixed(digits);
 }
+
+// An error from a fetch (or any work) whose AbortSignal was aborted: replaced on purpose, not a failure.
+export const isAbort = (err) => err && err.name === "AbortError";

@@ -1,5 +1,5 @@
-// The explorer's state in one object. `set` changes it; the controller (main.js) redraws the
-// views a change affects, and toURL / fromURL mirror it in the address bar.
+// The explorer's state in one object. `set` changes it; the controller (main.js and explorer/)
+// redraws the views a change affects, and toURL / fromURL mirror it in the address bar.
 
 export const state = {
   models: [],
@@ -16,6 +16,7 @@ export const state = {
   slice: null, // binary attention of the selected head (a short run)
   row: null, // a long run's exact row at the selected query: {run, layer, head, pos, values}
   pool: "max", // how a long run's tiles pool the cells of a bin: "max" or "mean"
+  extent: null, // tokens the heatmap shows: null for the whole run, fewer on a recorded generation's timeline
 };
 
 export function set(patch) {

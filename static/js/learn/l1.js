@@ -2,7 +2,8 @@
 // weights vs what each source actually adds, on a head where the two differ.
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { figure, fillOptions, headName, label, plot, tokenAxis } from "./charts.js";
+import { fillOptions, headName, tokenAxis } from "./charts.js";
+import { figure, label, plot } from "../chart.js";
 
 // The head whose weights and contributions disagree most at `position`, preferring one
 // whose largest weight and largest contribution are different tokens.

@@ -2,8 +2,7 @@
 // streamed generation (one step per token), and the KV cache timed fairly at two lengths.
 import { el, fmt, showToken } from "../dom.js";
 import { postJSON, readSSE } from "../api.js";
-import { figure, plot } from "./charts.js";
-import { wrap } from "../tools/common.js";
+import { figure, plot, wrap } from "../chart.js";
 import { sentences } from "../i18n.js";
 
 const LONG = 24; // tokens timed at most: long enough for the cache to pay off, short enough to time in seconds

@@ -3,7 +3,7 @@
 // (tokens training never saw) detected and said so.
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { figure, label, plot } from "./charts.js";
+import { figure, label, plot } from "../chart.js";
 import { short } from "../views/focus.js";
 import { sentences } from "../i18n.js";
 

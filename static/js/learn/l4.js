@@ -1,7 +1,7 @@
 // 4. Embedding: the selected token's row of E as a strip, and its nearest neighbours.
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { figure, plot, label } from "./charts.js";
+import { figure, label, plot } from "../chart.js";
 
 export async function render(body, ctx) {
   const { run, t } = ctx;

@@ -1,7 +1,7 @@
 // 5. d_model and heads: the model's anatomy and the live tensor shapes.
 import { el } from "../dom.js";
 import { getJSON } from "../api.js";
-import { figure, plot } from "./charts.js";
+import { figure, plot } from "../chart.js";
 
 const M = (x) => (x >= 1e6 ? `${(x / 1e6).toFixed(2)}M` : x >= 1e3 ? `${(x / 1e3).toFixed(1)}k` : String(x));
 

@@ -2,9 +2,11 @@
 // order changes the numbers: the position vector added at the embedding, attention (on the
 // head whose pattern changes most), hidden states of the same token, and the predictions.
 import { el, fmt, plotlyText, showToken } from "../dom.js";
-import { getAttentionBin, getJSON, postJSON, rowOf } from "../api.js";
+import { getAttentionBin, getJSON, postJSON } from "../api.js";
+import { rowOf } from "../slice.js";
 import { drawHeatmap } from "../views/heatmap.js";
-import { figure, fillOptions, headName, plot } from "./charts.js";
+import { fillOptions, headName } from "./charts.js";
+import { figure, plot } from "../chart.js";
 import { sentences } from "../i18n.js";
 
 // blue: B attends more; white: no change; grey background: masked in both

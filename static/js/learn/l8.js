@@ -2,7 +2,8 @@
 // positions that moves (readable at any prompt length).
 import { el, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { embedStage, figure, plot, tokenAxis, label } from "./charts.js";
+import { embedStage, tokenAxis } from "./charts.js";
+import { figure, label, plot } from "../chart.js";
 import { SCALE } from "../views/colour.js";
 
 export async function render(body, ctx) {

@@ -3,7 +3,8 @@
 // the embedding holds, which is why the direction turns there.
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
-import { embedStage, figure, plot } from "./charts.js";
+import { embedStage } from "./charts.js";
+import { figure, plot } from "../chart.js";
 import { sentences as joinSentences } from "../i18n.js";
 
 export async function render(body, ctx) {

@@ -46,9 +46,10 @@ function paintError() {
   }
 }
 
-// A lesson's error goes to that lesson; an empty message clears it. ``lead``: a catalogue key and its
+// The Learn page's errors (the explorer's box is explorer/errors.js's showError): a lesson's error goes
+// to that lesson, any other to the page's box; an empty message clears it. ``lead``: a catalogue key and its
 // values said before the server's message (which model refused, say).
-function showError(message, lesson = null, lead = null) {
+function showLearnError(message, lesson = null, lead = null) {
   if (lesson) {
     errorBox(lesson);
     lessonErrors.get(lesson).message = message || "";
@@ -66,7 +67,7 @@ function painter(lesson) {
       try {
         await fn();
       } catch (err) {
-        showError(err.message, lesson);
+        showLearnError(err.message, lesson);
       }
     };
     unregister.push(onLanguage(run));
@@ -100,12 +101,12 @@ async function runAll(models) {
       const body = section.querySelector(".lesson-body");
       delete body.dataset.ready;
       const ctx = {
-        run, text, models, model: dflt, t, error: (message, lead = null) => showError(message, n, lead), errorBox: () => errorBox(n), paint: painter(n),
+        run, text, models, model: dflt, t, error: (message, lead = null) => showLearnError(message, n, lead), errorBox: () => errorBox(n), paint: painter(n),
         later: (fn) => later.push(async () => {
           try {
             await fn();
           } catch (err) {
-            showError(err.message, n);
+            showLearnError(err.message, n);
           }
         }),
         // "Open in the explorer" with this lesson's prompt, model, layer, head and position
@@ -128,13 +129,13 @@ async function runAll(models) {
         await lesson.render(body, ctx);
         body.dataset.ready = "1";
       } catch (err) {
-        showError(err.message, n);
+        showLearnError(err.message, n);
       }
     }
     for (const fn of later) await fn();
     document.querySelector(".lessons").dataset.measured = "1";
   } catch (err) {
-    showError(err.message);
+    showLearnError(err.message);
   } finally {
     $("#busy").hidden = true;
     $("#run").disabled = false;
@@ -143,7 +144,7 @@ async function runAll(models) {
 
 async function init() {
   // a failed fetch is shown to the person, never dropped as an unhandled rejection
-  window.addEventListener("unhandledrejection", (ev) => { showError(ev.reason?.message || String(ev.reason)); ev.preventDefault(); });
+  window.addEventListener("unhandledrejection", (ev) => { showLearnError(ev.reason?.message || String(ev.reason)); ev.preventDefault(); });
   await initLanguage();
   onLanguage(paintError);
   const { models } = await getJSON("/api/models");

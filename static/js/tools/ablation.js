@@ -3,7 +3,8 @@
 import { postJSON } from "../api.js";
 import { el, fmt, showToken } from "../dom.js";
 import { SCALE } from "../views/colour.js";
-import { DIVERGING, label, plot, symmetric, tokenTicks } from "./common.js";
+import { DIVERGING, symmetric, tokenTicks } from "./common.js";
+import { label, plot } from "../chart.js";
 import { t } from "../i18n.js";
 
 export async function render(body, ctx) {

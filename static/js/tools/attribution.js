@@ -2,7 +2,8 @@
 // embeddings and the biases as terms of one logit (or of a difference of two logits).
 import { getJSON } from "../api.js";
 import { el, fmt, plotlyText, showToken } from "../dom.js";
-import { DIVERGING, plot, symmetric } from "./common.js";
+import { DIVERGING, symmetric } from "./common.js";
+import { plot } from "../chart.js";
 import { t } from "../i18n.js";
 
 /** What the model does to its logits after the LM head (soft-cap, scale), said in the page's language. */

@@ -2,11 +2,13 @@
 // have the same positions. Long prompts (more than TILE tokens) are compared as tiles: both heads
 // over their common positions pooled into the same TILE x TILE bins (each the max of its cells),
 // so the difference is bin by bin — a whole long head is never fetched.
-import { getAttentionBin, getTile, postJSON, rowOf } from "../api.js";
+import { getAttentionBin, getTile, postJSON } from "../api.js";
+import { rowOf } from "../slice.js";
 import { TILE } from "../views/tiled.js";
 import { el, fmt } from "../dom.js";
 import { SCALE } from "../views/colour.js";
-import { DIVERGING, maskTriangle, plot, tokenTicks } from "./common.js";
+import { DIVERGING, maskTriangle, tokenTicks } from "./common.js";
+import { plot } from "../chart.js";
 import { t } from "../i18n.js";
 
 function dense(slice) {

@@ -3,7 +3,8 @@
 import { getJSON } from "../api.js";
 import { el, plotlyText, showToken } from "../dom.js";
 import { SCALE } from "../views/colour.js";
-import { label, plot, tokenTicks } from "./common.js";
+import { tokenTicks } from "./common.js";
+import { label, plot } from "../chart.js";
 import { t } from "../i18n.js";
 
 const MAX_POSITIONS = 64;

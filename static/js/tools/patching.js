@@ -2,7 +2,8 @@
 // how much of logit(answer) − logit(wrong) comes back (1 = all of it, 0 = none).
 import { postJSON } from "../api.js";
 import { el, fmt, plotlyText, showToken } from "../dom.js";
-import { DIVERGING, plot, tokenTicks } from "./common.js";
+import { DIVERGING, tokenTicks } from "./common.js";
+import { plot } from "../chart.js";
 import { t } from "../i18n.js";
 
 // The default pair: a sentence seen once, then again up to its last word, so that copying

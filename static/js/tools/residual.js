@@ -2,7 +2,7 @@
 // attention and the MLP of each block add to it.
 import { getJSON } from "../api.js";
 import { el, showToken } from "../dom.js";
-import { plot } from "./common.js";
+import { plot } from "../chart.js";
 import { t } from "../i18n.js";
 
 // The cosine axis: 0..1 while every cosine is >= 0, else down to the smallest one, each end

@@ -1,7 +1,6 @@
 // Every layer x head as a thumbnail, labelled with its entropy and badged by what the
 // engine measured: previous-token, first-token (sink) and induction-like heads.
-import { el, fmt } from "../dom.js";
-import { getTile, isAbort } from "../api.js";
+import { el, fmt, isAbort } from "../dom.js";
 import { hexRGB, maskColours, rgb } from "./colour.js";
 import { t } from "../i18n.js";
 
@@ -97,10 +96,12 @@ function fillBadges(badges, s, n) {
 }
 
 export class HeadGrid {
-  constructor(container, onSelect, onError = () => {}) {
+  // getTile(runId, spec, {signal}): the tiles' transport (api.js's getTile in the explorer)
+  constructor(container, { onSelect, onError = () => {}, getTile }) {
     this.container = container;
     this.onSelect = onSelect;
     this.onError = onError;
+    this.getTile = getTile;
     this.canvases = new Map();
     this.token = 0;
     // arrow keys move the selected head: left/right within a layer, up/down across layers
@@ -230,7 +231,7 @@ export class HeadGrid {
   async loadThumbnails(run, token, signal) {
     const n = run.tokens.length;
     for (let layer = 0; layer < run.n_layers; layer++) {
-      const tile = await getTile(run.run_id, { layer, q0: 0, q1: n, k0: 0, k1: n, size: THUMB, pool: "max", format: "bin" }, { signal });
+      const tile = await this.getTile(run.run_id, { layer, q0: 0, q1: n, k0: 0, k1: n, size: THUMB, pool: "max", format: "bin" }, { signal });
       if (token !== this.token) return;
       for (let head = 0; head < run.n_heads; head++) {
         const canvas = this.canvases.get(`${layer}:${head}`);

@@ -1,6 +1,6 @@
 // The attention heatmap of one head: queries down, keys across, the causal mask hatched.
 import { plotlyText, showToken } from "../dom.js";
-import { rowOf } from "../api.js";
+import { rowOf } from "../slice.js";
 import { SCALE, maskColours } from "./colour.js";
 import { plotConfig } from "../plotconfig.js";
 import { t } from "../i18n.js";

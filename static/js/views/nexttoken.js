@@ -1,14 +1,9 @@
 // The next-token distribution at the selected position, re-scaled by temperature on
-// the server (exactly, over the whole vocabulary) as the slider moves.
+// the server (exactly, over the whole vocabulary) as the slider moves: drawn from what the
+// caller fetched (api.js's getNext in the explorer).
 import { plotlyText, showToken, fmt } from "../dom.js";
-import { getJSON } from "../api.js";
 import { plotConfig } from "../plotconfig.js";
 import { t } from "../i18n.js";
-
-export async function fetchNext(runId, pos, temperature, k = 10) {
-  const params = new URLSearchParams({ position: pos, temperature, top_k: k });
-  return getJSON(`/api/runs/${encodeURIComponent(runId)}/next?${params}`);
-}
 
 export function drawNext(div, actualEl, next) {
   const top = next.top; // most likely first: rank 1 at the top of the chart

@@ -3,8 +3,7 @@
 // is in view after every zoom (drag, wheel, the range boxes), until each bin is one token
 // pair and the axes carry the tokens themselves. The newest view wins: a tile that arrives
 // after a newer zoom was asked for is dropped, and its request aborted.
-import { plotlyText, showToken } from "../dom.js";
-import { getTile, isAbort } from "../api.js";
+import { isAbort, plotlyText, showToken } from "../dom.js";
 import { SCALE, maskColours } from "./colour.js";
 import { cellShape, tickBudget, ticks } from "./heatmap.js";
 import { plotConfig } from "../plotconfig.js";
@@ -192,8 +191,10 @@ export function binText(tile, tokens, r, c) {
 // One head's tiles, in view: show() asks for the tile of a window and draws it unless a newer
 // show() came first. Reports each drawn tile (and the time from asking to drawn) to onDrawn.
 export class TileView {
-  constructor(div, { onDrawn = () => {}, onError = () => {} } = {}) {
+  // getTile(runId, spec, {signal}): the tiles' transport (api.js's getTile in the explorer)
+  constructor(div, { onDrawn = () => {}, onError = () => {}, getTile }) {
     this.div = div;
+    this.getTile = getTile;
     this.onDrawn = onDrawn;
     this.onError = onError;
     this.controller = null;
@@ -232,7 +233,7 @@ export class TileView {
           const clamp = (v) => Math.max(0, Math.min(extent - 1, v));
           const w = zoom ? { q0: clamp(zoom.q0), q1: clamp(zoom.q1), k0: clamp(zoom.k0), k1: clamp(zoom.k1) }
             : { q0: 0, q1: extent - 1, k0: 0, k1: extent - 1 };
-          const tile = await getTile(run.run_id, { layer, head, q0: w.q0, q1: w.q1 + 1, k0: w.k0, k1: w.k1 + 1, size: TILE, pool },
+          const tile = await this.getTile(run.run_id, { layer, head, q0: w.q0, q1: w.q1 + 1, k0: w.k0, k1: w.k1 + 1, size: TILE, pool },
                                      { signal: controller.signal });
           if (seq !== this.seq) return resolve(null);
           const fetched = performance.now();

@@ -1,0 +1,69 @@
+// What went wrong, said on the page: the explorer's one error box (showError, with a way forward
+// offered as a button), the note over a failed analyse's stale panels, and the note under a
+// truncated prompt. Each keeps what it shows, so that a language switch redraws it (repaintErrors).
+import { $, el, isAbort } from "../dom.js";
+import { errorText, serverError, t } from "../i18n.js";
+
+// the error box's message and its offer (a way forward shown as a button: {key, vars, run})
+let lastError = "", lastOffer = null;
+export function showError(message, offer = null) {
+  lastError = message || "";
+  lastOffer = lastError ? offer : null;
+  const box = $("#error");
+  box.replaceChildren(errorText(lastError));
+  if (lastOffer) {
+    box.append(" ", el("button", { type: "button", class: "offer", "data-testid": "error-offer",
+                                   text: t(lastOffer.key, lastOffer.vars), onclick: lastOffer.run }));
+  }
+  box.hidden = !lastError;
+}
+
+// Report a failed fetch to the person; an aborted one was replaced on purpose.
+export function report(err) {
+  if (isAbort(err)) return;
+  showError(err && err.message ? err.message : String(err));
+}
+
+// Run a handler and show what goes wrong instead of dropping it.
+export const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).catch(report);
+
+// A prompt over the model's token limit: the limit, read from the server's refusal (null: another error).
+// Every such refusal (counted whole, "at least", or by its characters) names the limit second.
+const TOO_LONG = new Set(["err.too_long", "err.too_long_at_least_read", "err.too_long_at_least_length",
+                          "err.too_long_at_least", "err.too_long_chars"]);
+export function tokenLimitOf(err) {
+  const hit = err && err.status === 422 ? serverError(err.message) : null;
+  return hit && TOO_LONG.has(hit.key) ? Number(hit.values[1]) : null;
+}
+
+// What a truncated run kept (the prompt box still holds the whole text), said under the prompt.
+let cut = null; // { n, chars, total, prompt, run }
+export function showCut(next = cut) {
+  cut = next || null;
+  const note = $("#cut-note");
+  note.textContent = cut ? t("x.truncated", { n: cut.n, chars: cut.chars.toLocaleString("en-US"), total: cut.total.toLocaleString("en-US") }) : "";
+  note.hidden = !cut;
+}
+
+// Whether `run` was cut from `prompt` (a long paste): what goes on from it starts from the run's text.
+export const cutFrom = (run, prompt) => Boolean(cut && cut.run === run && cut.prompt === prompt);
+
+// A failed analyse leaves the previous run's panels on the page under the new prompt: they are
+// faded and a note above them names the prompt they show, until a run loads.
+let staleRun = null; // the run those panels show, or null
+export function markStale(run) {
+  staleRun = run || null;
+  const note = $("#stale-note");
+  const shown = staleRun ? (staleRun.text.length > 120 ? `${staleRun.text.slice(0, 120)}…` : staleRun.text) : "";
+  note.textContent = staleRun ? t("x.stale", { prompt: `“${shown}”` }) : "";
+  note.hidden = !staleRun;
+  for (const id of ["#tokens", "#explorer", "#tools"]) $(id).classList.toggle("stale-panels", Boolean(staleRun));
+  document.body.dataset.stale = staleRun ? "1" : "0";
+}
+
+// The three in the current language.
+export function repaintErrors() {
+  showError(lastError, lastOffer);
+  showCut();
+  markStale(staleRun);
+}

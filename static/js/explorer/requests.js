@@ -1,0 +1,40 @@
+// The one request in flight (an analyse or a generation). The newest request wins: starting one
+// aborts the one before, and every await checks that its request is still the latest before it
+// touches the page. The busy line says what is running; whoever follows it (the generate button)
+// is told through onBusy.
+import { $ } from "../dom.js";
+import { t } from "../i18n.js";
+
+let current = null; // the request in flight, {kind, controller, steps}, or null
+const followers = []; // called whenever the request in flight changes
+
+export function begin(kind) {
+  if (current) current.controller.abort();
+  current = { kind, controller: new AbortController(), steps: 0 };
+  showBusy();
+  return current;
+}
+
+export const latest = (req) => req === current;
+
+export function end(req) {
+  if (!latest(req)) return;
+  current = null;
+  showBusy();
+}
+
+// the request in flight, or null
+export const inFlight = () => current;
+
+export function onBusy(fn) {
+  followers.push(fn);
+}
+
+// The busy line (and the page's data-busy) for the request in flight, in the current language.
+export function showBusy() {
+  const box = $("#busy");
+  box.hidden = !current;
+  box.textContent = !current ? "" : current.kind === "generate" ? t("x.gen.busy") : t("x.busy");
+  document.body.dataset.busy = current ? current.kind : "";
+  for (const fn of followers) fn();
+}
