@@ -1,7 +1,7 @@
 """Causal tools on a stored run or a pair of prompts: attribute, ablate, patch.
 
-Each handler is a plain ``def`` (FastAPI runs it in the thread pool), passes the model's
-gate, and leaves the forwards to ``model/`` under the model's lock.
+Each handler is a plain ``def`` (FastAPI runs it in the thread pool), passes the model's gate and
+maps the typed result of ``model.services.tools`` (which validates, budgets and locks) to its schema.
 """
 
 from __future__ import annotations
@@ -13,34 +13,18 @@ from fastapi import APIRouter, Query
 from attnscope.app.deps import EngineDep, GateDep
 from attnscope.app.errors import ERRORS
 from attnscope.app.intervention_schemas import (
-    AblatedNext,
-    AblatedPosition,
     AblateOut,
     AblateRequest,
     AttributionOut,
-    Candidate,
-    FinalStepOut,
     PatchOut,
     PatchRequest,
-    PromptOut,
     ScanOut,
     ScanRequest,
-    TermOut,
-    TokenRef,
 )
-from attnscope.app.schemas import TokenOut
-from attnscope.model.errors import BadInput
-from attnscope.model.load.models import LoadedModel
-from attnscope.model.load.tokens import ids_tensor, token_map
-from attnscope.model.tools import ablation, attribution, patching
+from attnscope.model.services import tools
 
 router = APIRouter(prefix="/api", tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
-
-
-def _refs(lm: LoadedModel, ids: list[int]) -> list[TokenRef]:
-    strings = token_map(lm.tokenizer, ids)
-    return [TokenRef(id=i, token=strings[i]) for i in ids]
 
 
 @router.get("/runs/{run_id}/attribution", response_model=AttributionOut, responses=ERRORS,
@@ -53,19 +37,9 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
               token: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
               token_b: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None) -> AttributionOut:
     cache = engine.run(run_id)
-    lm = engine.model(cache.model)
-    if not 0 <= position < cache.n:
-        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
-    with gate.enter(lm.info.name):
-        chosen = ablation.default_token(cache, lm, position) if token is None else token
-        result = attribution.attribute(lm, cache, position, chosen, token_b)
-    refs = _refs(lm, [result.token] + ([] if result.token_b is None else [result.token_b]))
-    return AttributionOut(position=result.position, token=refs[0], token_b=refs[1] if len(refs) > 1 else None,
-                          logit=result.logit, terms=[TermOut.model_validate(t, from_attributes=True)
-                                                     for t in result.terms], error=result.error,
-                          final_transform=result.final_transform,
-                          final_steps=[FinalStepOut.model_validate(st, from_attributes=True)
-                                       for st in result.final_steps])
+    with gate.enter(cache.model):
+        result = tools.attribute(engine, run_id=run_id, position=position, token=token, token_b=token_b)
+    return AttributionOut.model_validate(result, from_attributes=True)
 
 
 @router.post("/runs/{run_id}/ablate", response_model=AblateOut, responses=ERRORS,
@@ -74,20 +48,10 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
                          "ablates layer 4 head 0, the bundled model's induction head.")
 def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -> AblateOut:
     cache = engine.run(run_id)
-    lm = engine.model(cache.model)
-    heads = [(layer, head) for layer, head in body.heads]
-    with gate.enter(lm.info.name):
-        positions = ablation.ablate(lm, cache, heads, body.mode, body.top_k)
-    ids = [c.id for p in positions for c in p.top] + [p.actual_next.id for p in positions if p.actual_next]
-    strings = token_map(lm.tokenizer, ids)
-    return AblateOut(heads=heads, mode=body.mode, positions=[
-        AblatedPosition(
-            position=p.position, kl=p.kl,
-            top=[Candidate(id=c.id, token=strings[c.id], prob=c.prob, prob_before=c.prob_before) for c in p.top],
-            actual_next=None if p.actual_next is None else AblatedNext(
-                id=p.actual_next.id, token=strings[p.actual_next.id], prob_before=p.actual_next.prob_before,
-                prob_after=p.actual_next.prob_after))
-        for p in positions])
+    with gate.enter(cache.model):
+        result = tools.ablate(engine, run_id=run_id, heads=[(layer, head) for layer, head in body.heads],
+                              mode=body.mode, top_k=body.top_k)
+    return AblateOut.model_validate(result, from_attributes=True)
 
 
 @router.post("/runs/{run_id}/ablate/scan", response_model=ScanOut, responses=ERRORS,
@@ -97,15 +61,9 @@ def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -
                          "positions.")
 def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep) -> ScanOut:
     cache = engine.run(run_id)
-    lm = engine.model(cache.model)
-    if not 0 <= body.position < cache.n:
-        raise BadInput(f"position {body.position} is out of range: this run has positions 0..{cache.n - 1}")
-    with gate.enter(lm.info.name):
-        token = ablation.default_token(cache, lm, body.position) if body.token is None else body.token
-        attribution.check_token(lm, token, "token")
-        result = ablation.scan(lm, cache, body.position, token, body.mode)
-    return ScanOut(position=result.position, token=_refs(lm, [token])[0], mode=body.mode, logprob=result.logprob,
-                   effects=result.heads, mlp=result.mlp, forwards=result.forwards)
+    with gate.enter(cache.model):
+        result = tools.ablate_scan(engine, run_id=run_id, position=body.position, token=body.token, mode=body.mode)
+    return ScanOut.model_validate(result, from_attributes=True)
 
 
 @router.post("/patch", response_model=PatchOut, responses=ERRORS,
@@ -117,23 +75,7 @@ def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep
                          "(long prompts on a large model) the request is refused (422) before it runs.")
 def patch(body: PatchRequest, engine: EngineDep, gate: GateDep) -> PatchOut:
     lm = engine.model(body.model)
-    clean_tokens = engine.tokenize(lm, body.clean)
-    corrupted_tokens = engine.tokenize(lm, body.corrupted)
-    answer = patching.single_token(lm, body.answer, "answer")
-    wrong = patching.single_token(lm, body.wrong, "wrong")
-    if answer == wrong:
-        raise BadInput(f"answer and wrong are the same token ({body.answer!r}): the metric would always be 0")
-    clean_ids, corrupted_ids = ids_tensor(clean_tokens), ids_tensor(corrupted_tokens)
     with gate.enter(lm.info.name):
-        result = patching.patch(lm, clean_ids, corrupted_ids, answer, wrong, body.position)
-    refs = _refs(lm, [answer, wrong])
-    return PatchOut(
-        model=lm.info.name,
-        clean=PromptOut(text=body.clean, tokens=[TokenOut.model_validate(t, from_attributes=True)
-                                                 for t in clean_tokens], metric=result.clean_metric),
-        corrupted=PromptOut(text=body.corrupted, tokens=[TokenOut.model_validate(t, from_attributes=True)
-                                                         for t in corrupted_tokens],
-                            metric=result.corrupted_metric),
-        answer=refs[0], wrong=refs[1], position=result.position, first_difference=result.first_difference,
-        resid=result.resid, attn_out=result.attn_out, mlp_out=result.mlp_out, heads=result.heads,
-        forwards=result.forwards)
+        result = tools.patch(engine, model=lm.info.name, clean=body.clean, corrupted=body.corrupted,
+                             answer=body.answer, wrong=body.wrong, position=body.position)
+    return PatchOut.model_validate(result, from_attributes=True)

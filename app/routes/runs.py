@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict
 from typing import Annotated, Literal
@@ -26,7 +25,6 @@ from attnscope.app.schemas import (
     LayerAttentionOut,
     LogitLensOut,
     NextOut,
-    ResidualLayerOut,
     ResidualOut,
     RunOut,
     RunRequest,
@@ -40,7 +38,7 @@ from attnscope.model.runs.export import to_safetensors
 from attnscope.model.runs.record import ActivationCache
 from attnscope.model.runs.tile_store import OVERVIEW, Tiles
 from attnscope.model.runs.tiles import MASKED_U8, TileSpec, u8_tile
-from attnscope.model.scores import analysis
+from attnscope.model.services import runs
 
 router = APIRouter(prefix="/api", tags=["runs"])
 
@@ -151,14 +149,6 @@ def _json(payload: dict[str, object], status: int = 200, headers: dict[str, str]
 TILE_PARAMS = "size, q0, q1, k0, k1"
 
 
-def _span(name: str, lo: int | None, hi: int | None, n: int) -> tuple[int, int]:
-    a, b = (0 if lo is None else lo), (n if hi is None else hi)
-    if not 0 <= a < b <= n:
-        raise BadInput(f"{name}0={a}, {name}1={b} is not a range of positions: this run needs "
-                       f"0 <= {name}0 < {name}1 <= {n}")
-    return a, b
-
-
 def _cell_limit(cells: int, settings: Settings, what: str) -> None:
     if cells > settings.max_cells:
         raise BadInput(f"{what} would send {cells:,} cells, more than this server's limit of "
@@ -234,7 +224,8 @@ def attention(
     n_heads = cache.n_heads if head is None else 1
     tiled = any(v is not None for v in (q0, q1, k0, k1, pool)) or (size is not None and head is not None)
     if tiled:
-        spec = TileSpec(*_span("q", q0, q1, cache.n), *_span("k", k0, k1, cache.n), size=size, pool=pool or "max")
+        spec = TileSpec(*runs.span("q", q0, q1, cache.n), *runs.span("k", k0, k1, cache.n), size=size,
+                        pool=pool or "max")
         rows_, cols = spec.shape
         _cell_limit(n_heads * rows_ * cols, settings, "this tile")
         return _tile_response(tiles, run_id, cache, layer, head, spec, format)
@@ -273,10 +264,7 @@ def attention(
 @router.get("/runs/{run_id}/residual", response_model=ResidualOut, responses=ERRORS,
             summary="The residual stream layer by layer: norms, change, attention vs MLP")
 def residual(run_id: str, engine: EngineDep) -> ResidualOut:
-    cache = engine.run(run_id)
-    layers = analysis.residual_stats(torch.stack(cache.resid), torch.stack(cache.attn_out), torch.stack(cache.mlp_out))
-    return ResidualOut(n_layers=cache.n_layers, n=cache.n, embed_norm=cache.resid[0].norm(dim=-1).tolist(),
-                       layers=[ResidualLayerOut.model_validate(layer, from_attributes=True) for layer in layers])
+    return ResidualOut.model_validate(runs.residual(engine, run_id=run_id), from_attributes=True)
 
 
 @router.get("/runs/{run_id}/logit-lens", response_model=LogitLensOut, responses=ERRORS,
@@ -285,7 +273,7 @@ def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
                top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> Response:
     cache = engine.run(run_id)
     with gate.enter(cache.model):
-        lens = engine.logit_lens(cache, top_k)
+        lens = runs.lens(engine, run_id=run_id, top_k=top_k)
     # (L + 1) x n x top-k candidates: serialised from the typed result, like a run
     return _typed_json(LENS_JSON.dump_json(lens))
 
@@ -293,7 +281,8 @@ def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
 @router.get("/runs/{run_id}/sparsity", response_model=SparsityOut, responses=ERRORS,
             summary="How concentrated each head is: top-1 / top-5 mass and keys holding 90%, exact over all rows")
 def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
-    return SparsityOut(heads=[SparsityHead.model_validate(h, from_attributes=True) for h in engine.sparsity(run_id)])
+    return SparsityOut(heads=[SparsityHead.model_validate(h, from_attributes=True)
+                              for h in runs.sparsity(engine, run_id=run_id)])
 
 
 @router.get("/runs/{run_id}/next", response_model=NextOut, responses=ERRORS,
@@ -305,12 +294,9 @@ def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                                                   description="at most the server's ATTNSCOPE_MAX_TOP_K (100 "
                                                   "unless configured; past it, 422); default 10, or that limit "
                                                   "if lower")] = None) -> NextOut:
-    if not math.isfinite(temperature):
-        raise BadInput("temperature must be a finite number")
     k = checked_top_k(top_k, settings)
-    cache = engine.run(run_id)
-    return NextOut.model_validate(engine.next_distribution(cache, position, temperature, k),
-                                  from_attributes=True)
+    return NextOut.model_validate(runs.next_token(engine, run_id=run_id, position=position, temperature=temperature,
+                                                  top_k=k), from_attributes=True)
 
 
 @router.get("/runs/{run_id}/export",

@@ -19,6 +19,8 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -312,28 +314,63 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
 def wrap_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str) -> LoadedModel:
     """A model already in memory (loaded, or built from a config in a test), ready for inspection.
 
-    Switches its attention to the family's capture implementation.
+    Switches its attention to the family's capture implementation for good (the server owns its
+    models); ``borrowed`` does the same for the length of a ``with`` only (the Python door).
     """
+    lm = inspect_model(name, model, tokenizer, source)
+    switch_attention(lm)
+    model.eval()
+    model.requires_grad_(False)
+    log.info("loaded %s: %s, %d layers x %d heads, d_model %d, %d parameters, %s on %s",
+             name, lm.info.architecture, lm.info.n_layers, lm.info.n_heads, lm.info.d_model, lm.info.n_params,
+             lm.info.dtype, lm.info.device)
+    return lm
+
+
+def inspect_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str) -> LoadedModel:
+    """What attnscope knows of a model (its family's spec, its sizes), changing nothing on it."""
     try:
         spec = spec_for(model.config)
     except UnsupportedArchitecture as exc:
         raise ModelLoadError(f"model {name!r}: {exc}", code="architecture_unsupported",
                              params={"model": name, "reason": str(exc)}) from exc
     capture.register()
-    if model.config._attn_implementation != spec.attn_implementation:
-        model.set_attn_implementation(spec.attn_implementation)
-    if model.config._attn_implementation != spec.attn_implementation:
+    return LoadedModel(info=describe(name, model, spec, tokenizer), model=model, tokenizer=tokenizer, spec=spec,
+                       source=source)
+
+
+def switch_attention(lm: LoadedModel) -> None:
+    """Route the model's attention through the family's capture implementation."""
+    model = lm.model
+    want = lm.spec.attn_implementation
+    if model.config._attn_implementation != want:
+        model.set_attn_implementation(want)
+    if model.config._attn_implementation != want:
         raise AttentionUnavailable(
-            f"model {name!r} uses {model.config._attn_implementation!r} attention, which does not "
-            f"return attention weights; attnscope needs {spec.attn_implementation!r}"
+            f"model {lm.info.name!r} uses {model.config._attn_implementation!r} attention, which does not "
+            f"return attention weights; attnscope needs {want!r}"
         )
-    model.eval()
-    model.requires_grad_(False)
-    info = describe(name, model, spec, tokenizer)
-    log.info("loaded %s: %s, %d layers x %d heads, d_model %d, %d parameters, %s on %s",
-             name, info.architecture, info.n_layers, info.n_heads, info.d_model, info.n_params, info.dtype,
-             info.device)
-    return LoadedModel(info=info, model=model, tokenizer=tokenizer, spec=spec, source=source)
+
+
+@contextmanager
+def borrowed(lm: LoadedModel) -> Iterator[None]:
+    """The model switched for inspection (the capture attention, eval mode, no autograd) for the
+    ``with`` only; afterwards, even when the body raised, its attention implementation and every
+    module's training flag are as they were. Parameters and ``requires_grad`` are never touched:
+    everything inside runs under ``torch.inference_mode``."""
+    model = lm.model
+    implementation = model.config._attn_implementation
+    training = [(module, module.training) for module in model.modules()]
+    try:
+        switch_attention(lm)
+        model.eval()
+        with torch.inference_mode():
+            yield
+    finally:
+        if model.config._attn_implementation != implementation and implementation is not None:
+            model.set_attn_implementation(implementation)
+        for module, flag in training:
+            module.training = flag
 
 
 def _first_attr(cfg: object, *names: str) -> int | None:

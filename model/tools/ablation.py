@@ -77,7 +77,8 @@ def check_heads(lm: LoadedModel, heads: list[tuple[int, int]]) -> None:
     for layer, head in heads:
         if not (0 <= layer < n_layers and 0 <= head < n_heads):
             raise BadInput(f"head [{layer}, {head}] is out of range: this model has layers 0..{n_layers - 1} "
-                           f"and heads 0..{n_heads - 1}")
+                           f"and heads 0..{n_heads - 1}", code="layer_head_out_of_range",
+                           params={"layer": layer, "head": head, "max_layer": n_layers - 1, "max_head": n_heads - 1})
 
 
 def z_editor(n_heads: int, edits: list[tuple[int, int, torch.Tensor | None]]) -> Hook:
@@ -117,7 +118,7 @@ def ablate(lm: LoadedModel, cache: ActivationCache, heads: list[tuple[int, int]]
             for layer, edits in by_layer.items()]
     ids = cache.input_ids  # (n,)
     rows = 2 if regs else 1  # nothing ablated: the clean row is also the "ablated" one
-    with lm.lock, temporary_hooks(regs):
+    with temporary_hooks(regs):
         out = logits(lm, ids[None].expand(rows, -1))  # (rows, n, V)
     logp = out.log_softmax(-1)
     clean, edited = logp[0], logp[rows - 1]  # (n, V) each; the same tensor when nothing is ablated
@@ -142,8 +143,7 @@ def default_token(cache: ActivationCache, lm: LoadedModel, position: int) -> int
     """The prompt's next token at ``position``, or the top prediction at the last position."""
     if position + 1 < cache.n:
         return int(cache.input_ids[position + 1])
-    with lm.lock:
-        return int(logits(lm, cache.input_ids[None], keep=1)[0, -1].argmax())
+    return int(logits(lm, cache.input_ids[None], keep=1)[0, -1].argmax())
 
 
 ScanJob = tuple[int, int]  # (layer, head); head -1 is the layer's MLP
@@ -182,23 +182,23 @@ def scan(lm: LoadedModel, cache: ActivationCache, position: int, token: int, mod
     """
     require_decoder(lm, "the ablation scan")
     if not 0 <= position < cache.n:
-        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}",
+                       code="position_out_of_range", params={"position": position, "max": cache.n - 1})
     n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
     prefix = cache.input_ids[: position + 1]  # (P+1,)
     jobs = scan_jobs(lm)
     deltas: list[float] = []
     base = float("nan")
     forwards = 0
-    with lm.lock:
-        means = scan_means(lm, cache) if mode == "mean" else None
-        chunk = max(1, batch_size(lm, prefix.shape[0], 1) - 1)
-        for start in range(0, len(jobs), chunk):
-            part = jobs[start : start + chunk]
-            with temporary_hooks(scan_hooks(lm, part, means)):  # row 0 stays clean
-                logp = logits(lm, prefix[None].expand(len(part) + 1, -1), keep=1)[:, -1].log_softmax(-1)  # (B, V)
-            forwards += 1
-            base = float(logp[0, token])
-            deltas.extend((logp[1:, token] - logp[0, token]).tolist())
+    means = scan_means(lm, cache) if mode == "mean" else None
+    chunk = max(1, batch_size(lm, prefix.shape[0], 1) - 1)
+    for start in range(0, len(jobs), chunk):
+        part = jobs[start : start + chunk]
+        with temporary_hooks(scan_hooks(lm, part, means)):  # row 0 stays clean
+            logp = logits(lm, prefix[None].expand(len(part) + 1, -1), keep=1)[:, -1].log_softmax(-1)  # (B, V)
+        forwards += 1
+        base = float(logp[0, token])
+        deltas.extend((logp[1:, token] - logp[0, token]).tolist())
     heads = [deltas[layer * n_heads : (layer + 1) * n_heads] for layer in range(n_layers)]
     return ScanResult(position=position, token=token, logprob=base, heads=heads,
                       mlp=deltas[n_layers * n_heads :], forwards=forwards)

@@ -104,7 +104,8 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
         if torch.allclose(frozen.linear(xd) + frozen.shift, y, rtol=rel, atol=tol):
             return frozen
     raise BadInput(f"the norm {type(norm).__name__} is neither a LayerNorm nor an RMSNorm that "
-                   "attnscope can freeze; direct logit attribution is not available for this model")
+                   "attnscope can freeze; direct logit attribution is not available for this model",
+                   code="norm_unsupported", params={"norm": type(norm).__name__})
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def _direction(lm: LoadedModel, token: int) -> tuple[torch.Tensor, float]:
     between it and the norm) adds."""
     unembed = lm.unembed
     if unembed is None:
-        raise BadInput(f"model {lm.info.name!r} has no LM head")
+        raise BadInput(f"model {lm.info.name!r} has no LM head", code="no_lm_head", params={"model": lm.info.name})
     weight, bias = _linear_map(unembed)
     u = weight[token]
     constant = float(bias[token]) if bias is not None else 0.0
@@ -173,7 +174,8 @@ def _direction(lm: LoadedModel, token: int) -> tuple[torch.Tensor, float]:
 
 def check_token(lm: LoadedModel, token: int, name: str) -> None:
     if not 0 <= token < lm.info.vocab_size:
-        raise BadInput(f"{name} {token} is out of range: this model's vocabulary has ids 0..{lm.info.vocab_size - 1}")
+        raise BadInput(f"{name} {token} is out of range: this model's vocabulary has ids 0..{lm.info.vocab_size - 1}",
+                       code="token_out_of_range", params={"name": name, "token": token, "max": lm.info.vocab_size - 1})
 
 
 def _attention_terms(lm: LoadedModel, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -204,35 +206,35 @@ def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int
     """The logit of ``token`` (minus ``token_b``'s) at ``position``, split into components."""
     require_decoder(lm, "direct logit attribution")
     if not 0 <= position < cache.n:
-        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}",
+                       code="position_out_of_range", params={"position": position, "max": cache.n - 1})
     check_token(lm, token, "token")
     if token_b is not None:
         check_token(lm, token_b, "token_b")
     n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
-    with lm.lock:
-        # the heads' z is not kept with the run: one forward over the prefix (causal) recomputes it
-        zs, _ = capture_z(lm, cache.input_ids[: position + 1])  # L x (P+1, H, d_head)
-        x = cache.resid[-1][position]  # (d,)
-        frozen = freeze_norm(lm.final_norm, x)
-        head = lm.lm_head()
-        if head is None:  # require_decoder checked it; the type says so here
-            raise BadInput(f"model {lm.info.name!r} has no LM head")
-        with torch.inference_mode():
-            full = head.logits(x[None], transform=False)[0]  # (V,) before the family's final transform
-        u, bias = _direction(lm, token)
-        logit = float(full[token])
-        if token_b is not None:
-            u_b, bias_b = _direction(lm, token_b)
-            u, bias, logit = u - u_b, bias - bias_b, logit - float(full[token_b])
-        terms = [Term("embed", None, None, float(frozen.linear(cache.resid[0][position]) @ u))]
-        for layer in range(n_layers):
-            heads, layer_bias = _attention_terms(lm, layer, zs[layer][position].cpu())
-            values = frozen.linear(heads) @ u  # (H,)
-            terms.extend(Term("head", layer, h, float(values[h])) for h in range(n_heads))
-            if layer_bias is not None:
-                terms.append(Term("bias", layer, None, float(frozen.linear(layer_bias) @ u)))
-            terms.append(Term("mlp", layer, None, float(frozen.linear(cache.mlp_out[layer][position]) @ u)))
-        terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
+    # the heads' z is not kept with the run: one forward over the prefix (causal) recomputes it
+    zs, _ = capture_z(lm, cache.input_ids[: position + 1])  # L x (P+1, H, d_head)
+    x = cache.resid[-1][position]  # (d,)
+    frozen = freeze_norm(lm.final_norm, x)
+    head = lm.lm_head()
+    if head is None:  # require_decoder checked it; the type says so here
+        raise BadInput(f"model {lm.info.name!r} has no LM head", code="no_lm_head", params={"model": lm.info.name})
+    with torch.inference_mode():
+        full = head.logits(x[None], transform=False)[0]  # (V,) before the family's final transform
+    u, bias = _direction(lm, token)
+    logit = float(full[token])
+    if token_b is not None:
+        u_b, bias_b = _direction(lm, token_b)
+        u, bias, logit = u - u_b, bias - bias_b, logit - float(full[token_b])
+    terms = [Term("embed", None, None, float(frozen.linear(cache.resid[0][position]) @ u))]
+    for layer in range(n_layers):
+        heads, layer_bias = _attention_terms(lm, layer, zs[layer][position].cpu())
+        values = frozen.linear(heads) @ u  # (H,)
+        terms.extend(Term("head", layer, h, float(values[h])) for h in range(n_heads))
+        if layer_bias is not None:
+            terms.append(Term("bias", layer, None, float(frozen.linear(layer_bias) @ u)))
+        terms.append(Term("mlp", layer, None, float(frozen.linear(cache.mlp_out[layer][position]) @ u)))
+    terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
     error = logit - math.fsum(t.value for t in terms)
     steps = final_steps(lm)
     return Attribution(position=position, token=token, token_b=token_b, logit=logit, terms=terms,

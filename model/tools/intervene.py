@@ -7,8 +7,8 @@ projects with a module (GPT-2's ``Conv1D`` ``c_proj``, Llama's ``o_proj``, NeoX'
 OPT's ``out_proj``), so reading, zeroing, averaging or patching one head is one hook.
 
 Every edit here is a hook that lives only inside a ``with`` and is removed in ``finally``:
-hooks are global state on a shared model. The causal tools take ``lm.lock`` around their forwards:
-one forward at a time per model.
+hooks are global state on a shared model. The causal tools run under ``lm.lock``, taken by their
+caller (``model.services.tools``): one forward at a time per model.
 """
 
 from __future__ import annotations
@@ -60,10 +60,12 @@ def temporary_hooks(registrations: list[Registration]) -> Iterator[None]:
 
 def require_decoder(lm: LoadedModel, what: str) -> None:
     if lm.unembed is None or not lm.info.causal:
-        raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: {what} needs a decoder")
+        raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: {what} needs a decoder",
+                       code="encoder_no_lm_head", params={"model": lm.info.name, "what": what})
     if lm.spec.residual == "post_norm":
         raise BadInput(f"model {lm.info.name!r} normalises after each block: its residual stream does not "
-                       f"decompose into sublayer outputs, so {what} is not defined for it")
+                       f"decompose into sublayer outputs, so {what} is not defined for it",
+                       code="post_norm_unsupported", params={"model": lm.info.name, "what": what})
 
 
 def attention_module(lm: LoadedModel, layer: int) -> nn.Module:
@@ -104,7 +106,8 @@ def head_weights(lm: LoadedModel, layer: int) -> HeadWeights:
     n_heads = lm.info.n_heads
     if w.shape[0] % n_heads:
         raise BadInput(f"layer {layer}'s output projection takes {w.shape[0]} inputs, not a multiple of "
-                       f"{n_heads} heads")
+                       f"{n_heads} heads", code="projection_shape",
+                       params={"layer": layer, "inputs": int(w.shape[0]), "heads": n_heads})
     return HeadWeights(w_o=w.reshape(n_heads, w.shape[0] // n_heads, w.shape[1]), b_o=b)
 
 
@@ -164,12 +167,21 @@ def capture_z(lm: LoadedModel, ids: torch.Tensor) -> tuple[list[torch.Tensor], t
     return [store[i] for i in range(lm.info.n_layers)], out
 
 
+def sequence_bytes(lm: LoadedModel, n: int, logit_positions: int) -> int:
+    """What one sequence of n tokens takes in a batched forward, at its peak."""
+    info = lm.info
+    return 4 * (3 * info.n_heads * n * n + 4 * n * max(info.d_mlp, info.d_model)
+                + 2 * logit_positions * info.vocab_size)
+
+
 def batch_size(lm: LoadedModel, n: int, logit_positions: int) -> int:
     """How many sequences of n tokens one batched forward may hold within BATCH_BYTES."""
-    info = lm.info
-    per_sequence = 4 * (3 * info.n_heads * n * n + 4 * n * max(info.d_mlp, info.d_model)
-                        + 2 * logit_positions * info.vocab_size)
-    return max(1, BATCH_BYTES // per_sequence)
+    return max(1, BATCH_BYTES // sequence_bytes(lm, n, logit_positions))
+
+
+def batch_bytes(lm: LoadedModel, n: int, logit_positions: int) -> int:
+    """What the batched forwards of a tool over n tokens hold at once (the memory budget reserves it)."""
+    return batch_size(lm, n, logit_positions) * sequence_bytes(lm, n, logit_positions)
 
 
 def kl_divergence(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:

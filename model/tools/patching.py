@@ -186,12 +186,14 @@ def single_token(lm: LoadedModel, text: str, what: str) -> int:
     ids: list[int] = lm.tokenizer(text, add_special_tokens=False)["input_ids"]
     if len(ids) != 1:
         pieces = [t.text for t in tokenize(lm.tokenizer, text, add_special_tokens=False)]  # display text, not BPE bytes
-        if len(pieces) > 1 and text.startswith(" ") and not pieces[0].strip():
+        space = len(pieces) > 1 and text.startswith(" ") and not pieces[0].strip()
+        if space:
             hint = "here the leading space is a token of its own: try it without the space"
         else:
             hint = "a leading space is often part of an English word's token, e.g. ' Peter'"
         raise BadInput(f"{what} {text!r} is {len(ids)} tokens for this model ({pieces}); it must be exactly one "
-                       f"token ({hint})")
+                       f"token ({hint})", code="patch_space" if space else "patch_one",
+                       params={"field": what, "text": text, "tokens": len(ids), "pieces": pieces})
     return int(ids[0])
 
 
@@ -203,49 +205,54 @@ def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
     n = int(clean_ids.shape[0])
     if corrupted_ids.shape[0] != n:
         raise BadInput(f"the clean prompt has {n} tokens and the corrupted one {int(corrupted_ids.shape[0])}; "
-                       "patching needs prompts of the same token count")
+                       "patching needs prompts of the same token count", code="patch_lengths",
+                       params={"clean": n, "corrupted": int(corrupted_ids.shape[0])})
     pos = n - 1 if position is None else position
     if not 0 <= pos < n:
-        raise BadInput(f"position {pos} is out of range: the prompts have positions 0..{n - 1}")
+        raise BadInput(f"position {pos} is out of range: the prompts have positions 0..{n - 1}",
+                       code="position_out_of_range", params={"position": pos, "max": n - 1})
     differ = (clean_ids != corrupted_ids).nonzero()
     first_diff = int(differ[0, 0]) if differ.numel() else n
     n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
     clean_prefix, corrupted_prefix = clean_ids[: pos + 1], corrupted_ids[: pos + 1]
     lowest = min(first_diff, pos + 1) if skip_unaffected else 0
-    with lm.lock:
-        clean = capture_clean(lm, clean_prefix, answer, wrong)
-        corrupted_metric = float(metric_of(logits(lm, corrupted_prefix[None], keep=1)[:, -1], answer, wrong)[0])
-        if abs(clean.metric - corrupted_metric) < 1e-6 * max(1.0, abs(clean.metric)):
-            raise BadInput(f"both prompts give the same metric (logit(answer) - logit(wrong) = {clean.metric:.6g} "
-                           f"and {corrupted_metric:.6g}): there is no difference for patching to recover")
-        jobs: list[Job] = []
-        if "resid" in sites:
-            jobs += [("resid", s, p) for s in range(n_layers + 1) for p in range(lowest, pos + 1)]
-        for site in ("attn_out", "mlp_out"):
-            if site in sites:
-                jobs += [(site, layer, p) for layer in range(n_layers) for p in range(lowest, pos + 1)]
-        if "heads" in sites:
-            jobs += [("heads", layer, h) for layer in range(n_layers) for h in range(n_heads)]
-        flops = len(jobs) * forward_flops(lm, pos + 1)
-        if flops > max_flops:
-            raise BadInput(f"patching these prompts takes {len(jobs)} patched forwards of {pos + 1} tokens "
-                           f"(about {flops / 1e12:.0f} TFLOP), more than this server's limit of "
-                           f"{max_flops / 1e12:.0f}; use shorter prompts, or read the metric nearer the first "
-                           "difference")
-        chunk = max(1, batch_size(lm, pos + 1, 1) - 2)
-        values: dict[Job, float] = {}
-        forwards = 0
-        for start in range(0, len(jobs), chunk):
-            part = jobs[start : start + chunk]
-            # the references ride in the batch, so that an identical row gives exactly 0 or 1
-            batch = torch.cat([corrupted_prefix[None], clean_prefix[None],
-                               corrupted_prefix[None].expand(len(part), -1)])  # (B, P+1)
-            with temporary_hooks(patch_hooks(lm, clean, part)):
-                out = logits(lm, batch, keep=1)[:, -1]  # (B, V)
-            forwards += 1
-            metric = metric_of(out, answer, wrong)  # (B,)
-            low, span = metric[0], metric[1] - metric[0]
-            values.update(zip(part, ((metric[2:] - low) / span).tolist(), strict=True))
+    clean = capture_clean(lm, clean_prefix, answer, wrong)
+    corrupted_metric = float(metric_of(logits(lm, corrupted_prefix[None], keep=1)[:, -1], answer, wrong)[0])
+    if abs(clean.metric - corrupted_metric) < 1e-6 * max(1.0, abs(clean.metric)):
+        raise BadInput(f"both prompts give the same metric (logit(answer) - logit(wrong) = {clean.metric:.6g} "
+                       f"and {corrupted_metric:.6g}): there is no difference for patching to recover",
+                       code="patch_same",
+                       params={"clean": f"{clean.metric:.6g}", "corrupted": f"{corrupted_metric:.6g}"})
+    jobs: list[Job] = []
+    if "resid" in sites:
+        jobs += [("resid", s, p) for s in range(n_layers + 1) for p in range(lowest, pos + 1)]
+    for site in ("attn_out", "mlp_out"):
+        if site in sites:
+            jobs += [(site, layer, p) for layer in range(n_layers) for p in range(lowest, pos + 1)]
+    if "heads" in sites:
+        jobs += [("heads", layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    flops = len(jobs) * forward_flops(lm, pos + 1)
+    if flops > max_flops:
+        raise BadInput(f"patching these prompts takes {len(jobs)} patched forwards of {pos + 1} tokens "
+                       f"(about {flops / 1e12:.0f} TFLOP), more than this server's limit of "
+                       f"{max_flops / 1e12:.0f}; use shorter prompts, or read the metric nearer the first "
+                       "difference", code="patch_flops",
+                       params={"forwards": len(jobs), "tokens": pos + 1, "tflop": round(flops / 1e12),
+                               "limit": round(max_flops / 1e12)})
+    chunk = max(1, batch_size(lm, pos + 1, 1) - 2)
+    values: dict[Job, float] = {}
+    forwards = 0
+    for start in range(0, len(jobs), chunk):
+        part = jobs[start : start + chunk]
+        # the references ride in the batch, so that an identical row gives exactly 0 or 1
+        batch = torch.cat([corrupted_prefix[None], clean_prefix[None],
+                           corrupted_prefix[None].expand(len(part), -1)])  # (B, P+1)
+        with temporary_hooks(patch_hooks(lm, clean, part)):
+            out = logits(lm, batch, keep=1)[:, -1]  # (B, V)
+        forwards += 1
+        metric = metric_of(out, answer, wrong)  # (B,)
+        low, span = metric[0], metric[1] - metric[0]
+        values.update(zip(part, ((metric[2:] - low) / span).tolist(), strict=True))
 
     def grid(site: Site, rows: int, cols: int) -> list[list[float]]:
         return [[values.get((site, r, c), 0.0) for c in range(cols)] for r in range(rows)]

@@ -1,0 +1,112 @@
+"""Services over a stored run: its heads, any head's attention, the residual stream, the logit lens,
+the next-token distribution and sparsity.
+
+Keyword-only and typed: the HTTP routes and the Python door (``model.services.scope``) call these
+same functions, so both give the same numbers. Each checks its ranges once (``BadInput`` names the
+valid range), takes the model's lock where it runs the model, and returns typed results.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnscope.model.errors import BadInput
+from attnscope.model.results import LogitLens, NextDistribution
+from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.tiles import TileSpec, head_tile
+from attnscope.model.scores.analysis import HeadScore, HeadSparsity, ResidualLayer, residual_stats
+from attnscope.model.services.engine import Engine
+
+
+@dataclass(frozen=True, slots=True)
+class Heads:
+    """Every head's scores, layer by layer and head by head."""
+
+    heads: list[HeadScore]
+    scores_pending: tuple[str, ...]  # fields still being computed (None in ``heads``); empty when complete
+    error: str | None  # why the pending scores cannot come, if they cannot
+
+
+@dataclass(frozen=True, slots=True)
+class Residual:
+    """The residual stream layer by layer: norms, change, and what attention and the MLP wrote."""
+
+    n_layers: int
+    n: int
+    embed_norm: list[float]  # ‖embedding output‖ per token
+    layers: list[ResidualLayer]
+
+
+def check_position(cache: ActivationCache, position: int, name: str = "position") -> None:
+    if not 0 <= position < cache.n:
+        raise BadInput(f"{name} {position} is out of range: this run has positions 0..{cache.n - 1}",
+                       code="position_out_of_range", params={"name": name, "position": position, "max": cache.n - 1})
+
+
+def heads(engine: Engine, *, run_id: str, wait: float | None = 0.0) -> Heads:
+    """The run's head scores; ``wait`` seconds (None: as long as it takes) for late ones still owed."""
+    cache = engine.wait_scores(run_id, wait) if wait is None or wait > 0 else engine.run(run_id)
+    s = cache.summary
+    error = cache.pending.error if s.scores_pending and cache.pending is not None else None
+    return Heads(heads=list(s.heads), scores_pending=tuple(s.scores_pending), error=error)
+
+
+def attention(engine: Engine, *, run_id: str, layer: int, head: int) -> torch.Tensor:
+    """One head's attention weights, exact: (n, n) float32 on the CPU, masked cells 0."""
+    cache = engine.run(run_id)
+    engine.check_layer_head(cache, layer, head)
+    weights, visible = cache.head_rows(layer, head, 0, cache.n)  # (n, n) each, rebuilt from the kept Q and K
+    return weights.masked_fill(~visible, 0.0).float().cpu()  # (n, n)
+
+
+def attention_tile(engine: Engine, *, run_id: str, layer: int, head: int, q0: int | None = None,
+                   q1: int | None = None, k0: int | None = None, k1: int | None = None, size: int | None = None,
+                   pool: str = "max") -> torch.Tensor:
+    """A tile of one head, as ``GET /api/runs/ID/attention`` with tile parameters: (rows, cols) float32,
+    NaN for a bin whose cells are all masked."""
+    cache = engine.run(run_id)
+    engine.check_layer_head(cache, layer, head)
+    if pool not in ("max", "mean"):
+        raise BadInput(f"pool {pool!r} is not one of max, mean", params={"pool": pool})
+    spec = TileSpec(*span("q", q0, q1, cache.n), *span("k", k0, k1, cache.n), size=size,
+                    pool="max" if pool == "max" else "mean")
+    return head_tile(cache.attention[layer], head, spec).float().cpu()
+
+
+def span(name: str, lo: int | None, hi: int | None, n: int) -> tuple[int, int]:
+    """[lo, hi) within the run's n positions (defaults: all of them)."""
+    a, b = (0 if lo is None else lo), (n if hi is None else hi)
+    if not 0 <= a < b <= n:
+        raise BadInput(f"{name}0={a}, {name}1={b} is not a range of positions: this run needs "
+                       f"0 <= {name}0 < {name}1 <= {n}", code="range_invalid", params={"axis": name, "lo": a, "hi": b,
+                                                                                    "n": n})
+    return a, b
+
+
+def residual(engine: Engine, *, run_id: str) -> Residual:
+    cache = engine.run(run_id)
+    layers = residual_stats(torch.stack(cache.resid), torch.stack(cache.attn_out), torch.stack(cache.mlp_out))
+    return Residual(n_layers=cache.n_layers, n=cache.n, embed_norm=cache.resid[0].norm(dim=-1).tolist(),
+                    layers=layers)
+
+
+def lens(engine: Engine, *, run_id: str, top_k: int = 5) -> LogitLens:
+    if not 1 <= top_k <= 50:
+        raise BadInput(f"top_k {top_k} is out of range: 1..50", params={"top_k": top_k, "max": 50})
+    return engine.logit_lens(engine.run(run_id), top_k)
+
+
+def next_token(engine: Engine, *, run_id: str, position: int, temperature: float = 1.0,
+               top_k: int = 10) -> NextDistribution:
+    if not (temperature > 0 and temperature <= 100):  # also refuses NaN
+        raise BadInput("temperature must be a finite number in (0, 100]", code="temperature_invalid",
+                       params={"temperature": temperature})
+    if top_k < 1:
+        raise BadInput(f"top_k {top_k} is out of range: at least 1", params={"top_k": top_k})
+    return engine.next_distribution(engine.run(run_id), position, temperature, top_k)
+
+
+def sparsity(engine: Engine, *, run_id: str) -> list[HeadSparsity]:
+    return engine.sparsity(run_id)

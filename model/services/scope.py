@@ -1,0 +1,180 @@
+"""The Python door: inspect a model object you already hold (fine-tuned, edited, on a GPU, wrapped
+in a PEFT adapter) with the same services, and so the same numbers, as the HTTP door.
+
+    scope = Scope(model, tokenizer)            # or Scope.from_pretrained("bundled:attnscope-tiny")
+    run = scope.run("The cat sat on the mat. The cat")
+    run.attention(layer=4, head=0)             # (n, n) float32, exact
+    run.heads()                                # every head's scores, complete
+    run.ablate(heads=[(4, 0)], mode="zero")    # per position: kl, top, actual_next
+    scope.patch(clean=..., corrupted=..., answer=..., wrong=...)
+
+The user's model is never changed: each call switches it to the capture attention and eval mode
+for its own length only (``model.load.models.borrowed``), so no hook stays after any call, even
+one that raised, its parameters and ``requires_grad`` are untouched, and its own
+``attn_implementation`` and training flags are restored. Calls on one Scope run one at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from attnscope.model.errors import BadInput
+from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspect_model, load_model
+from attnscope.model.load.tokens import Token
+from attnscope.model.results import LogitLens, NextDistribution, PositionPrediction
+from attnscope.model.runs.record import ActivationCache, RunStore
+from attnscope.model.scores.analysis import HeadScore, HeadSparsity
+from attnscope.model.services import runs, tools
+from attnscope.model.services.engine import Engine
+from attnscope.model.services.runs import Heads, Residual
+from attnscope.model.services.tools import Ablation, Attribution, Patch, Scan
+
+T = TypeVar("T")
+DEFAULT_KEEP_BYTES = 2 << 30  # runs a Scope keeps (least recently used first out)
+DEFAULT_MAX_TOKENS = 32768
+
+
+def base_model(model: nn.Module) -> PreTrainedModel:
+    """The transformers model inside a PEFT wrapper (whose adapter layers live inside it, so its
+    forward is the adapted model's), or the model itself."""
+    unwrap = getattr(model, "get_base_model", None)
+    inner = unwrap() if callable(unwrap) else model
+    if not isinstance(inner, PreTrainedModel):
+        raise BadInput(f"{type(model).__name__} is not a transformers model (PreTrainedModel), nor a PEFT "
+                       "wrapper of one", code="architecture_unsupported",
+                       params={"model": type(model).__name__, "reason": "not a PreTrainedModel"})
+    return inner
+
+
+class Scope:
+    """A model to inspect, with the runs made on it (kept in memory, least recently used evicted)."""
+
+    def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, name: str | None = None,
+                 max_tokens: int = DEFAULT_MAX_TOKENS, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
+        inner = base_model(model)
+        label = name or str(getattr(inner.config, "_name_or_path", "") or inner.config.model_type)
+        self._lm = inspect_model(label, inner, tokenizer, source="python")
+        self._lock = threading.RLock()
+        with self._borrowed():  # the engine checks once that the attention returns its weights
+            self._engine = Engine({label: self._lm}, label, RunStore(keep_bytes), max_tokens)
+
+    @classmethod
+    def from_pretrained(cls, source: str, *, device: str = "auto", dtype: str = "auto",
+                        max_tokens: int = DEFAULT_MAX_TOKENS) -> Scope:
+        """Load a model as the server does: ``bundled:NAME``, ``package:MODULE``, a folder or a hub id."""
+        lm = load_model(source, source, Placement(device=device, dtype=dtype))  # type: ignore[arg-type]
+        return cls(lm.model, lm.tokenizer, name=source, max_tokens=max_tokens)
+
+    @property
+    def model(self) -> LoadedModel:
+        """What attnscope knows of the model: ``.info`` (layers, heads, sizes, family), ``.model``."""
+        return self._lm
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @contextmanager
+    def _borrowed(self) -> Iterator[None]:
+        with self._lock, borrowed(self._lm):
+            yield
+
+    def call(self, service: Callable[..., T], **kwargs: Any) -> T:
+        """Any service of ``model.services`` on this Scope's engine, with the model borrowed."""
+        with self._borrowed():
+            return service(self._engine, **kwargs)
+
+    def run(self, text: str, *, top_k: int = 10, truncate: bool = False) -> Run:
+        """One forward over ``text``, everything captured: the run to read."""
+        with self._borrowed():
+            result = self._engine.analyse(text, top_k=top_k, truncate=truncate)
+        return Run(self, result.run_id)
+
+    def patch(self, *, clean: str, corrupted: str, answer: str, wrong: str, position: int | None = None) -> Patch:
+        """Activation patching from ``clean`` into ``corrupted`` (same token count); the metric is
+        logit(answer) - logit(wrong) at ``position`` (default: the last)."""
+        return self.call(tools.patch, clean=clean, corrupted=corrupted, answer=answer, wrong=wrong,
+                         position=position)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One analysed prompt, kept by its Scope (``Run.record``: what it keeps)."""
+
+    scope: Scope
+    run_id: str
+
+    @property
+    def record(self) -> ActivationCache:
+        return self.scope.engine.run(self.run_id)
+
+    @property
+    def text(self) -> str:
+        return self.record.text
+
+    @property
+    def tokens(self) -> list[Token]:
+        return list(self.record.summary.tokens)
+
+    @property
+    def predictions(self) -> list[PositionPrediction]:
+        return list(self.record.summary.predictions)
+
+    def attention(self, layer: int, head: int, *, q0: int | None = None, q1: int | None = None,
+                  k0: int | None = None, k1: int | None = None, size: int | None = None,
+                  pool: str = "max") -> torch.Tensor:
+        """One head's attention, exact: (n, n) float32 (masked cells 0). With any tile parameter, a
+        tile as the API gives it: queries [q0, q1) x keys [k0, k1) pooled into at most size x size
+        bins (NaN: a bin with no visible cell)."""
+        if all(v is None for v in (q0, q1, k0, k1, size)):
+            return self.scope.call(runs.attention, run_id=self.run_id, layer=layer, head=head)
+        return self.scope.call(runs.attention_tile, run_id=self.run_id, layer=layer, head=head, q0=q0, q1=q1,
+                               k0=k0, k1=k1, size=size, pool=pool)
+
+    def heads(self, *, wait: bool = True) -> list[HeadScore]:
+        """Every head's scores (entropy, previous-token, first-token, max, induction), complete: waits
+        for the ones still computed in the background unless ``wait=False``."""
+        result: Heads = runs.heads(self.scope.engine, run_id=self.run_id, wait=None if wait else 0.0)
+        if result.error is not None:
+            raise BadInput(f"the run's head scores could not be computed: {result.error}")
+        return result.heads
+
+    def ablate(self, heads: list[tuple[int, int]], *, mode: str = "zero", top_k: int = 5) -> Ablation:
+        """The prompt again with ``heads`` zeroed (or replaced by their mean): per position the KL
+        divergence from the original, the new top tokens and the actual next token before and after."""
+        return self.scope.call(tools.ablate, run_id=self.run_id, heads=heads, mode=mode, top_k=top_k)
+
+    def ablate_scan(self, *, position: int, token: int | None = None, mode: str = "zero") -> Scan:
+        """Every head and MLP ablated alone: the change of ln p(token) at ``position``."""
+        return self.scope.call(tools.ablate_scan, run_id=self.run_id, position=position, token=token, mode=mode)
+
+    def attribute(self, *, position: int, token: int | None = None, token_b: int | None = None) -> Attribution:
+        """Direct logit attribution of ``token`` (default: the next token) at ``position``."""
+        return self.scope.call(tools.attribute, run_id=self.run_id, position=position, token=token,
+                               token_b=token_b)
+
+    def lens(self, *, top_k: int = 5) -> LogitLens:
+        """Each layer's residual stream read through the final norm and the LM head."""
+        return self.scope.call(runs.lens, run_id=self.run_id, top_k=top_k)
+
+    def residual(self) -> Residual:
+        """The residual stream layer by layer: norms, change, attention vs MLP."""
+        return self.scope.call(runs.residual, run_id=self.run_id)
+
+    def next(self, *, position: int, temperature: float = 1.0, top_k: int = 10) -> NextDistribution:
+        """The next-token distribution at ``position``, re-scaled by ``temperature``."""
+        return self.scope.call(runs.next_token, run_id=self.run_id, position=position, temperature=temperature,
+                               top_k=top_k)
+
+    def sparsity(self) -> list[HeadSparsity]:
+        """How concentrated each head is (top-1 / top-5 mass, keys holding 90 %)."""
+        return self.scope.call(runs.sparsity, run_id=self.run_id)
