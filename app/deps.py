@@ -16,7 +16,7 @@ from attnscope.model.services.engine import Engine
 def get_engine(request: Request) -> Engine:
     engine = getattr(request.app.state, "engine", None)
     if not isinstance(engine, Engine):
-        raise ModelLoadError("the model is not loaded yet; try again in a moment")
+        raise ModelLoadError("the model is not loaded yet; try again in a moment", code="loading")
     return engine
 
 

@@ -11,14 +11,13 @@ from typing import Any
 
 import anyio.to_thread
 from fastapi import FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 
 from attnscope.app import errors
+from attnscope.app.errors import ErrorOut
 from attnscope.app.gate import Gate
-from attnscope.app.middleware import AllowedHosts, BodyLimit, SecurityHeaders, Utf8Json
+from attnscope.app.middleware import AllowedHosts, BodyLimit, Cors, SecurityHeaders, Utf8Json
 from attnscope.app.routes import generate, interventions, learn, models, pages, runs
-from attnscope.app.schemas import ErrorOut
 from attnscope.app.settings import Settings
 from attnscope.model.load.models import load_model
 from attnscope.model.runs.record import RunStore
@@ -35,7 +34,10 @@ Activations are named after TransformerLens (`blocks.{i}.attn.hook_pattern`, ...
 
 **Try it out:** every request body is prefilled with an example the bundled model answers. Endpoints
 under `/api/runs/{run_id}/...` need a run: run `POST /api/runs` first and paste its `run_id`.
-Errors are JSON `{"detail", "message"}`, `message` one line for a person."""
+Errors are JSON `{"code", "message", "params", "detail"}`: `code` a stable snake_case name to branch on
+and to translate by (the `ErrorOut` schema lists them all), `message` one line for a person in English,
+`params` the values it names (a limit, a count, a model), `detail` as before codes (the message, or
+the list of validation errors)."""
 
 RUN_ID_DOC = ("a run's id, from the `run_id` of POST /api/runs (create a run first; runs are kept in memory, "
               "least recently used out: 404 says whether it expired)")
@@ -137,7 +139,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.include_router(pages.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
+        app.add_middleware(Cors, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["content-type"])
     app.add_middleware(Utf8Json)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import email.message
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from attnscope.app.error_codes import ErrorCode, error_body
+from attnscope.model.errors import Param
 
 CSP = "; ".join([
     "default-src 'self'",
@@ -51,9 +57,10 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-async def send_error(send: Send, status: int, message: str) -> None:
-    """A JSON error in the shape every other error has (``{"detail", "message"}``)."""
-    body = json.dumps({"detail": message, "message": message}).encode()
+async def send_error(send: Send, status: int, code: ErrorCode, message: str,
+                     params: Mapping[str, Param] | None = None) -> None:
+    """A JSON error in the shape every other error has (``{"code", "message", "params", "detail"}``)."""
+    body = json.dumps(error_body(code, message, params)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})
@@ -109,9 +116,10 @@ class AllowedHosts:
             await self.app(scope, receive, send)
             return
         shown = "no Host header" if header is None else f"the Host header {header[:200]!r}"
-        await send_error(send, 400, f"this server does not answer to {shown}: it answers to "
-                                    f"{', '.join(sorted(self.exact))}; to reach it by another name, add that "
-                                    "name to ATTNSCOPE_ALLOWED_HOSTS")
+        await send_error(send, 400, "host_not_allowed",
+                         f"this server does not answer to {shown}: it answers to {', '.join(sorted(self.exact))}; "
+                         "to reach it by another name, add that name to ATTNSCOPE_ALLOWED_HOSTS",
+                         {"host": None if header is None else header[:200], "allowed": sorted(self.exact)})
 
 
 class Utf8Json:
@@ -130,9 +138,10 @@ class Utf8Json:
             subtype = parsed.get_content_subtype()
             if (parsed.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
                     and isinstance(charset, str) and charset.strip().lower() not in ("utf-8", "utf8")):
-                await send_error(send, 415, f"the request body is declared as charset={charset[:40]}; send JSON "
-                                            "encoded as UTF-8 (Content-Type: application/json, or with "
-                                            "charset=utf-8)")
+                await send_error(send, 415, "unsupported_media_type",
+                                 f"the request body is declared as charset={charset[:40]}; send JSON encoded as "
+                                 "UTF-8 (Content-Type: application/json, or with charset=utf-8)",
+                                 {"charset": charset[:40]})
                 return
         await self.app(scope, receive, send)
 
@@ -141,6 +150,7 @@ class BodyTooLarge(Exception):
     """Raised from ``receive`` when a body streams past the limit; the error handlers answer 413 with it."""
 
     def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
         super().__init__(f"request body is larger than the limit of {max_bytes:,} bytes (ATTNSCOPE_MAX_BODY_BYTES)")
 
 
@@ -153,7 +163,8 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def _reject(self, send: Send) -> None:
-        await send_error(send, 413, str(BodyTooLarge(self.max_bytes)))
+        await send_error(send, 413, "body_too_large", str(BodyTooLarge(self.max_bytes)),
+                         {"max_bytes": self.max_bytes})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -191,3 +202,18 @@ class BodyLimit:
         except BodyTooLarge:  # read outside FastAPI's body parsing (which turns it into this 413 itself)
             if not started:
                 await self._reject(send)
+
+
+class Cors(CORSMiddleware):
+    """Starlette's CORS, its refused preflight (plain text "Disallowed CORS origin") answered in the JSON
+    every other error has."""
+
+    def preflight_response(self, request_headers: Headers) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        reason = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        headers = {k: v for k, v in response.headers.items() if k not in ("content-length", "content-type")}
+        return JSONResponse(error_body("cors_refused", f"this CORS preflight is refused: its {reason} is not "
+                                                       "allowed (ATTNSCOPE_CORS_ORIGINS)", {"reason": reason}),
+                            status_code=400, headers=headers)

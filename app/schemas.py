@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic import Strict as StrictType
+from pydantic_core import PydanticCustomError
 
 from attnscope.model.scores.analysis import INDUCTION_NEAR, INDUCTION_RULE
 
@@ -69,7 +70,7 @@ class HealthOut(BaseModel):
 
 def _text_not_blank(value: str) -> str:
     if not value.strip():
-        raise ValueError("text is empty or only whitespace; type a prompt to analyse")
+        raise PydanticCustomError("empty", "text is empty or only whitespace; type a prompt to analyse")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
@@ -324,11 +325,6 @@ class GenerateRequest(Strict):
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
-
-
-class ErrorOut(BaseModel):
-    detail: str | list[dict[str, object]]
-    message: str = Field(description="one line for a person")
 
 
 # ---- Learn views ---------------------------------------------------------------------------

@@ -14,8 +14,8 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import run_in_threadpool
 
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep
-from attnscope.app.errors import STATUS
-from attnscope.app.schemas import ErrorOut, GenerateRequest
+from attnscope.app.errors import ErrorOut, status_of
+from attnscope.app.schemas import GenerateRequest
 from attnscope.app.settings import DEFAULT_TOP_K
 from attnscope.model.capture.generation import GenerationSession, SamplingParams
 from attnscope.model.errors import BadInput, EngineError
@@ -42,8 +42,9 @@ as stop `"client"`; no `done` event can reach it).
 Everything that can be refused is refused before the stream starts, with an ordinary JSON error
 (422 bad input, 413 a recording that could never be kept, 503 with Retry-After when too many
 requests wait for the model). What fails after the stream started ends it with an `error` event
-instead of `done`: `{"message", "status", "n_new"}` (`status` what the same failure would have
-answered before the stream, `n_new` the tokens already sent).
+instead of `done`: `{"code", "message", "params", "status", "n_new"}` (`code` and `params` as in
+every error body, `status` what the same failure would have answered before the stream, `n_new` the
+tokens already sent).
 
 With `"record": true` every step's activations are kept; token events then carry `rows`
 (the new attention rows of `watch_layer`/`watch_head`, when given: the prefill's rows for
@@ -59,10 +60,10 @@ def failure(exc: Exception, sent: int) -> dict[str, object]:
     """The ``error`` event for a failure after the stream started: the engine's own words where it
     raised one of its errors, else a line that points to the server's log."""
     if isinstance(exc, EngineError):
-        status = next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 400)
-        return {"message": str(exc), "status": status, "n_new": sent}
+        return {"code": exc.code, "message": str(exc), "params": exc.params, "status": status_of(exc), "n_new": sent}
     log.error("generation failed after %d tokens", sent, exc_info=exc)
-    return {"message": f"generation failed after {sent} tokens: {exc}", "status": 500, "n_new": sent}
+    return {"code": "generation_failed", "message": f"generation failed after {sent} tokens: {exc}",
+            "params": {"n_new": sent}, "status": 500, "n_new": sent}
 
 
 @router.post("/generate", responses={200: {"content": {"text/event-stream": {}}, "description": SSE_DOC},

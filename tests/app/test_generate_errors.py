@@ -86,6 +86,7 @@ def test_a_failure_after_the_stream_started_ends_it_with_an_error_event(
     assert [e for e, _ in events] == ["token", "token", "error"]
     error = events[-1][1]
     assert error["status"] == 500 and error["n_new"] == 2
+    assert error["code"] == "generation_failed" and error["params"] == {"n_new": 2}
     assert error["message"] == "generation failed after 2 tokens: the model's next-token scores at step 2 are not numbers"
     assert gate_of(queue1)._counts.get("tiny-gpt2", 0) == 0  # the failed stream gave its place back
 
@@ -98,8 +99,8 @@ def test_an_engine_error_after_the_stream_keeps_its_own_words_and_status(
     monkeypatch.setattr(engine, "store_generation", too_large)
     events = sse_events(queue1.post("/api/generate", json={**BODY, "record": True}).text)
     assert [e for e, _ in events] == ["token"] * 4 + ["error"]
-    assert events[-1][1] == {"message": "this run would keep 9 MiB; the run cache holds at most 1 MiB "
-                                        "(ATTNSCOPE_CACHE_BYTES)", "status": 413, "n_new": 4}
+    assert events[-1][1] == {"code": "too_large", "message": "this run would keep 9 MiB; the run cache holds at "
+                                        "most 1 MiB (ATTNSCOPE_CACHE_BYTES)", "params": {}, "status": 413, "n_new": 4}
 
 
 def test_nan_scores_are_an_error_not_a_silent_token(queue1: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
