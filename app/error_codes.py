@@ -13,6 +13,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, Field, JsonValue
 
 from attnscope.model.errors import ENGINE_CODES, EngineCode, Param
+from attnscope.model.errors import PARAMS as ENGINE_PARAMS
 
 HttpCode = Literal[
     "invalid_request",  # 422: the body or a query parameter does not fit the schema (params: field, problem)
@@ -30,9 +31,18 @@ HttpCode = Literal[
     "internal_error",  # 500: a bug; the server's log has the traceback
 ]
 HTTP_CODES: tuple[HttpCode, ...] = get_args(HttpCode)
+HTTP_PARAMS: dict[HttpCode, tuple[str, ...]] = {
+    "invalid_request": ("field", "problem"), "not_found": ("path",), "method_not_allowed": ("method",),
+    "http_error": ("status",), "body_too_large": ("max_bytes",), "unsupported_media_type": ("charset",),
+    "body_not_utf8": ("byte", "offset"), "json_too_deep": (), "host_not_allowed": ("host", "allowed"),
+    "cors_refused": ("reason",), "busy": ("model", "retry_after"), "generation_failed": ("n_new",),
+    "internal_error": (),
+}
 
 ErrorCode = Literal[EngineCode, HttpCode]
 CODES: tuple[str, ...] = (*ENGINE_CODES, *HTTP_CODES)
+# the params each code carries (see model/errors.py's PARAMS)
+PARAMS: dict[str, tuple[str, ...]] = {**dict(ENGINE_PARAMS.items()), **dict(HTTP_PARAMS.items())}
 
 CODE_DOC = ("stable and short (snake_case): branch on it, and translate by it with `params`; one of "
             + ", ".join(f"`{c}`" for c in CODES))

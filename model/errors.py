@@ -36,6 +36,46 @@ EngineCode = Literal[
 ]
 ENGINE_CODES: tuple[EngineCode, ...] = get_args(EngineCode)
 
+# The params each code carries (a raise site may add more): what its translations may name, besides
+# the English ``message``. tests/app/test_error_codes.py holds the catalogues and the raise sites to it.
+PARAMS: dict[EngineCode, tuple[str, ...]] = {
+    "engine_error": (), "bad_input": (), "too_large": (), "attention_unavailable": (), "model_load_error": (),
+    "unknown_model": ("model", "available"),
+    "run_not_found": ("run_id",), "run_expired": ("run_id",),
+    "empty": (),
+    "chat_template_missing": ("model",), "chat_template_rejected": ("reason",), "chat_template_empty": (),
+    # tokens: the count (or the count so far); limit: the model's token limit; what: "prompt", "clean prompt", ...
+    "too_long": ("what", "tokens", "limit"),
+    "too_long_at_least": ("what", "tokens", "limit"),
+    "too_long_at_least_read": ("what", "tokens", "limit", "read_chars", "total_chars"),
+    "too_long_at_least_length": ("what", "tokens", "limit", "total_chars"),
+    "too_long_chars": ("what", "chars", "limit"),
+    "layer_out_of_range": ("layer", "max"), "head_out_of_range": ("head", "max"),
+    "layer_head_out_of_range": ("layer", "head", "max_layer", "max_head"),
+    "position_out_of_range": ("position", "max"),
+    "token_out_of_range": ("name", "token", "max"), "bad_id": ("token_id", "max"),
+    "range_invalid": ("axis", "lo", "hi", "n"),
+    "top_k_too_large": ("top_k", "limit"), "temperature_invalid": (),
+    "no_lm_head": ("model",), "encoder_no_lm_head": ("model",), "post_norm_unsupported": ("model",),
+    "norm_unsupported": ("norm",), "projection_shape": ("layer", "inputs", "heads"),
+    # sizes are formatted ("1,234 MiB")
+    "run_too_big": ("keep", "tokens", "peak", "cap"), "run_over_cache": ("keep", "cap"),
+    "forward_too_big": ("need", "limit"), "forward_busy": ("need",),
+    "too_many_cells": ("cells", "limit"), "export_too_large": ("cells", "limit"),
+    "timing_long": ("tokens", "max"),
+    "max_new_tokens_too_large": ("max_new_tokens", "limit"),
+    "generate_too_long": ("tokens", "max_new_tokens", "limit"),
+    "watch_needs_record": (), "watch_out_of_range": ("max_layer", "max_head"),
+    "different_models": (),
+    # field: "answer" or "wrong"; pieces: the text's tokens
+    "patch_space": ("field", "text", "tokens", "pieces"), "patch_one": ("field", "text", "tokens", "pieces"),
+    "patch_lengths": ("clean", "corrupted"), "patch_same_token": ("answer",),
+    "patch_same": ("clean", "corrupted"), "patch_flops": ("forwards", "tokens", "tflop", "limit"),
+    "loading": (), "device_invalid": ("device",), "device_unavailable": ("device",),
+    "package_missing": ("package",), "model_folder_missing": ("model", "folder"),
+    "hub_unreachable": ("model", "source"), "architecture_unsupported": ("model", "reason"),
+}
+
 
 class EngineError(Exception):
     """Base class: the message is written for a person and is safe to show; ``code`` and ``params``
