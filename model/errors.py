@@ -22,7 +22,8 @@ EngineCode = Literal[
     "too_long", "too_long_at_least", "too_long_at_least_read", "too_long_at_least_length", "too_long_chars",
     # ranges over a model or a run
     "layer_out_of_range", "head_out_of_range", "layer_head_out_of_range", "position_out_of_range",
-    "token_out_of_range", "bad_id", "range_invalid", "top_k_too_large", "temperature_invalid",
+    "token_out_of_range", "bad_id", "range_invalid", "value_out_of_range", "top_k_too_large",
+    "temperature_invalid",
     "no_lm_head", "encoder_no_lm_head", "post_norm_unsupported", "norm_unsupported", "projection_shape",
     # limits on what a request may cost
     "run_too_big", "run_over_cache", "forward_too_big", "forward_busy", "too_many_cells", "export_too_large",
@@ -55,6 +56,9 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "position_out_of_range": ("position", "max"),
     "token_out_of_range": ("name", "token", "max"), "bad_id": ("token_id", "max"),
     "range_invalid": ("axis", "lo", "hi", "n"),
+    # an argument outside its range (name: "top", "count", "repeats", ...): the HTTP door's schemas refuse
+    # these before the engine; the Python door meets them here
+    "value_out_of_range": ("name", "value", "min", "max"),
     "top_k_too_large": ("top_k", "limit"), "temperature_invalid": (),
     "no_lm_head": ("model",), "encoder_no_lm_head": ("model",), "post_norm_unsupported": ("model",),
     "norm_unsupported": ("norm",), "projection_shape": ("layer", "inputs", "heads"),
