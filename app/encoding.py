@@ -16,6 +16,7 @@ import base64
 
 import numpy as np
 import torch
+from fastapi import Response
 
 
 def sqrt_u8(packed: torch.Tensor) -> bytes:
@@ -56,3 +57,20 @@ def rows(pattern: torch.Tensor, causal: bool, decimals: int = 6) -> list[list[fl
         full: list[list[float]] = values.tolist()
         return full
     return [values[i, : i + 1].tolist() for i in range(values.shape[0])]
+
+
+def attention_bytes(body: bytes, *, n: int, heads: int, causal: bool, layer: int, head: int | None, encoding: str,
+                    cacheable: bool = True, extra: dict[str, str] | None = None,
+                    timing: str | None = None) -> Response:
+    """The one encoder of the binary protocol: the body with the headers that say its shape
+    (``X-Attn-N``, ``-Heads``, ``-Causal``, ``-Layer``, ``-Head``, ``-Encoding``, then ``extra``: a key
+    such as ``Q0`` becomes ``X-Attn-Q0``), and ``Server-Timing`` when ``timing`` is given."""
+    headers = {"X-Attn-N": str(n), "X-Attn-Heads": str(heads), "X-Attn-Causal": "1" if causal else "0",
+               "X-Attn-Layer": str(layer), "X-Attn-Head": "all" if head is None else str(head),
+               "X-Attn-Encoding": encoding}
+    headers.update({f"X-Attn-{key}": value for key, value in (extra or {}).items()})
+    if timing is not None:
+        headers["Server-Timing"] = timing
+    if cacheable:
+        headers["Cache-Control"] = "private, max-age=3600"
+    return Response(body, media_type="application/octet-stream", headers=headers)

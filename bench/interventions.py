@@ -29,11 +29,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from attnscope.model.capture.hooks import temporary_hooks  # noqa: E402
 from attnscope.model.load.models import LoadedModel, load_model  # noqa: E402
 from attnscope.model.runs.record import RunStore  # noqa: E402
 from attnscope.model.services.engine import Engine  # noqa: E402
 from attnscope.model.tools import ablation, patching  # noqa: E402
-from attnscope.model.tools.intervene import logits, temporary_hooks  # noqa: E402
+from attnscope.model.tools.intervene import logits  # noqa: E402
 from bench.capture import gpt2_small_folder, prompt_of  # noqa: E402
 from bench.report import write_section  # noqa: E402
 

@@ -13,7 +13,7 @@ import torch
 from fastapi import APIRouter, Query, Response
 
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
-from attnscope.app.encoding import f32_le, rows, sqrt_u8
+from attnscope.app.encoding import attention_bytes, f32_le, rows, sqrt_u8
 from attnscope.app.errors import ERRORS
 from attnscope.app.runjson import EXPORT_FORMAT, LENS_JSON, RUN_JSON, attention_cells, attention_json, run_body
 from attnscope.app.schemas import (
@@ -178,18 +178,14 @@ def _tile_response(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int
                       "exact": spec.exact, "q_edges": spec.q_edges().tolist(), "k_edges": spec.k_edges().tolist(),
                       "cells": cells.tolist()}, headers={"Server-Timing": timing})
     rows_, cols = spec.shape
-    headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(len(heads)),
-               "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
-               "X-Attn-Head": "all" if head is None else str(head),
-               "X-Attn-Q0": str(spec.q0), "X-Attn-Q1": str(spec.q1), "X-Attn-K0": str(spec.k0),
-               "X-Attn-K1": str(spec.k1), "X-Attn-Rows": str(rows_), "X-Attn-Cols": str(cols),
-               "X-Attn-Pool": spec.pool, "X-Attn-Exact": "1" if spec.exact else "0",
-               "X-Attn-Encoding": "sqrt-u8-tile" if fmt == "bin" else "f32-tile",
-               "X-Attn-Masked": str(MASKED_U8) if fmt == "bin" else "NaN",
-               "Cache-Control": "private, max-age=3600", "Server-Timing": timing}
     flat = values.reshape(len(heads), -1)
-    body = u8_tile(flat) if fmt == "bin" else f32_le(flat)
-    return Response(body, media_type="application/octet-stream", headers=headers)
+    return attention_bytes(u8_tile(flat) if fmt == "bin" else f32_le(flat), n=cache.n, heads=len(heads),
+                           causal=cache.causal, layer=layer, head=head,
+                           encoding="sqrt-u8-tile" if fmt == "bin" else "f32-tile",
+                           extra={"Q0": str(spec.q0), "Q1": str(spec.q1), "K0": str(spec.k0), "K1": str(spec.k1),
+                                  "Rows": str(rows_), "Cols": str(cols), "Pool": spec.pool,
+                                  "Exact": "1" if spec.exact else "0",
+                                  "Masked": str(MASKED_U8) if fmt == "bin" else "NaN"}, timing=timing)
 
 
 @router.get(
@@ -237,22 +233,16 @@ def attention(
             thumbs = kept_tiles(tiles, run_id, cache, layer, list(range(cache.n_heads)),
                                 TileSpec(0, cache.n, 0, cache.n, size=size, pool="mean")).nan_to_num(0.0)
             thumbs = thumbs / thumbs.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)  # (H, size, size)
-            headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(thumbs.shape[0]), "X-Attn-Size": str(size),
-                       "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
-                       "X-Attn-Head": "all", "X-Attn-Encoding": "sqrt-u8-pooled"}
-            return Response(sqrt_u8(thumbs.reshape(thumbs.shape[0], -1)), media_type="application/octet-stream",
-                            headers=headers)
+            return attention_bytes(sqrt_u8(thumbs.reshape(thumbs.shape[0], -1)), n=cache.n, heads=thumbs.shape[0],
+                                   causal=cache.causal, layer=layer, head=None, encoding="sqrt-u8-pooled",
+                                   cacheable=False, extra={"Size": str(size)})
     visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
     _cell_limit(n_heads * visible, settings, "the whole head" if head is not None else "every head of this layer")
     if format in ("bin", "f32"):
         selected = cache.packed(layer, head)  # (H or 1, cells)
-        headers = {"X-Attn-N": str(cache.n), "X-Attn-Heads": str(selected.shape[0]),
-                   "X-Attn-Causal": "1" if cache.causal else "0", "X-Attn-Layer": str(layer),
-                   "X-Attn-Head": "all" if head is None else str(head),
-                   "X-Attn-Encoding": "sqrt-u8" if format == "bin" else "f32",
-                   "Cache-Control": "private, max-age=3600"}
-        body = sqrt_u8(selected) if format == "bin" else f32_le(selected)
-        return Response(body, media_type="application/octet-stream", headers=headers)
+        return attention_bytes(sqrt_u8(selected) if format == "bin" else f32_le(selected), n=cache.n,
+                               heads=selected.shape[0], causal=cache.causal, layer=layer, head=head,
+                               encoding="sqrt-u8" if format == "bin" else "f32")
     pattern = cache.pattern(layer)  # (H, n, n)
     if head is not None:
         return _json({"layer": layer, "head": head, "n": cache.n, "causal": cache.causal,

@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
 from attnscope.model.capture import interface as capture
+from attnscope.model.capture.hooks import Registration, temporary_hooks
 from attnscope.model.capture.interface import AttentionCall, LazyMask
 from attnscope.model.capture.names import KINDS, LOGITS, act_name, kind_of
 from attnscope.model.errors import AttentionUnavailable
@@ -181,8 +181,9 @@ def _rows(t: torch.Tensor, copy: bool) -> torch.Tensor:
     return t.to(torch.float32, copy=copy)
 
 
-def _add_hooks(lm: LoadedModel, store: Captures) -> list[RemovableHandle]:
-    handles: list[RemovableHandle] = []
+def _registrations(lm: LoadedModel, store: Captures) -> list[Registration]:
+    """The hooks that fill ``store`` (registered by ``temporary_hooks``)."""
+    regs: list[Registration] = []
     wanted = store.wanted
     spec = lm.spec
     scale = float(getattr(lm.model.config, spec.residual_scale)) if spec.residual_scale else None
@@ -211,18 +212,17 @@ def _add_hooks(lm: LoadedModel, store: Captures) -> list[RemovableHandle]:
 
     for i, block in enumerate(lm.blocks):
         if wanted(name := act_name("resid_pre", i)):
-            handles.append(block.register_forward_pre_hook(save_input(name), with_kwargs=True))
+            regs.append(Registration(block, "pre_kwargs", save_input(name)))
         if spec.capture == "module":
-            handles.append(block.get_submodule(spec.attn).register_forward_pre_hook(read_qk(i), with_kwargs=True))
+            regs.append(Registration(block.get_submodule(spec.attn), "pre_kwargs", read_qk(i)))
         if wanted(name := act_name("attn_out", i)):
-            handles.append(block.get_submodule(spec.attn_out).register_forward_hook(
-                save_output(name, factor=scale)))
+            regs.append(Registration(block.get_submodule(spec.attn_out), "post", save_output(name, factor=scale)))
         if wanted(name := act_name("mlp_out", i)):
-            handles.append(block.get_submodule(spec.mlp_out).register_forward_hook(
-                save_output(name, copy=spec.mutates_mlp_out, factor=scale)))
+            regs.append(Registration(block.get_submodule(spec.mlp_out), "post",
+                                     save_output(name, copy=spec.mutates_mlp_out, factor=scale)))
         if wanted(name := act_name("resid_post", i)):
-            handles.append(block.register_forward_hook(save_output(name, copy=True)))
-    return handles
+            regs.append(Registration(block, "post", save_output(name, copy=True)))
+    return regs
 
 
 def _filter(names: Iterable[str] | Filter | None) -> Filter:
@@ -245,16 +245,13 @@ def hooked(lm: LoadedModel, names: Iterable[str] | Filter | None = None,
     """
     store = Captures(_filter(names), ids)
     attention_modules = [block.get_submodule(lm.spec.attn) for block in lm.blocks]
-    handles: list[RemovableHandle] = []
-    try:
-        handles = _add_hooks(lm, store)
-        if lm.spec.capture == "interface":
-            capture.activate(attention_modules, store)
-        yield store
-    finally:
-        capture.deactivate(attention_modules)
-        for handle in handles:
-            handle.remove()
+    with temporary_hooks(_registrations(lm, store)):
+        try:
+            if lm.spec.capture == "interface":
+                capture.activate(attention_modules, store)
+            yield store
+        finally:
+            capture.deactivate(attention_modules)
 
 
 def publish(store: Captures, n_layers: int) -> None:

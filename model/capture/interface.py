@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -195,7 +196,8 @@ class CaptureSink(Protocol):
         ``blocks``: whether ``attention_block`` saw every row's weights (False: the fused kernel)."""
 
 
-_ACTIVE: dict[int, tuple[CaptureSink, int]] = {}  # id(attention module) -> (sink, layer)
+# attention module -> (sink, layer) while a capture is active; weak keys: a module is never kept alive by it
+_ACTIVE: weakref.WeakKeyDictionary[nn.Module, tuple[CaptureSink, int]] = weakref.WeakKeyDictionary()
 _ACTIVE_LOCK = threading.Lock()
 
 
@@ -203,13 +205,13 @@ def activate(modules: list[nn.Module], sink: CaptureSink) -> None:
     """Send the attention of these modules (one per layer, in order) to ``sink`` until deactivated."""
     with _ACTIVE_LOCK:
         for layer, module in enumerate(modules):
-            _ACTIVE[id(module)] = (sink, layer)
+            _ACTIVE[module] = (sink, layer)
 
 
 def deactivate(modules: list[nn.Module]) -> None:
     with _ACTIVE_LOCK:
         for module in modules:
-            _ACTIVE.pop(id(module), None)
+            _ACTIVE.pop(module, None)
 
 
 def active_count() -> int:
@@ -329,7 +331,7 @@ def attnscope_attention(
         mask=attention_mask if additive is None else additive.causal,
         bias=None if additive is None else additive.bias,
     )
-    target = _ACTIVE.get(id(module))  # a plain dict read: atomic under the GIL
+    target = _ACTIVE.get(module)  # a dict read (writes hold _ACTIVE_LOCK)
     if target is not None and batch != 1:
         raise ValueError("attnscope captures one sequence at a time (a batch of 1)")
     causal = fused_causal(attention_mask) if can_fuse(query, key, value, call.softcap) else None

@@ -17,6 +17,7 @@ one that raised, its parameters and ``requires_grad`` are untouched, and its own
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -66,6 +67,19 @@ class Scope:
         self._lock = threading.RLock()
         with self._borrowed():  # the engine checks once that the attention returns its weights
             self._engine = Engine({label: self._lm}, label, RunStore(keep_bytes), max_tokens)
+        # the late head scores' thread stops when the Scope goes, or at exit (torch aborts a process
+        # that exits while a thread is inside it)
+        self._close = weakref.finalize(self, self._engine.close)
+
+    def close(self) -> None:
+        """Stop the background work (late head scores); the Scope's runs stay readable."""
+        self._close()
+
+    def __enter__(self) -> Scope:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     @classmethod
     def from_pretrained(cls, source: str, *, device: str = "auto", dtype: str = "auto",

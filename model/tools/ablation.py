@@ -18,12 +18,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.runs.record import ActivationCache
 from attnscope.model.tools.intervene import (
-    Hook,
-    Registration,
     batch_size,
     capture_z,
     first,
@@ -34,7 +33,6 @@ from attnscope.model.tools.intervene import (
     replace_first,
     require_decoder,
     split_heads,
-    temporary_hooks,
 )
 
 Mode = Literal["zero", "mean"]
@@ -48,7 +46,7 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class ActualNext:
+class NextChange:
     id: int
     prob_before: float
     prob_after: float
@@ -59,7 +57,7 @@ class AblatedPosition:
     position: int
     kl: float  # KL(original || ablated) of the next-token distribution, nats
     top: list[Candidate]  # the ablated distribution's most likely tokens
-    actual_next: ActualNext | None  # the prompt's next token, before and after
+    actual_next: NextChange | None  # the prompt's next token, before and after
 
 
 @dataclass(frozen=True)
@@ -130,7 +128,7 @@ def ablate(lm: LoadedModel, cache: ActivationCache, heads: list[tuple[int, int]]
         actual = None
         if pos + 1 < cache.n:
             nxt = int(ids[pos + 1])
-            actual = ActualNext(nxt, float(before[pos, nxt]), float(after[pos, nxt]))
+            actual = NextChange(nxt, float(before[pos, nxt]), float(after[pos, nxt]))
         result.append(AblatedPosition(
             position=pos, kl=float(kl[pos]),
             top=[Candidate(int(i), float(p), float(before[pos, i]))

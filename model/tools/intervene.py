@@ -13,50 +13,18 @@ caller (``model.services.tools``): one forward at a time per model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
+from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 
 # one budget for the batched forwards' largest tensors (attention scores, MLP hidden, logits)
 BATCH_BYTES = 256 * 2**20
-
-Hook = Callable[..., Any]
-HookKind = Literal["pre", "pre_kwargs", "post"]
-
-
-@dataclass(frozen=True)
-class Registration:
-    module: nn.Module
-    kind: HookKind
-    fn: Hook
-
-
-@contextmanager
-def temporary_hooks(registrations: list[Registration]) -> Iterator[None]:
-    """Register the hooks for the ``with`` only; every one is removed in ``finally``,
-    also when registering a later one or the forward inside fails."""
-    handles: list[RemovableHandle] = []
-    try:
-        for reg in registrations:
-            if reg.kind == "pre":
-                handles.append(reg.module.register_forward_pre_hook(reg.fn))
-            elif reg.kind == "pre_kwargs":
-                handles.append(reg.module.register_forward_pre_hook(reg.fn, with_kwargs=True))
-            else:
-                handles.append(reg.module.register_forward_hook(reg.fn))
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
-
 
 def require_decoder(lm: LoadedModel, what: str) -> None:
     if lm.unembed is None or not lm.info.causal:

@@ -24,12 +24,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import tokenize
 from attnscope.model.tools.intervene import (
-    Hook,
-    Registration,
     attention_module,
     batch_size,
     first,
@@ -40,7 +39,6 @@ from attnscope.model.tools.intervene import (
     replace_first,
     require_decoder,
     split_heads,
-    temporary_hooks,
     with_hidden,
 )
 
