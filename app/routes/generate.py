@@ -17,9 +17,8 @@ from attnscope.app.deps import EngineDep, GateDep, SettingsDep
 from attnscope.app.errors import ErrorOut, status_of
 from attnscope.app.schemas import GenerateRequest
 from attnscope.app.settings import DEFAULT_TOP_K
-from attnscope.model.capture.generation import GenerationSession, SamplingParams
-from attnscope.model.errors import BadInput, EngineError
-from attnscope.model.load.tokens import ids_tensor
+from attnscope.model.errors import EngineError
+from attnscope.model.services import generate as generate_service
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/api", tags=["generate"])
@@ -71,62 +70,35 @@ def failure(exc: Exception, sent: int) -> dict[str, object]:
              summary="Generate token by token with the KV cache (SSE)", description=SSE_DOC)
 def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: GateDep,
              settings: SettingsDep) -> StreamingResponse:
-    if body.max_new_tokens > settings.max_new_tokens:
-        raise BadInput(f"max_new_tokens {body.max_new_tokens} is more than this server's limit of "
-                       f"{settings.max_new_tokens} (ATTNSCOPE_MAX_NEW_TOKENS)")
-    lm = engine.model(body.model)
-    tokens = engine.tokenize(lm, body.text)
-    limit = engine.token_limit(lm)
-    if len(tokens) + body.max_new_tokens > limit:
-        raise BadInput(f"prompt ({len(tokens)} tokens) + max_new_tokens ({body.max_new_tokens}) "
-                       f"exceeds this model's limit of {limit} tokens")
-    if not lm.info.has_lm_head:
-        raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it cannot generate")
-    watch = None
-    if body.watch_layer is not None or body.watch_head is not None:
-        if not body.record:
-            raise BadInput("watch_layer and watch_head need record: true")
-        layer, head = body.watch_layer or 0, body.watch_head or 0
-        if layer >= lm.info.n_layers or head >= lm.info.n_heads:
-            raise BadInput(f"watch layer/head out of range: layers 0..{lm.info.n_layers - 1}, "
-                           f"heads 0..{lm.info.n_heads - 1}")
-        watch = (layer, head)
-    if body.record:  # the recorded run is kept like an analysed one: refuse now what could never be kept
-        engine.admit(lm, len(tokens) + body.max_new_tokens, DEFAULT_TOP_K)
-    params = SamplingParams(max_new_tokens=body.max_new_tokens, temperature=body.temperature,
-                            top_k=body.top_k, top_p=body.top_p, seed=body.seed, stop_at_eos=body.stop_at_eos)
+    run = generate_service.start(engine, text=body.text, model=body.model, max_new_tokens=body.max_new_tokens,
+                                 temperature=body.temperature, top_k=body.top_k, top_p=body.top_p, seed=body.seed,
+                                 stop_at_eos=body.stop_at_eos, record=body.record, watch_layer=body.watch_layer,
+                                 watch_head=body.watch_head, max_new_limit=settings.max_new_tokens,
+                                 top_k_kept=DEFAULT_TOP_K)  # checks every range; nothing runs yet
     admission = ExitStack()  # closed once, by whichever comes first: the stream's end or the response's
-    admission.enter_context(gate.enter(lm.info.name))  # too many waiting: 503 + Retry-After now, not after the 200
-    try:
-        session = GenerationSession(lm, ids_tensor(tokens), params, record=body.record)
-    except BaseException:
-        admission.close()
-        raise
+    admission.enter_context(gate.enter(run.lm.info.name))  # too many waiting: 503 + Retry-After now, not after the 200
+    session = run.session
 
     async def steps() -> AsyncIterator[str]:
         start = time.perf_counter()
-        while not session.done:
+        while not run.done:
             if await request.is_disconnected():
                 log.info("generation stopped (stop: client): the client went away after %d tokens", session.steps)
                 return
-            step = await run_in_threadpool(session.step)
+            step = await run_in_threadpool(run.step)
             event = {"step": step.index, "id": step.id, "token": step.token, "text": step.text,
                      "special": step.special, "partial": step.partial, "prob": step.prob,
                      "model_prob": step.model_prob,
                      "top": [{"id": i, "token": t, "prob": p} for i, t, p in step.top], "ms": step.ms}
-            if watch and session.recorder is not None:
-                event["rows"] = session.recorder.new_rows(*watch)
+            if (rows := run.new_rows()) is not None:
+                event["rows"] = rows
             yield sse("token", event)
-        text = session.finish_text()
-        if session.recorder is not None:
-            acts = await run_in_threadpool(session.finish_recording)
-            new = session.ids[len(tokens):].tolist()
-            result = await run_in_threadpool(engine.store_generation, lm, body.text, tokens, new, acts)
-            if watch:
-                yield sse("rows", {"rows": session.recorder.new_rows(*watch)})
-            yield sse("run", {"run_id": result.run_id, "n": result.cache.n})
-        new_ids = session.ids[len(tokens):].tolist()
-        yield sse("done", {"text": text, "n_new": len(new_ids), "stop": session.stop_reason,
+        finished = await run_in_threadpool(run.finish)
+        if finished.run is not None:
+            if (rows := run.new_rows()) is not None:
+                yield sse("rows", {"rows": rows})
+            yield sse("run", {"run_id": finished.run.run_id, "n": finished.run.cache.n})
+        yield sse("done", {"text": finished.text, "n_new": finished.n_new, "stop": finished.stop,
                            "total_ms": 1e3 * (time.perf_counter() - start)})
 
     async def events() -> AsyncIterator[str]:

@@ -94,7 +94,8 @@ def residual(engine: Engine, *, run_id: str) -> Residual:
 
 def lens(engine: Engine, *, run_id: str, top_k: int = 5) -> LogitLens:
     if not 1 <= top_k <= 50:
-        raise BadInput(f"top_k {top_k} is out of range: 1..50", params={"top_k": top_k, "max": 50})
+        raise BadInput(f"top_k {top_k} is out of range: 1..50", code="value_out_of_range",
+                       params={"name": "top_k", "value": top_k, "min": 1, "max": 50})
     return engine.logit_lens(engine.run(run_id), top_k)
 
 
@@ -104,7 +105,8 @@ def next_token(engine: Engine, *, run_id: str, position: int, temperature: float
         raise BadInput("temperature must be a finite number in (0, 100]", code="temperature_invalid",
                        params={"temperature": temperature})
     if top_k < 1:
-        raise BadInput(f"top_k {top_k} is out of range: at least 1", params={"top_k": top_k})
+        raise BadInput(f"top_k {top_k} is out of range: at least 1", code="value_out_of_range",
+                       params={"name": "top_k", "value": top_k, "min": 1, "max": None})
     return engine.next_distribution(engine.run(run_id), position, temperature, top_k)
 
 

@@ -28,12 +28,14 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from attnscope.model.capture.generation import Step
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspect_model, load_model
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import LogitLens, NextDistribution, PositionPrediction
 from attnscope.model.runs.record import ActivationCache, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
+from attnscope.model.services import generate as generate_service
 from attnscope.model.services import runs, tools
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.runs import Heads, Residual
@@ -112,6 +114,23 @@ class Scope:
         with self._borrowed():
             result = self._engine.analyse(text, top_k=top_k, truncate=truncate)
         return Run(self, result.run_id)
+
+    def generate(self, text: str, *, max_new_tokens: int = 20, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stop_at_eos: bool = True) -> Generated:
+        """Generate with the KV cache, token by token, recording every step: the result holds each
+        step (token, probability, the model's top alternatives) and the recording as an ordinary run
+        over prompt + generated text. ``temperature`` 0 is greedy."""
+        with self._borrowed():
+            gen = generate_service.start(self._engine, text=text, max_new_tokens=max_new_tokens,
+                                         temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                                         stop_at_eos=stop_at_eos, record=True, max_new_limit=max(max_new_tokens, 1))
+            while not gen.done:
+                gen.step()
+            finished = gen.finish()
+        if finished.run is None:  # recorded generations always end as a run
+            raise RuntimeError("the generation was not recorded")
+        return Generated(text=finished.text, stop=finished.stop, steps=list(gen.steps),
+                         run=Run(self, finished.run.run_id))
 
     def patch(self, *, clean: str, corrupted: str, answer: str, wrong: str, position: int | None = None) -> Patch:
         """Activation patching from ``clean`` into ``corrupted`` (same token count); the metric is
@@ -192,3 +211,14 @@ class Run:
     def sparsity(self) -> list[HeadSparsity]:
         """How concentrated each head is (top-1 / top-5 mass, keys holding 90 %)."""
         return self.scope.call(runs.sparsity, run_id=self.run_id)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """A finished generation: the new text, why it stopped ("eos" or "length"), every step, and the
+    recording as a run over prompt + generated tokens (read it like any run)."""
+
+    text: str
+    stop: str
+    steps: list[Step]
+    run: Run

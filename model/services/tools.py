@@ -149,7 +149,8 @@ def ablate(engine: Engine, *, run_id: str, heads: list[tuple[int, int]], mode: s
     lm = engine.model(cache.model)
     checked = _mode(mode)
     if not 1 <= top_k <= 50:
-        raise BadInput(f"top_k {top_k} is out of range: 1..50", params={"top_k": top_k, "max": 50})
+        raise BadInput(f"top_k {top_k} is out of range: 1..50", code="value_out_of_range",
+                       params={"name": "top_k", "value": top_k, "min": 1, "max": 50})
     pairs = [(int(layer), int(head)) for layer, head in heads]
     with engine.budget.reserve(batch_bytes(lm, cache.n, cache.n)), lm.lock:
         positions = ablation.ablate(lm, cache, pairs, checked, top_k)
