@@ -13,11 +13,10 @@ import anyio.to_thread
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 
-from attnscope.app import errors
+from attnscope.app import errors, routes
 from attnscope.app.errors import ErrorOut
 from attnscope.app.gate import Gate
 from attnscope.app.middleware import AllowedHosts, BodyLimit, Cors, SecurityHeaders, Utf8Json
-from attnscope.app.routes import generate, interventions, learn, models, pages, runs
 from attnscope.app.settings import Settings
 from attnscope.model.load.models import load_model
 from attnscope.model.runs.record import RunStore
@@ -131,12 +130,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.gate = Gate(settings.queue_length)
     app.state.tiles = Tiles(settings.tile_cache_bytes)
     errors.install(app)
-    app.include_router(models.router)
-    app.include_router(runs.router)
-    app.include_router(generate.router)
-    app.include_router(learn.router)
-    app.include_router(interventions.router)
-    app.include_router(pages.router)
+    app.include_router(routes.router)  # the one tree: /api/... and the pages
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     if settings.cors_origins:
         app.add_middleware(Cors, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],

@@ -21,7 +21,7 @@ from attnscope.model.errors import EngineError
 from attnscope.model.services import generate as generate_service
 
 log = logging.getLogger(__name__)
-router = APIRouter(prefix="/api", tags=["generate"])
+router = APIRouter(tags=["generate"])
 
 SSE_DOC = """Server-Sent Events. One `token` event per new token:
 `{"step", "id", "token", "text", "special", "partial", "prob", "model_prob", "top": [{"id", "token", "prob"}], "ms"}`

@@ -23,7 +23,7 @@ from attnscope.app.intervention_schemas import (
 )
 from attnscope.model.services import tools
 
-router = APIRouter(prefix="/api", tags=["interventions"])
+router = APIRouter(tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
 
 

@@ -9,7 +9,7 @@ from attnscope.app.memory import rss_bytes
 from attnscope.app.schemas import HealthOut, ModelOut, ModelsOut
 from attnscope.model.scores import probes
 
-router = APIRouter(prefix="/api", tags=["models"])
+router = APIRouter(tags=["models"])
 
 
 @router.get("/models", response_model=ModelsOut, summary="The models this server offers")

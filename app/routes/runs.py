@@ -40,7 +40,7 @@ from attnscope.model.runs.tile_store import OVERVIEW, Tiles
 from attnscope.model.runs.tiles import MASKED_U8, TileSpec, u8_tile
 from attnscope.model.services import runs
 
-router = APIRouter(prefix="/api", tags=["runs"])
+router = APIRouter(tags=["runs"])
 
 BINARY_DOC = (
     "With `format=bin` the body is `application/octet-stream`: one byte per visible cell, "
