@@ -23,7 +23,7 @@ from attnscope.model.capture.forward import RESIDUAL, Captures, run_with_cache
 from attnscope.model.capture.generation import tempered_logits
 from attnscope.model.capture.names import act_name
 from attnscope.model.errors import BadInput, UnknownModel
-from attnscope.model.learn import lessons
+from attnscope.model.learn import embedding
 from attnscope.model.load.models import LMHead, LoadedModel
 from attnscope.model.load.tokens import (
     TextAssembler,
@@ -92,8 +92,8 @@ class Engine:
             for lm in models:
                 t0 = time.perf_counter()
                 try:
-                    warmed = lessons.warm(lm, stop)
-                except lessons.Stopped:
+                    warmed = embedding.warm(lm, stop)
+                except embedding.Stopped:
                     return
                 except Exception:  # a request computes it again, and says what failed
                     log.exception("warming up %s failed", lm.info.name)
@@ -102,7 +102,7 @@ class Engine:
                     log.info("warmed up %s in %.1f s", lm.info.name, time.perf_counter() - t0)
                 else:
                     log.info("%s: the embedding view's sweep (%.1e FLOP) is left to its first request",
-                             lm.info.name, lessons.sweep_flops(lm))
+                             lm.info.name, embedding.sweep_flops(lm))
 
         thread = self._warm_thread = threading.Thread(target=run, name="attnscope-warm-up", daemon=True)
         thread.start()

@@ -13,7 +13,6 @@ caller (``model.services.tools``): one forward at a time per model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ from torch import nn
 
 from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
 from attnscope.model.errors import BadInput
+from attnscope.model.families.weights import HeadWeights, head_out_weights
 from attnscope.model.load.models import LoadedModel
 
 # one budget for the batched forwards' largest tensors (attention scores, MLP hidden, logits)
@@ -49,34 +49,10 @@ def out_proj(lm: LoadedModel, layer: int) -> nn.Module:
     return lm.blocks[layer].get_submodule(lm.spec.out_proj)
 
 
-def _matrix(lm: LoadedModel, proj: nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(d_in, d_out) weight and bias of the projection, whichever way the family stores it."""
-    weight = proj.get_parameter("weight")
-    try:
-        bias: torch.Tensor | None = proj.get_parameter("bias")
-    except AttributeError:
-        bias = None
-    return (weight if lm.spec.out_proj_transposed else weight.T), bias
-
-
-@dataclass(frozen=True)
-class HeadWeights:
-    w_o: torch.Tensor  # (H, d_head, d_model): each head's slice of the output projection
-    b_o: torch.Tensor | None  # (d_model,) the projection's bias, shared by the heads
-
-    @property
-    def d_head(self) -> int:
-        return int(self.w_o.shape[1])
-
-
 def head_weights(lm: LoadedModel, layer: int) -> HeadWeights:
-    w, b = _matrix(lm, out_proj(lm, layer))  # (H * d_head, d_model)
-    n_heads = lm.info.n_heads
-    if w.shape[0] % n_heads:
-        raise BadInput(f"layer {layer}'s output projection takes {w.shape[0]} inputs, not a multiple of "
-                       f"{n_heads} heads", code="projection_shape",
-                       params={"layer": layer, "inputs": int(w.shape[0]), "heads": n_heads})
-    return HeadWeights(w_o=w.reshape(n_heads, w.shape[0] // n_heads, w.shape[1]), b_o=b)
+    """Each head's slice of the layer's W_O and the projection's bias (the family's layout:
+    ``model.families.weights``)."""
+    return head_out_weights(lm.spec, out_proj(lm, layer), lm.info.n_heads, layer)
 
 
 def split_heads(z: torch.Tensor, n_heads: int) -> torch.Tensor:

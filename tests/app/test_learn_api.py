@@ -14,7 +14,7 @@ from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.model.capture.forward import run_with_cache
 from attnscope.model.capture.names import act_name
-from attnscope.model.learn import lessons
+from attnscope.model.learn import embedding, timing, values
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import ids_tensor, tokenize
 from attnscope.model.services.engine import Engine
@@ -34,7 +34,7 @@ def test_heads_rebuild_the_attention_output(tiny_models: dict[str, LoadedModel],
     ids = ids_tensor(tokenize(lm.tokenizer, "the cat sat on the mat and the dog sat too"))
     acts = run_with_cache(lm, ids)
     for layer in range(lm.info.n_layers):
-        v, w_o = lessons._value_vectors(lm, layer, ids)  # (H, n, dh), (H, dh, d)
+        v, w_o = values.value_vectors(lm, layer, ids)  # (H, n, dh), (H, dh, d)
         pattern = acts[act_name("pattern", layer)]  # (H, n, n)
         mixed = torch.einsum("hqk,hkd->hqd", pattern, v)  # (H, n, dh)
         out = torch.einsum("hqd,hde->qe", mixed, w_o)  # (n, d)
@@ -72,24 +72,24 @@ def test_untrained_rows_are_found(tiny_models: dict[str, LoadedModel]) -> None:
     """A block of near-parallel rows (what training leaves for tokens it never saw) is flagged;
     random rows are not."""
     lm = tiny_models["gpt2"]
-    assert not lessons.untrained_rows(lm).any()
+    assert not embedding.untrained_rows(lm).any()
     E = lm.model.get_input_embeddings().weight
     saved = E.detach().clone()
     try:
         with torch.no_grad():
             common = torch.randn(E.shape[1])
             E[100:110] = common + 0.01 * torch.randn(10, E.shape[1])
-        lessons._untrained.clear()
-        flags = lessons.untrained_rows(lm)
+        embedding._untrained.clear()
+        flags = embedding.untrained_rows(lm)
         assert flags[100:110].all() and int(flags.sum()) == 10
-        info = lessons.embedding_neighbours(lm, 104, 3)
-        assert info["untrained"] and info["untrained_count"] == 10
-        assert all(u for _, _, u in info["adjacent"]) and info["neighbours"][0][2]
-        assert abs(info["random_mean"]) < 0.2  # random pairs of trained rows only
+        info = embedding.neighbours(lm, 104, 3)
+        assert info.untrained and info.untrained_count == 10
+        assert all(r.untrained for r in info.adjacent) and info.neighbours[0].untrained
+        assert abs(info.random_mean) < 0.2  # random pairs of trained rows only
     finally:
         with torch.no_grad():
             E.copy_(saved)
-        lessons._untrained.clear()
+        embedding._untrained.clear()
 
 
 def test_embedding_neighbours(client: TestClient, engine: Engine) -> None:
@@ -201,8 +201,8 @@ def test_timing_holds_the_model_lock_a_turn_at_a_time(tiny_models: dict[str, Loa
                                                       monkeypatch: pytest.MonkeyPatch, turn_s: float) -> None:
     """Every forward of a timing runs under the model's lock, and the lock is given up between two
     forwards once it has been held HANDOFF_AFTER_S (0: between every two; 1e9: never)."""
-    monkeypatch.setattr(lessons, "HANDOFF_AFTER_S", turn_s)
-    monkeypatch.setattr(lessons, "HANDOFF_S", 0.0)
+    monkeypatch.setattr(timing, "HANDOFF_AFTER_S", turn_s)
+    monkeypatch.setattr(timing, "HANDOFF_S", 0.0)
     events: list[str] = []
     lock = RecordingLock(events)
     lm = replace(tiny_models["gpt2"], lock=lock)  # type: ignore[arg-type]
@@ -214,10 +214,10 @@ def test_timing_holds_the_model_lock_a_turn_at_a_time(tiny_models: dict[str, Loa
 
     handle = lm.model.register_forward_pre_hook(forward)
     try:
-        result = lessons.parallel_vs_serial(lm, ids_tensor(tokenize(lm.tokenizer, "one two three four")), repeats=2)
+        result = timing.parallel_vs_serial(lm, ids_tensor(tokenize(lm.tokenizer, "one two three four")), repeats=2)
     finally:
         handle.remove()
-    assert result["repeats"] == 2 and held and all(held)
+    assert result.repeats == 2 and held and all(held)
     forwards = events.count("forward")
     turns = "".join("a" if e == "acquire" else "r" if e == "release" else "f" for e in events)
     if turn_s == 0.0:
@@ -230,8 +230,8 @@ def test_another_request_runs_in_the_middle_of_a_long_timing(
         client: TestClient, engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long timing no longer holds the model until it ends: a run that waits for the model gets in
     between two of its forwards (its forward comes before the timing's last ones)."""
-    monkeypatch.setattr(lessons, "HANDOFF_S", 10.0)  # a generous wait for the waiting thread: no race
-    monkeypatch.setattr(lessons, "HANDOFF_AFTER_S", 0.05)  # turns far shorter than the timing, on any machine
+    monkeypatch.setattr(timing, "HANDOFF_S", 10.0)  # a generous wait for the waiting thread: no race
+    monkeypatch.setattr(timing, "HANDOFF_AFTER_S", 0.05)  # turns far shorter than the timing, on any machine
     lm = engine.model("tiny-gpt2")
     started = threading.Event()
     other: list[int] = []
@@ -240,7 +240,7 @@ def test_another_request_runs_in_the_middle_of_a_long_timing(
     def record(*_args: object) -> None:
         order.append("run" if threading.get_ident() in other else "timing")
         if order[-1] == "run":  # nobody waits any more: the rounds left need not wait for anyone
-            lessons.HANDOFF_S = 0.0
+            timing.HANDOFF_S = 0.0
         started.set()
 
     def run_meanwhile() -> None:
@@ -265,7 +265,7 @@ def test_another_request_runs_in_the_middle_of_a_long_timing(
 def reference_twin_counts(E: torch.Tensor) -> torch.Tensor:
     """The sweep as it was: every row block against all V rows."""
     unit = torch.nn.functional.normalize(E.detach().float(), dim=-1)
-    return torch.cat([((unit[s : s + 1024] @ unit.T) >= lessons.TWIN_COS).sum(-1) - 1
+    return torch.cat([((unit[s : s + 1024] @ unit.T) >= embedding.TWIN_COS).sum(-1) - 1
                       for s in range(0, unit.shape[0], 1024)])
 
 
@@ -278,30 +278,30 @@ def test_twin_counts_match_the_full_sweep() -> None:
     for rows in (slice(10, 14), slice(1020, 1030), slice(2590, 2600)):  # within, across and at the end
         E[rows] = common + 0.01 * torch.randn(rows.stop - rows.start, 24)
     E[500] = 0  # a zero row is no one's twin, not even its own
-    counts = lessons.twin_counts(E)
+    counts = embedding.twin_counts(E)
     assert torch.equal(counts, reference_twin_counts(E))
-    assert int((counts >= lessons.MIN_TWINS).sum()) == 24 and int(counts[500]) == -1
+    assert int((counts >= embedding.MIN_TWINS).sum()) == 24 and int(counts[500]) == -1
 
 
 def test_the_embedding_answer_is_unchanged_and_warmed_up_before_the_first_request(
         tiny_models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
     lm = tiny_models["gpt2"]
     engine = make_engine({"tiny-gpt2": lm, "renamed": lm}, "tiny-gpt2")  # a renamed copy shares the model
-    monkeypatch.setattr(lessons, "_untrained", {})  # as at start-up: nothing computed yet
+    monkeypatch.setattr(embedding, "_untrained", {})  # as at start-up: nothing computed yet
     sweeps: list[int] = []
-    sweep = lessons.twin_counts
+    sweep = embedding.twin_counts
 
     def counted(E: torch.Tensor, stop: threading.Event | None = None) -> torch.Tensor:
         sweeps.append(E.shape[0])
         return sweep(E, stop)
 
-    monkeypatch.setattr(lessons, "twin_counts", counted)
+    monkeypatch.setattr(embedding, "twin_counts", counted)
     engine.warm_up().join(timeout=120)
     assert len(sweeps) == 1  # once per model
     with TestClient(create_app(Settings(models={}, default_model="tiny-gpt2"), engine)) as client:
         body = client.get("/api/models/tiny-gpt2/embedding", params={"id": 173, "top": 5}).json()
     assert len(sweeps) == 1  # the request computed nothing again
-    flags = reference_twin_counts(lm.model.get_input_embeddings().weight) >= lessons.MIN_TWINS
+    flags = reference_twin_counts(lm.model.get_input_embeddings().weight) >= embedding.MIN_TWINS
     assert body["untrained"] == bool(flags[173]) and body["untrained_count"] == int(flags.sum())
     assert [n["untrained"] for n in body["neighbours"]] == [bool(flags[n["id"]]) for n in body["neighbours"]]
 
@@ -313,21 +313,21 @@ def test_a_sweep_past_the_start_up_budget_is_left_to_its_first_request(
     from attnscope.model.load.models import BUNDLED_DIR, load_model
 
     bundled = load_model("attnscope-tiny", str(BUNDLED_DIR / "attnscope-tiny"))
-    assert lessons.sweep_flops(bundled) <= lessons.WARM_FLOPS  # the shipped models are warmed at start
+    assert embedding.sweep_flops(bundled) <= embedding.WARM_FLOPS  # the shipped models are warmed at start
     lm = tiny_models["gpt2"]
-    monkeypatch.setattr(lessons, "_untrained", {})
-    monkeypatch.setattr(lessons, "WARM_FLOPS", lessons.sweep_flops(lm) - 1)
-    assert lessons.warm(lm) is False and lessons._untrained == {}  # nothing swept at start-up
-    assert lessons.untrained_rows(lm).shape[0] == lm.info.vocab_size  # the request computes it
+    monkeypatch.setattr(embedding, "_untrained", {})
+    monkeypatch.setattr(embedding, "WARM_FLOPS", embedding.sweep_flops(lm) - 1)
+    assert embedding.warm(lm) is False and embedding._untrained == {}  # nothing swept at start-up
+    assert embedding.untrained_rows(lm).shape[0] == lm.info.vocab_size  # the request computes it
 
 
 def test_a_request_during_the_warm_up_waits_for_it_instead_of_sweeping_again(
         tiny_models: dict[str, LoadedModel], monkeypatch: pytest.MonkeyPatch) -> None:
     lm = tiny_models["llama"]
-    monkeypatch.setattr(lessons, "_untrained", {})
+    monkeypatch.setattr(embedding, "_untrained", {})
     inside, go = threading.Event(), threading.Event()
     sweeps: list[str] = []
-    sweep = lessons.twin_counts
+    sweep = embedding.twin_counts
 
     def held(E: torch.Tensor, stop: threading.Event | None = None) -> torch.Tensor:
         sweeps.append(threading.current_thread().name)
@@ -335,18 +335,18 @@ def test_a_request_during_the_warm_up_waits_for_it_instead_of_sweeping_again(
         go.wait(timeout=60)
         return sweep(E, stop)
 
-    monkeypatch.setattr(lessons, "twin_counts", held)
-    warming = threading.Thread(target=lessons.warm, args=(lm,), name="warm")
+    monkeypatch.setattr(embedding, "twin_counts", held)
+    warming = threading.Thread(target=embedding.warm, args=(lm,), name="warm")
     warming.start()
     assert inside.wait(timeout=60)
     answers: list[torch.Tensor] = []
-    asking = threading.Thread(target=lambda: answers.append(lessons.untrained_rows(lm)), name="request")
+    asking = threading.Thread(target=lambda: answers.append(embedding.untrained_rows(lm)), name="request")
     asking.start()
     go.set()
     warming.join(timeout=60)
     asking.join(timeout=60)
     assert sweeps == ["warm"] and len(answers) == 1
-    assert answers[0] is lessons.untrained_rows(lm)  # the warm-up's own answer
+    assert answers[0] is embedding.untrained_rows(lm)  # the warm-up's own answer
 
 
 def test_closing_the_engine_stops_its_warm_up(tiny_models: dict[str, LoadedModel],
@@ -355,23 +355,23 @@ def test_closing_the_engine_stops_its_warm_up(tiny_models: dict[str, LoadedModel
     at exit aborts the process) and keeps no half answer: the next request computes it whole."""
     lm = tiny_models["gpt_neox"]
     engine = make_engine({"m": lm}, "m")
-    monkeypatch.setattr(lessons, "_untrained", {})
+    monkeypatch.setattr(embedding, "_untrained", {})
     inside = threading.Event()
-    sweep = lessons.twin_counts
+    sweep = embedding.twin_counts
 
     def slow(E: torch.Tensor, stop: threading.Event | None = None) -> torch.Tensor:
         inside.set()
         assert stop is not None and stop.wait(timeout=60)  # until the engine closes
         return sweep(E, stop)
 
-    monkeypatch.setattr(lessons, "twin_counts", slow)
+    monkeypatch.setattr(embedding, "twin_counts", slow)
     thread = engine.warm_up()
     assert inside.wait(timeout=60)
     engine.close()
-    assert not thread.is_alive() and lessons._untrained == {}
-    monkeypatch.setattr(lessons, "twin_counts", sweep)
-    assert lessons.untrained_rows(lm).shape == (lm.info.vocab_size,)
+    assert not thread.is_alive() and embedding._untrained == {}
+    monkeypatch.setattr(embedding, "twin_counts", sweep)
+    assert embedding.untrained_rows(lm).shape == (lm.info.vocab_size,)
     stopped = threading.Event()
     stopped.set()
-    with pytest.raises(lessons.Stopped):
-        lessons.twin_counts(torch.randn(8, 4), stopped)
+    with pytest.raises(embedding.Stopped):
+        embedding.twin_counts(torch.randn(8, 4), stopped)
