@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 from fastapi import Depends, Request
 
@@ -12,6 +12,8 @@ from attnscope.model.errors import ModelLoadError
 from attnscope.model.runs.tile_store import Tiles
 from attnscope.model.services.engine import Engine
 
+T = TypeVar("T")
+
 
 def get_engine(request: Request) -> Engine:
     engine = getattr(request.app.state, "engine", None)
@@ -20,25 +22,24 @@ def get_engine(request: Request) -> Engine:
     return engine
 
 
+def _state(request: Request, name: str, kind: type[T]) -> T:
+    """``app.state.<name>``, checked to be a ``kind`` (create_app puts each there)."""
+    value = getattr(request.app.state, name, None)
+    if not isinstance(value, kind):
+        raise TypeError(f"app.state.{name} is not a {kind.__name__}: build the app with attnscope.app.main.create_app")
+    return value
+
+
 def get_settings(request: Request) -> Settings:
-    settings = request.app.state.settings
-    if not isinstance(settings, Settings):
-        raise TypeError("app.state.settings is not a Settings: build the app with attnscope.app.main.create_app")
-    return settings
+    return _state(request, "settings", Settings)
 
 
 def get_gate(request: Request) -> Gate:
-    gate = request.app.state.gate
-    if not isinstance(gate, Gate):
-        raise TypeError("app.state.gate is not a Gate: build the app with attnscope.app.main.create_app")
-    return gate
+    return _state(request, "gate", Gate)
 
 
 def get_tiles(request: Request) -> Tiles:
-    tiles = request.app.state.tiles
-    if not isinstance(tiles, Tiles):
-        raise TypeError("app.state.tiles is not a Tiles: build the app with attnscope.app.main.create_app")
-    return tiles
+    return _state(request, "tiles", Tiles)
 
 
 EngineDep = Annotated[Engine, Depends(get_engine)]
