@@ -1,48 +1,65 @@
 // The JSON API, and the compact binary attention slices.
 
+// A refusal from the server: its HTTP status, its English message, and the stable code and params
+// that say it in another language (i18n.js's errorText). status 0, code "network": no answer came.
 export class ApiError extends Error {
-  constructor(status, message) {
+  constructor(status, message, code = null, params = {}) {
     super(message);
     this.status = status;
+    this.code = typeof code === "string" ? code : null;
+    this.params = params && typeof params === "object" && !Array.isArray(params) ? params : {};
   }
 }
 
 async function check(response) {
   if (response.ok) return response;
-  let message = `${response.status} ${response.statusText}`;
+  let message = `${response.status} ${response.statusText}`, code = null, params = {};
   try {
     const body = await response.json();
     if (body.message) message = body.message;
     else if (typeof body.detail === "string") message = body.detail;
+    code = body.code;
+    params = body.params;
   } catch (_) { /* not JSON: keep the status line */ }
-  throw new ApiError(response.status, message);
+  throw new ApiError(response.status, message, code, params);
+}
+
+// fetch, whose failure to reach the server at all is an ApiError with code "network" (an abort stays
+// an AbortError: a newer request replaced it on purpose).
+export async function request(url, init = {}) {
+  try {
+    return await fetch(url, init);
+  } catch (err) {
+    if (err && err.name === "AbortError") throw err;
+    throw new ApiError(0, String(err && err.message ? err.message : err), "network");
+  }
 }
 
 // Every fetch may carry an AbortSignal: a newer request aborts the one it replaces.
 export async function getJSON(url, { signal } = {}) {
-  return (await check(await fetch(url, { signal }))).json();
+  return (await check(await request(url, { signal }))).json();
 }
 
 export async function postJSON(url, body, { signal } = {}) {
-  const r = await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal });
+  const r = await request(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal });
   return (await check(r)).json();
 }
 
 // A streamed POST (Server-Sent Events) whose errors read like the JSON API's.
 export async function postStream(url, body, { signal } = {}) {
-  return check(await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal }));
+  return check(await request(url, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal }));
 }
 
 // A file download (the run export) with the same error check as the JSON calls.
 export async function getBlob(url, { signal } = {}) {
-  return (await check(await fetch(url, { signal }))).blob();
+  return (await check(await request(url, { signal }))).blob();
 }
 
 // Every head's scores, once the ones computed after the analyse (entropy, max) are in: the server
 // holds each request up to `wait` seconds and answers 202 while they are still owed.
 export async function waitHeads(runId, { wait = 30, signal } = {}) {
   for (;;) {
-    const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/heads?wait=${wait}`, { signal }));
+    const r = await check(await request(`/api/runs/${encodeURIComponent(runId)}/heads?wait=${wait}`, { signal }));
     const body = await r.json();
     if (r.status !== 202) return body;
   }
@@ -51,7 +68,7 @@ export async function waitHeads(runId, { wait = 30, signal } = {}) {
 // The exact weights of one head (format=f32): what hover reads, where the bytes are for drawing.
 export async function getAttentionF32(runId, layer, head) {
   const params = new URLSearchParams({ layer, head, format: "f32" });
-  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`));
+  const r = await check(await request(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`));
   return new Float32Array(await r.arrayBuffer());
 }
 
@@ -61,7 +78,7 @@ export async function getAttentionBin(runId, layer, head = null, size = null, { 
   const params = new URLSearchParams({ layer, format: "bin" });
   if (head !== null) params.set("head", head);
   if (size !== null) params.set("size", size);
-  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`, { signal }));
+  const r = await check(await request(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`, { signal }));
   const bytes = new Uint8Array(await r.arrayBuffer());
   const data = new Float32Array(bytes.length);
   for (let i = 0; i < bytes.length; i++) { const v = bytes[i] / 255; data[i] = v * v; }
@@ -91,7 +108,7 @@ export async function getTile(runId, { layer, head = null, q0, q1, k0, k1, size 
   const params = new URLSearchParams({ layer, format, pool, q0, q1, k0, k1 });
   if (head !== null) params.set("head", head);
   if (size !== null) params.set("size", size);
-  const r = await check(await fetch(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`, { signal }));
+  const r = await check(await request(`/api/runs/${encodeURIComponent(runId)}/attention?${params}`, { signal }));
   const buffer = await r.arrayBuffer();
   const h = (name) => r.headers.get(`x-attn-${name}`);
   let values;
@@ -136,7 +153,7 @@ export async function getNext(runId, pos, temperature, k = 10) {
 
 // Server-Sent Events from a fetch() response (EventSource cannot POST): yields {event, data}. An
 // "error" event (a failure after the stream started: the server ends the stream with it) is thrown
-// as an ApiError with the server's status and message, so that every reader stops and says it.
+// as an ApiError with the server's status, message, code and params, so that every reader stops and says it.
 export async function* readSSE(response) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
@@ -151,7 +168,7 @@ export async function* readSSE(response) {
       buffer = buffer.slice(cut + 2);
       const fields = Object.fromEntries(block.split("\n").map((l) => [l.slice(0, l.indexOf(":")), l.slice(l.indexOf(":") + 2)]));
       const data = JSON.parse(fields.data);
-      if (fields.event === "error") throw new ApiError(data.status || 500, data.message);
+      if (fields.event === "error") throw new ApiError(data.status || 500, data.message, data.code, data.params);
       yield { event: fields.event, data };
     }
   }

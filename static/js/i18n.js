@@ -137,53 +137,37 @@ export async function initLanguage() {
   document.documentElement.dataset.painted = current;
 }
 
-// The server's messages a reader can meet on these pages, by pattern; the groups fill {1}, {2}.
-const SERVER_ERRORS = [
-  [/^(?:(?:body\.)?text: )?text is empty or only whitespace/, "err.empty"],
-  [/^the prompt has (\d+) tokens, more than this model's limit of (\d+)/, "err.too_long"],
-  [/^the prompt has at least (\d+) tokens, more than this model's limit of (\d+) \(counted in its first ([\d,]+) of ([\d,]+) characters/, "err.too_long_at_least_read"],
-  [/^the prompt has at least (\d+) tokens, more than this model's limit of (\d+) \(from its length of ([\d,]+) characters alone/, "err.too_long_at_least_length"],
-  [/^the prompt has at least (\d+) tokens, more than this model's limit of (\d+)/, "err.too_long_at_least"],
-  [/^the prompt has ([\d,]+) characters, more than this model reads for its limit of (\d+) tokens/, "err.too_long_chars"],
-  [/^run expired/, "err.expired"],
-  [/^unknown run/, "err.unknown_run"],
-  [/^model '([^']*)' is busy/, "err.busy"],
-  [/^token id (-?\d+) is out of range: the vocabulary has ids 0\.\.(\d+)/, "err.bad_id"],
-  [/^the prompt has (\d+) tokens; timing takes at most (\d+)/, "err.timing_long"],
-  [/^(Failed to fetch|NetworkError|Load failed)/, "err.network"],
-  [/^the model is not loaded yet/, "err.loading"],
-  [/^unknown model '([^']*)'/, "err.unknown_model"],
-  [/^this prompt's run would keep ([\d,]+ MiB) \(([\d,]+) tokens; its forward peaks near ([\d,]+ MiB)\); the run cache holds at most ([\d,]+ MiB)/, "err.run_too_big"],
-  [/^this prompt's forward would need ([\d,]+ MiB) at its peak; forwards in flight may use at most ([\d,]+ MiB)/, "err.forward_too_big"],
-  [/^this prompt's forward would need ([\d,]+ MiB); the server is busy/, "err.forward_busy"],
-  // the Patch tool's
-  [/^(?:answer|wrong) (.+) is (\d+) tokens for this model \((.*)\); it must be exactly one token \(here the leading space/, "err.patch_space"],
-  [/^(?:answer|wrong) (.+) is (\d+) tokens for this model \((.*)\); it must be exactly one token/, "err.patch_one"],
-  [/^the clean prompt has (\d+) tokens and the corrupted one (\d+)/, "err.patch_lengths"],
-  [/^answer and wrong are the same token \((.*)\): the metric would always be 0/, "err.patch_same_token"],
-  [/^both prompts give the same metric \(logit\(answer\) - logit\(wrong\) = (\S+) and (\S+)\)/, "err.patch_same"],
-  [/^patching these prompts takes (\d+) patched forwards of (\d+) tokens \(about (\d+) TFLOP\), more than this server's limit of (\d+)/, "err.patch_flops"],
-];
-
-// Which known server message this is: its catalogue key and the values its pattern read (null: none).
-export function serverError(message) {
-  const msg = String(message || "");
-  for (const [pattern, key] of SERVER_ERRORS) {
-    const m = msg.match(pattern);
-    if (m) return { key, values: m.slice(1) };
-  }
-  return null;
+// A server error's code, when the catalogue says it: {code, key, params} (null: no code, or one the
+// catalogue does not know). `err` is what api.js throws (an ApiError: status, message, code, params)
+// or any object with a code and params; the params are the values the catalogue's text names.
+export function serverError(err) {
+  const code = err && typeof err === "object" && typeof err.code === "string" ? err.code : null;
+  const key = code ? `err.${code}` : null;
+  if (!key || catalogues.en[key] === undefined) return null;
+  const params = err.params && typeof err.params === "object" ? err.params : {};
+  return { code, key, params };
 }
 
-// A server message in the reader's language: a known message is translated; any other keeps
-// the server's words after a translated lead (English mode shows the server's words as they are).
-export function errorText(message) {
-  const msg = String(message || "");
-  for (const [pattern, key] of SERVER_ERRORS) {
-    // the server writes English: in English its own words, which say most, are shown as they are
-    if (current === "en" && key !== "err.network") continue;
-    const m = msg.match(pattern);
-    if (m) return t(key, Object.fromEntries(m.slice(1).map((v, k) => [String(k + 1), v])));
+// A param as the catalogue's text shows it: a list as its items ("a", "b"), nothing for null.
+function shown(value) {
+  if (value === null || value === undefined) return "";
+  if (Array.isArray(value)) return value.map((v) => (typeof v === "string" ? JSON.stringify(v) : String(v))).join(", ");
+  return String(value);
+}
+
+// What went wrong, in the reader's language. `err` is an error (an ApiError from api.js, with its
+// code and params) or a plain string, shown as it is (the page's own words, or untranslated).
+// A server error is translated by its code; in English the server's own sentence, which says
+// most, is shown as it is. A request that never reached the server (code "network") says so.
+export function errorText(err) {
+  if (err === null || err === undefined || err === "") return "";
+  if (typeof err !== "object") return String(err);
+  const message = String(err.message ?? "");
+  const hit = serverError(err);
+  if (hit && (current !== "en" || hit.code === "network" || !message)) {
+    const vars = { message };
+    for (const [k, v] of Object.entries(hit.params)) vars[k] = shown(v);
+    return t(hit.key, vars);
   }
-  return current === "en" ? msg : t("err.server", { message: msg });
+  return current === "en" || !message ? message : t("err.server", { message });
 }

@@ -134,7 +134,7 @@ async function init() {
 }
 
 function start() {
-  init().catch((err) => showError(t("x.start_failed", { message: errorText(err.message) })));
+  init().catch((err) => showError(t("x.start_failed", { message: errorText(err) })));
 }
 // plotly.min.js is a deferred classic script; modules run after it
 if (window.Plotly) start();

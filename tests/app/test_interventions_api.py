@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 
 from attnscope.model.load.tokens import display, tokenize
 from attnscope.model.services.engine import Engine
-from tests.support.i18n_check import server_error_key
+from tests.support.i18n_check import error_key
 from tests.support.tiny import ARCHS
 
 TEXT = "The cat sat on the mat. The cat sat on the mat again."
@@ -121,24 +121,24 @@ def test_patch_refusals_name_the_problem(client: TestClient, engine: Engine) -> 
     tokenizer = engine.model("tiny-gpt2").tokenizer
     count = len(tokenize(tokenizer, CLEAN))
     base = {"clean": CLEAN, "corrupted": CORRUPTED, "answer": " Peter", "wrong": " John"}
-    messages = []
+    codes = []
     r = client.post("/api/patch", json={**base, "corrupted": CORRUPTED + " her"})
-    messages.append(r.json()["message"])
+    codes.append(r.json()["code"])
     longer = len(tokenize(tokenizer, CORRUPTED + " her"))
     assert r.status_code == 422 and f"{count} tokens and the corrupted one {longer}" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "answer": " Peter Ann"})
-    messages.append(r.json()["message"])
+    codes.append(r.json()["code"])
     pieces = [display(t) for t in tokenizer.convert_ids_to_tokens(tokenizer(" Peter Ann", add_special_tokens=False)["input_ids"])]
     assert len(pieces) > 1
     assert r.status_code == 422
     assert f"answer ' Peter Ann' is {len(pieces)} tokens for this model ({pieces})" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "corrupted": CLEAN})
-    messages.append(r.json()["message"])
+    codes.append(r.json()["code"])
     assert r.status_code == 422 and "same metric" in r.json()["message"]
     r = client.post("/api/patch", json={**base, "wrong": " Peter"})
-    messages.append(r.json()["message"])
+    codes.append(r.json()["code"])
     assert r.status_code == 422 and "same token" in r.json()["message"]
-    keys = {server_error_key(m) for m in messages}
+    keys = {error_key(c) for c in codes}
     # each refusal a reader of the Patch tool can meet reads in Chinese on the Chinese page
     assert keys == {"err.patch_lengths", "err.patch_one", "err.patch_same", "err.patch_same_token"}
     r = client.post("/api/patch", json={**base, "model": "minilm-l6"})

@@ -141,13 +141,14 @@ def test_an_encoder_prompt_past_what_it_reads_is_refused_by_its_length(big_clien
 
 def test_each_at_least_refusal_is_translated_with_its_reason(big_client: TestClient) -> None:
     """The Chinese page says why a count is "at least" (a beginning counted, or the length alone), as the
-    English server message does: each wording the server writes has its own pattern and key."""
-    from tests.support.i18n_check import server_error_key
+    English server message does: each wording the server writes has its own code and key."""
+    from tests.support.i18n_check import error_key
 
     seen = set()
     for model, text in (("tiny-gpt2", BIG), ("tiny-llama", BIG), ("tiny-gpt2", "word " * 2000)):
-        message = big_client.post("/api/runs", json={"text": text, "model": model}).json()["message"]
-        key = server_error_key(message)
+        body = big_client.post("/api/runs", json={"text": text, "model": model}).json()
+        message = body["message"]
+        key = error_key(body["code"])
         if message.startswith("the prompt has at least "):
             want = ("err.too_long_at_least_read" if "counted in its first" in message
                     else "err.too_long_at_least_length")

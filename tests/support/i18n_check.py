@@ -25,16 +25,19 @@ def catalogue(lang: str) -> dict[str, str]:
     return dict(json.loads(body))
 
 
-def server_error_key(message: str) -> str | None:
-    """The catalogue key static/js/i18n.js's SERVER_ERRORS gives a server message (None: shown
-    as the server wrote it, after a translated lead). Its patterns are written in the subset of
-    JavaScript regex syntax that Python's re reads the same."""
-    source = (I18N.parent / "js" / "i18n.js").read_text(encoding="utf-8")
-    table = source[source.index("const SERVER_ERRORS = ["):]
-    for pattern, key in re.findall(r'^\s*\[/(.+)/, "([\w.]+)"\],$', table[: table.index("\n];")], re.M):
-        if re.search(pattern, message):
-            return str(key)
-    return None
+def error_key(code: str) -> str | None:
+    """The catalogue key static/js/i18n.js's errorText reads for a server error's ``code``: ``err.<code>``,
+    where both catalogues have it (None: the page shows the server's English words after a translated lead)."""
+    key = f"err.{code}"
+    return key if all(key in catalogue(lang) for lang in ("en", "zh")) else None
+
+
+PLACEHOLDER = re.compile(r"\{(\w+)\}")
+
+
+def placeholders(key: str) -> set[str]:
+    """The names a catalogue text fills (``{limit}``), in either language."""
+    return {name for lang in ("en", "zh") for name in PLACEHOLDER.findall(catalogue(lang)[key])}
 
 
 WORD = re.compile(r"[A-Za-z][A-Za-z_]*")

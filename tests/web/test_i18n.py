@@ -29,7 +29,12 @@ def test_chinese_keeps_only_the_seeds_english_terms() -> None:
     examples = {"x.placeholder": "I love artificial intelligence", "l6.p": "dog bites man the",
                 "lang.switch": "English", "err.patch_one": "Peter",  # the Patch tool's example answer
                 "err.patch_same": "answer wrong", "err.patch_same_token": "answer wrong",
-                "err.patch_flops": "TFLOP"}  # a language switch names the other language in its own words
+                "err.patch_flops": "TFLOP",
+                # what a person types or configures, as written: device names, a command, HTTP and encodings
+                "err.device_invalid": "auto cpu cuda mps", "err.package_missing": "pip install",
+                "err.hub_unreachable": "Hugging Face Hub", "err.http_error": "HTTP",
+                "err.unsupported_media_type": "UTF", "err.body_not_utf8": "UTF",
+                }  # a language switch names the other language in its own words
     for key, text in CATALOGUES["zh"].items():
         plain = re.sub(r"\{\w+\}|%\{[^}]*\}|<[^>]*>", " ", text)
         allowed = set(examples.get(key, "").split())

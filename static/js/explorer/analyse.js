@@ -52,7 +52,7 @@ export async function analyse(initial = {}, { truncate = false } = {}) {
     if (latest(req)) {
       const limit = chatMode() ? null : tokenLimitOf(err);
       // a long paste is not a dead end: the button analyses its first `limit` tokens
-      if (limit) showError(err.message, { key: "x.truncate", vars: { n: limit }, run: () => analyse(initial, { truncate: true }) });
+      if (limit) showError(err, { key: "x.truncate", vars: { n: limit }, run: () => analyse(initial, { truncate: true }) });
       else report(err);
       if (!isAbort(err) && state.run) markStale(state.run);
     }

@@ -4,10 +4,12 @@
 import { $, el, isAbort } from "../dom.js";
 import { errorText, serverError, t } from "../i18n.js";
 
-// the error box's message and its offer (a way forward shown as a button: {key, vars, run})
+// the error box's error and its offer (a way forward shown as a button: {key, vars, run}). `error` is
+// what was thrown (a server refusal is said by its code, in the page's language: errorText) or a
+// string of the page's own words; "" (or null) clears the box.
 let lastError = "", lastOffer = null;
-export function showError(message, offer = null) {
-  lastError = message || "";
+export function showError(error, offer = null) {
+  lastError = error || "";
   lastOffer = lastError ? offer : null;
   const box = $("#error");
   box.replaceChildren(errorText(lastError));
@@ -21,19 +23,20 @@ export function showError(message, offer = null) {
 // Report a failed fetch to the person; an aborted one was replaced on purpose.
 export function report(err) {
   if (isAbort(err)) return;
-  showError(err && err.message ? err.message : String(err));
+  showError(err && typeof err === "object" ? err : String(err));
 }
 
 // Run a handler and show what goes wrong instead of dropping it.
 export const safely = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).catch(report);
 
-// A prompt over the model's token limit: the limit, read from the server's refusal (null: another error).
-// Every such refusal (counted whole, "at least", or by its characters) names the limit second.
-const TOO_LONG = new Set(["err.too_long", "err.too_long_at_least_read", "err.too_long_at_least_length",
-                          "err.too_long_at_least", "err.too_long_chars"]);
+// A prompt over the model's token limit: the limit, read from the refusal's params (null: another error).
+// Every such refusal (counted whole, "at least", or by its characters) carries the limit.
+const TOO_LONG = new Set(["too_long", "too_long_at_least_read", "too_long_at_least_length", "too_long_at_least",
+                          "too_long_chars"]);
 export function tokenLimitOf(err) {
-  const hit = err && err.status === 422 ? serverError(err.message) : null;
-  return hit && TOO_LONG.has(hit.key) ? Number(hit.values[1]) : null;
+  const hit = err && err.status === 422 ? serverError(err) : null;
+  const limit = hit && TOO_LONG.has(hit.code) ? Number(hit.params.limit) : NaN;
+  return Number.isInteger(limit) && limit > 0 ? limit : null;
 }
 
 // What a truncated run kept (the prompt box still holds the whole text), said under the prompt.

@@ -46,9 +46,9 @@ export async function exportRunJSON() {
   try {
     blob = await getBlob(`/api/runs/${encodeURIComponent(state.run.run_id)}/export`);
   } catch (err) { // a long run's JSON (every head's n x n cells) is refused: say so, and what to press instead
-    const m = err.status === 422 && String(err.message).match(/would hold ([\d,]+) attention cells, more than this server's limit of ([\d,]+)/);
-    if (!m) throw err;
-    throw Object.assign(new Error(err.message), { key: "x.export.json_refused", vars: { cells: m[1], limit: m[2] } });
+    if (!(err && err.code === "export_too_large")) throw err;
+    const count = (v) => Number(v).toLocaleString("en-US");
+    throw Object.assign(err, { key: "x.export.json_refused", vars: { cells: count(err.params.cells), limit: count(err.params.limit) } });
   }
   download(`attnscope-run-${state.run.run_id}.json`, blob);
 }
@@ -60,17 +60,17 @@ export async function exportKept() {
   download(`attnscope-run-${state.run.run_id}.safetensors`, blob);
 }
 
-// An export's refusal or failure (kept as a key or the server's words, so that a language switch
+// An export's refusal or failure (kept as a key or the error itself, so that a language switch
 // rewrites it); the next export that succeeds, or another run, clears it.
-let exportProblem = null; // {key, vars, message}, or null
+let exportProblem = null; // {key, vars, error}, or null
 export function showExportProblem(problem = exportProblem) {
   exportProblem = problem || null;
   const box = $("#export-error");
-  box.textContent = !exportProblem ? "" : exportProblem.key ? t(exportProblem.key, exportProblem.vars) : errorText(exportProblem.message);
+  box.textContent = !exportProblem ? "" : exportProblem.key ? t(exportProblem.key, exportProblem.vars) : errorText(exportProblem.error);
   box.hidden = !exportProblem;
 }
 
 // Run an export and say under the buttons what went wrong, or clear what was said.
 export const exporting = (fn) => (...args) => Promise.resolve().then(() => fn(...args)).then(
   () => showExportProblem(null),
-  (err) => showExportProblem({ key: err?.key, vars: err?.vars, message: err?.message ?? String(err) }));
+  (err) => showExportProblem({ key: err?.key, vars: err?.vars, error: err && typeof err === "object" ? err : String(err) }));

@@ -112,7 +112,7 @@ export async function generateAndRecord({ stopAtEos = true, text = null } = {}) 
       $("#gen-status").dataset.stop = "client";
     } else {
       report(err);
-      showStatus("x.gen.failed", { message: errorText(err && err.message ? err.message : String(err)) }); // by the button too
+      showStatus("x.gen.failed", { message: errorText(err && typeof err === "object" ? err : String(err)) }); // by the button too
     }
   } finally {
     cancelAnimationFrame(frame);

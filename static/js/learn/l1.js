@@ -103,7 +103,7 @@ export async function render(body, ctx) {
     paintText();
     await paintChart();
   }
-  for (const s of [layerSel, headSel, posSel]) s.addEventListener("change", () => load().catch((e) => ctx.error(e.message)));
+  for (const s of [layerSel, headSel, posSel]) s.addEventListener("change", () => load().catch((e) => ctx.error(e)));
   await load(false);
   await ctx.paint(async () => {
     labels();

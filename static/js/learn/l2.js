@@ -1,7 +1,7 @@
 // 2. One parallel pass vs serial generation: the prefix table (every row from one forward),
 // streamed generation (one step per token), and the KV cache timed fairly at two lengths.
 import { el, fmt, showToken } from "../dom.js";
-import { postJSON, readSSE } from "../api.js";
+import { postJSON, postStream, readSSE } from "../api.js";
 import { figure, plot, wrap } from "../chart.js";
 import { sentences } from "../i18n.js";
 
@@ -141,9 +141,7 @@ export async function render(body, ctx) {
     generated = [];
     stream.replaceChildren(el("span", { text: ctx.text }));
     try {
-      const r = await fetch("/api/generate", { method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 }) });
-      if (!r.ok) throw new Error((await r.json()).message);
+      const r = await postStream("/api/generate", { text: ctx.text, model: run.model, max_new_tokens: 16, temperature: 0 });
       for await (const ev of readSSE(r)) {
         if (ev.event !== "token") continue;
         // the characters this token completes (a token holding part of a character adds none yet)
@@ -153,7 +151,7 @@ export async function render(body, ctx) {
       }
       stream.dataset.done = String(generated.length);
     } catch (err) {
-      ctx.error(err.message);
+      ctx.error(err);
     } finally {
       go.disabled = false;
     }

@@ -94,7 +94,7 @@ export async function render(body, ctx) {
       ctx.error("");
       await paintChart();
     } catch (err) {
-      ctx.error(err.message);
+      ctx.error(err);
     }
   });
   ctx.link({ pos: Math.max(0, run.tokens.findIndex((x) => x.id === e.id)) });

@@ -35,7 +35,7 @@ export async function render(body, ctx) {
     e = await getJSON(`/api/models/${encodeURIComponent(run.model)}/embedding?id=${pick.value}&top=10`);
     ctx.link({ pos: Math.max(0, run.tokens.findIndex((x) => String(x.id) === pick.value)) });
   }
-  pick.addEventListener("change", () => load().then(paint).catch((err) => ctx.error(err.message)));
+  pick.addEventListener("change", () => load().then(paint).catch((err) => ctx.error(err)));
   await load();
   await ctx.paint(async () => {
     options();

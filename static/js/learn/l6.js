@@ -132,8 +132,8 @@ export async function render(body, ctx) {
     bLabel.textContent = t("l6.b");
     go.textContent = t("l6.compare");
   };
-  go.addEventListener("click", () => compare().then(paintCompare).catch((e) => ctx.error(e.message)));
-  for (const s of [layerSel, headSel]) s.addEventListener("change", () => loadHead().then(paintCompare).catch((e) => ctx.error(e.message)));
+  go.addEventListener("click", () => compare().then(paintCompare).catch((e) => ctx.error(e)));
+  for (const s of [layerSel, headSel]) s.addEventListener("change", () => loadHead().then(paintCompare).catch((e) => ctx.error(e)));
   await compare();
   await ctx.paint(async () => {
     labels();

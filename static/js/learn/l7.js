@@ -33,7 +33,7 @@ export async function render(body, ctx) {
   if (!sides.length) throw refused.reason;
   if (refused) {
     const [key, model] = refused === ge ? ["l7.refused_enc", enc.name] : ["l7.refused_dec", dec.name];
-    ctx.error(refused.reason.message, { key, vars: { model } });
+    ctx.error(refused.reason, { key, vars: { model } });
   }
   const shown = ge.status === "fulfilled" ? { model: enc.name, r: ge.value.r } : { model: dec.name, r: gd.value.r };
   ctx.link({ model: shown.model, layer: 0, head: 0, pos: shown.r.tokens.length - 1 });

@@ -56,14 +56,14 @@ export async function render(body, ctx) {
     lensNote.textContent = t("l8.note", { p, token: showToken(run.tokens[p].text), top: showToken(lastStage.positions[p].top[0].token), prob: lastStage.positions[p].top[0].prob.toFixed(2) });
     ctx.link({ pos: p });
   }
-  slider.addEventListener("input", () => paintLens().catch((e) => ctx.error(e.message)));
+  slider.addEventListener("input", () => paintLens().catch((e) => ctx.error(e)));
   new ResizeObserver(() => {
     const s = windowSize();
     if (s === size || !lensDiv.isConnected) return;
     size = s;
     slider.max = String(Math.max(0, n - size));
     if (Number(slider.value) > Number(slider.max)) slider.value = slider.max;
-    paintLens().catch((e) => ctx.error(e.message));
+    paintLens().catch((e) => ctx.error(e));
   }).observe(lensDiv);
   await ctx.paint(async () => {
     sliderLabel.textContent = t("l8.window");

@@ -54,7 +54,7 @@ export async function render(body, ctx) {
     note.textContent = joinSentences(sentences);
     ctx.link({ pos: i });
   }
-  pick.addEventListener("change", () => paint().catch((e) => ctx.error(e.message)));
+  pick.addEventListener("change", () => paint().catch((e) => ctx.error(e)));
   await ctx.paint(async () => {
     options();
     await paint();

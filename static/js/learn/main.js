@@ -26,7 +26,7 @@ const lessonErrors = new Map();
 function errorBox(n) {
   if (!lessonErrors.has(n)) {
     const box = el("p", { class: "error lesson-error", role: "alert", "data-testid": "lesson-error", hidden: "" });
-    lessonErrors.set(n, { box, message: "" });
+    lessonErrors.set(n, { box, error: "" });
   }
   const entry = lessonErrors.get(n);
   if (!entry.box.isConnected) { // first use, or the lesson's body was redrawn without it
@@ -40,22 +40,23 @@ function paintError() {
   const box = $("#error");
   box.textContent = lastError ? errorText(lastError) : "";
   box.hidden = !lastError;
-  for (const { box: b, message, lead } of lessonErrors.values()) {
-    b.textContent = message ? sentences([lead ? t(lead.key, lead.vars) : "", errorText(message)]) : "";
-    b.hidden = !message;
+  for (const { box: b, error, lead } of lessonErrors.values()) {
+    b.textContent = error ? sentences([lead ? t(lead.key, lead.vars) : "", errorText(error)]) : "";
+    b.hidden = !error;
   }
 }
 
 // The Learn page's errors (the explorer's box is explorer/errors.js's showError): a lesson's error goes
-// to that lesson, any other to the page's box; an empty message clears it. ``lead``: a catalogue key and its
-// values said before the server's message (which model refused, say).
-function showLearnError(message, lesson = null, lead = null) {
+// to that lesson, any other to the page's box; an empty one clears it. `error`: what was thrown (a
+// server refusal is said by its code: errorText) or a string of the page's own words. ``lead``: a
+// catalogue key and its values said before the server's message (which model refused, say).
+function showLearnError(error, lesson = null, lead = null) {
   if (lesson) {
     errorBox(lesson);
-    lessonErrors.get(lesson).message = message || "";
+    lessonErrors.get(lesson).error = error || "";
     lessonErrors.get(lesson).lead = lead;
   } else {
-    lastError = message || null;
+    lastError = error || null;
   }
   paintError();
 }
@@ -67,7 +68,7 @@ function painter(lesson) {
       try {
         await fn();
       } catch (err) {
-        showLearnError(err.message, lesson);
+        showLearnError(err, lesson);
       }
     };
     unregister.push(onLanguage(run));
@@ -81,7 +82,7 @@ async function runAll(models) {
   for (const off of unregister) off();
   unregister = [];
   lastError = null;
-  for (const entry of lessonErrors.values()) entry.message = "";
+  for (const entry of lessonErrors.values()) entry.error = "";
   paintError();
   delete document.querySelector(".lessons").dataset.measured;
   $("#busy").hidden = false;
@@ -106,7 +107,7 @@ async function runAll(models) {
           try {
             await fn();
           } catch (err) {
-            showLearnError(err.message, n);
+            showLearnError(err, n);
           }
         }),
         // "Open in the explorer" with this lesson's prompt, model, layer, head and position
@@ -129,13 +130,13 @@ async function runAll(models) {
         await lesson.render(body, ctx);
         body.dataset.ready = "1";
       } catch (err) {
-        showLearnError(err.message, n);
+        showLearnError(err, n);
       }
     }
     for (const fn of later) await fn();
     document.querySelector(".lessons").dataset.measured = "1";
   } catch (err) {
-    showLearnError(err.message);
+    showLearnError(err);
   } finally {
     $("#busy").hidden = true;
     $("#run").disabled = false;
@@ -144,7 +145,7 @@ async function runAll(models) {
 
 async function init() {
   // a failed fetch is shown to the person, never dropped as an unhandled rejection
-  window.addEventListener("unhandledrejection", (ev) => { showLearnError(ev.reason?.message || String(ev.reason)); ev.preventDefault(); });
+  window.addEventListener("unhandledrejection", (ev) => { showLearnError(ev.reason && typeof ev.reason === "object" ? ev.reason : String(ev.reason)); ev.preventDefault(); });
   await initLanguage();
   onLanguage(paintError);
   const { models } = await getJSON("/api/models");
@@ -165,7 +166,7 @@ async function init() {
 function start() {
   init().catch((err) => {
     const box = $("#error");
-    box.textContent = t("learn.start_failed", { message: errorText(err.message) });
+    box.textContent = t("learn.start_failed", { message: errorText(err) });
     box.hidden = false;
   });
 }

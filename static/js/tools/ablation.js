@@ -26,7 +26,7 @@ export async function render(body, ctx) {
         if (off.has(key)) off.delete(key); else off.add(key);
         b.setAttribute("aria-pressed", String(off.has(key)));
         b.textContent = t(off.has(key) ? "abl.off" : "abl.on");
-        update().catch((e) => ctx.error(e.message));
+        update().catch((e) => ctx.error(e));
       });
       toggles.append(b);
     }
@@ -95,12 +95,12 @@ export async function render(body, ctx) {
         if (h < H) ctx.selectHead(l, h);
       });
     } catch (err) {
-      ctx.error(err.message);
+      ctx.error(err);
     } finally {
       scanButton.disabled = false;
     }
   }
-  mode.addEventListener("change", () => update().catch((e) => ctx.error(e.message)));
+  mode.addEventListener("change", () => update().catch((e) => ctx.error(e)));
   scanButton.addEventListener("click", scan);
   await update();
 }

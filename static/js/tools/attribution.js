@@ -74,6 +74,6 @@ export async function render(body, ctx) {
     const head = pt.pointIndex[1];
     if (head < run.n_heads) ctx.selectHead(pt.pointIndex[0], head);
   });
-  tokenPick.addEventListener("change", () => { ctx.error(""); draw().catch((e) => ctx.error(e.message)); });
-  minusPick.addEventListener("change", () => { ctx.error(""); draw().catch((e) => ctx.error(e.message)); });
+  tokenPick.addEventListener("change", () => { ctx.error(""); draw().catch((e) => ctx.error(e)); });
+  minusPick.addEventListener("change", () => { ctx.error(""); draw().catch((e) => ctx.error(e)); });
 }

@@ -121,7 +121,7 @@ export async function render(body, ctx) {
       note.textContent = (sa.n === sb.n ? t("cmp.same", { n }) : t("cmp.differ", { a: sa.n, b: sb.n, n })) +
         t("cmp.largest", { d: fmt(biggest, 3) });
     } catch (err) {
-      ctx.error(err.message);
+      ctx.error(err);
     } finally {
       go.disabled = false;
     }

@@ -75,7 +75,7 @@ export async function render(body, ctx) {
         pos: res.position, clean: fmt(res.clean.metric, 3), corrupted: fmt(res.corrupted.metric, 3), diff: res.first_difference,
         token: showToken(tokens[res.first_difference].text), n: res.forwards });
     } catch (err) {
-      ctx.error(err.message);
+      ctx.error(err);
     } finally {
       go.disabled = false;
     }

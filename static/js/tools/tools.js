@@ -120,8 +120,10 @@ export class Tools {
     // is read where it was asked for, and the results of the earlier inputs are marked as such
     const alert = el("p", { class: "error tool-error", role: "alert", "data-testid": "tool-error" });
     alert.hidden = true;
-    const fail = (message) => {
-      const msg = message || "";
+    // `error`: what was thrown (a server refusal is said by its code: errorText), a string of the
+    // page's own words, or "" to clear
+    const fail = (error) => {
+      const msg = error || "";
       const earlier = Boolean(msg) && body.querySelector(".chart .main-svg") !== null;
       const said = errorText(msg).trim();
       const stop = /[.!?。！？]$/.test(said) ? "" : /[\u2e80-\uffff]$/.test(said) ? "。" : ".";
@@ -142,7 +144,7 @@ export class Tools {
     try {
       await VIEWS[this.view].module.render(body, ctx);
     } catch (err) {
-      fail(err.message);
+      fail(err);
     }
   }
 
