@@ -35,3 +35,19 @@ def test_no_route_module_imports_another() -> None:
         assert not {n for n in imports(path) if n.startswith("attnscope.app.routes")}, path
     for path in [*sorted((ROOT / "bench").glob("*.py")), ROOT / "app" / "cli.py"]:
         assert not {n for n in imports(path) if n.startswith("attnscope.app.routes")}, path
+
+
+def test_the_readme_draws_every_folder_of_the_tree() -> None:
+    """README "How it is built": one line per folder of the source tree, the pipeline readable there."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## How it is built"):]
+    drawn = section[section.index("```\n") + 4:section.index("\n```", section.index("```\n") + 4)]
+    lines = {line.split()[0] for line in drawn.splitlines() if line.strip()}
+    folders = {"model/", "app/", "templates/", "bench/", "scripts/"}
+    for top in ("model", "app", "static", "tests"):
+        for path in (ROOT / top).rglob("*"):
+            rel = path.relative_to(ROOT)
+            if path.is_dir() and "__pycache__" not in rel.parts and rel.parts[:2] != ("model", "bundled"):
+                folders.add(f"{rel.as_posix()}/")
+    folders.add("model/bundled/")  # its model folders are data, drawn as one line
+    assert folders <= lines, sorted(folders - lines)
