@@ -39,6 +39,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from attnscope.model.capture import interface as capture
 from attnscope.model.errors import AttentionUnavailable, ModelLoadError
+from attnscope.model.families.config import dimensions
 from attnscope.model.families.table import (
     ArchSpec,
     PositionEncoding,
@@ -373,35 +374,21 @@ def borrowed(lm: LoadedModel) -> Iterator[None]:
             module.training = flag
 
 
-def _first_attr(cfg: object, *names: str) -> int | None:
-    for name in names:
-        value = getattr(cfg, name, None)
-        if value:
-            return int(value)
-    return None
-
-
 def describe(name: str, model: PreTrainedModel, spec: ArchSpec,
              tokenizer: PreTrainedTokenizerBase | None = None) -> ModelInfo:
     cfg = model.config
-    n_heads = int(cfg.num_attention_heads)
-    d_model = int(cfg.hidden_size)
-    d_head = _first_attr(cfg, "head_dim") or d_model // n_heads
-    d_mlp = _first_attr(cfg, "intermediate_size", "n_inner", "ffn_dim", "hidden_dim") or 4 * d_model
-    n_kv = _first_attr(cfg, "num_key_value_heads", "num_kv_heads") or n_heads
-    if getattr(cfg, "multi_query", False) and not getattr(cfg, "new_decoder_architecture", False):
-        n_kv = 1  # Falcon's multi-query attention
+    dims = dimensions(cfg)
     embed = input_embeddings(model)
     return ModelInfo(
         name=name,
         architecture=cfg.model_type,
-        n_layers=int(cfg.num_hidden_layers),
-        n_heads=n_heads,
-        n_kv_heads=n_kv,
-        d_model=d_model,
-        d_head=d_head,
-        d_mlp=d_mlp,
-        vocab_size=int(cfg.vocab_size),
+        n_layers=dims.n_layers,
+        n_heads=dims.n_heads,
+        n_kv_heads=dims.n_kv_heads,
+        d_model=dims.d_model,
+        d_head=dims.d_head,
+        d_mlp=dims.d_mlp,
+        vocab_size=dims.vocab_size,
         max_positions=max_positions(cfg, spec),
         position_encoding=spec.position_encoding,
         causal=spec.causal,
