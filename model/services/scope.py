@@ -30,14 +30,19 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from attnscope.model.capture.generation import Step
 from attnscope.model.errors import BadInput
+from attnscope.model.learn.anatomy import Anatomy
+from attnscope.model.learn.embedding import Neighbourhood
+from attnscope.model.learn.positions import PositionTable
+from attnscope.model.learn.values import Contributions
 from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspect_model, load_model
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import LogitLens, NextDistribution, PositionPrediction
 from attnscope.model.runs.record import ActivationCache, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
 from attnscope.model.services import generate as generate_service
-from attnscope.model.services import runs, tools
+from attnscope.model.services import learn, runs, tools
 from attnscope.model.services.engine import Engine
+from attnscope.model.services.learn import Comparison, ContributionGaps, Timing
 from attnscope.model.services.runs import Heads, Residual
 from attnscope.model.services.tools import Ablation, Attribution, Patch, Scan
 
@@ -138,6 +143,34 @@ class Scope:
         return self.call(tools.patch, clean=clean, corrupted=corrupted, answer=answer, wrong=wrong,
                          position=position)
 
+    # ---- the Learn views' numbers -----------------------------------------------------------
+    def embedding(self, *, id: int, top: int = 10) -> Neighbourhood:
+        """Row ``id`` of the token embedding E: its ``top`` nearest rows by cosine, the ids next to it
+        (k ± 1, 2k), random pairs for scale, and which rows training never moved apart."""
+        return self.call(learn.embedding, id=id, top=top)
+
+    def anatomy(self) -> Anatomy:
+        """The model's parameters counted by part: embeddings, attention, MLP and norms per layer, LM head."""
+        return self.call(learn.anatomy)
+
+    def positions(self, *, count: int = 64) -> PositionTable:
+        """The first ``count`` positions of a learned position table (rows and their cosines), or a rotary
+        model's frequencies and angles."""
+        return self.call(learn.positions, count=count)
+
+    def timing(self, *, text: str, repeats: int = 5, repeat_to: int | None = None) -> Timing:
+        """One parallel forward over ``text`` (at most 64 tokens) against serial steps with and without
+        the KV cache, each timed ``repeats`` times now; ``repeat_to`` repeats the tokens to that many."""
+        return self.call(learn.timing, text=text, repeats=repeats, repeat_to=repeat_to)
+
+    def compare(self, a: Run, b: Run) -> Comparison:
+        """Two runs of this Scope (the same tokens in another order, say): per token of ``a``, the cosine
+        of its hidden states with the same token in ``b`` at every stage; per head, how much the
+        attention changes."""
+        if a.scope is not self or b.scope is not self:
+            raise BadInput("both runs must come from this Scope", code="different_models")
+        return self.call(learn.compare, a=a.run_id, b=b.run_id)
+
 
 @dataclass(frozen=True)
 class Run:
@@ -207,6 +240,16 @@ class Run:
         """The next-token distribution at ``position``, re-scaled by ``temperature``."""
         return self.scope.call(runs.next_token, run_id=self.run_id, position=position, temperature=temperature,
                                top_k=top_k)
+
+    def contributions(self, *, layer: int, head: int, position: int) -> Contributions:
+        """What each source token the query at ``position`` sees adds to the head's output: its weight,
+        ‖v W_O‖ and their product (where the head looks is not what it takes)."""
+        return self.scope.call(learn.contributions, run_id=self.run_id, layer=layer, head=head, position=position)
+
+    def contribution_gaps(self, *, position: int) -> ContributionGaps:
+        """Per head at ``position``: the total-variation distance between its weights and each source's
+        share of what it adds (0: the weights tell the whole story)."""
+        return self.scope.call(learn.contribution_gaps, run_id=self.run_id, position=position)
 
     def sparsity(self) -> list[HeadSparsity]:
         """How concentrated each head is (top-1 / top-5 mass, keys holding 90 %)."""

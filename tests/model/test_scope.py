@@ -189,3 +189,58 @@ def test_a_tile_and_the_whole_head_agree() -> None:
     with pytest.raises(BadInput, match="not a range"):
         run.attention(layer=1, head=2, q0=5, q1=3)
 
+
+
+def test_the_learn_views_give_the_http_doors_numbers() -> None:
+    """Scope.embedding, anatomy, positions, compare and Run.contributions, contribution_gaps give the
+    Learn endpoints' numbers on a tiny GPT-2 with the bundled tokenizer (learned positions, fused
+    values, a Conv1D W_O), and leave the model as they found it."""
+    from transformers import AutoTokenizer, GPT2LMHeadModel
+
+    from tests.support.tiny import BUNDLED, tiny_config
+
+    torch.manual_seed(0)
+    model, tokenizer = GPT2LMHeadModel(tiny_config("gpt2")), AutoTokenizer.from_pretrained(BUNDLED)
+    before = snapshot(model)
+    scope = attnscope.Scope(model, tokenizer, name="tiny")
+    a, b = scope.run("dog bites man"), scope.run("man bites dog")
+    last = len(a.tokens) - 1
+    py = {"contributions": a.contributions(layer=1, head=2, position=last),
+          "gaps": a.contribution_gaps(position=last), "embedding": scope.embedding(id=173, top=5),
+          "anatomy": scope.anatomy(), "positions": scope.positions(count=16), "compare": scope.compare(a, b)}
+    with pytest.raises(BadInput) as refused:
+        scope.embedding(id=7, top=0)
+    assert refused.value.code == "value_out_of_range"
+    assert_unchanged(model, before)
+
+    lm = wrap_model("tiny", model, tokenizer, source="test")
+    settings = Settings(models={}, default_model="tiny", max_body_bytes=64 * 1024)
+    with TestClient(create_app(settings, make_engine({"tiny": lm}, "tiny"))) as client:
+        ids = [client.post("/api/runs", json={"text": text}).json()["run_id"] for text in (a.text, b.text)]
+        http = {
+            "contributions": client.get(f"/api/runs/{ids[0]}/contributions",
+                                        params={"layer": 1, "head": 2, "position": last}),
+            "gaps": client.get(f"/api/runs/{ids[0]}/contribution-gaps", params={"position": last}),
+            "embedding": client.get("/api/models/tiny/embedding", params={"id": 173, "top": 5}),
+            "anatomy": client.get("/api/models/tiny/anatomy"),
+            "positions": client.get("/api/models/tiny/positions", params={"count": 16}),
+            "compare": client.get("/api/compare", params={"a": ids[0], "b": ids[1]}),
+        }
+    body = {key: r.json() for key, r in http.items() if r.status_code == 200}
+    assert body.keys() == http.keys(), {key: r.text for key, r in http.items()}
+    assert len(py["contributions"].weights) == last + 1 and len(py["gaps"].heads) == 2 * 4
+    for key in ("contributions", "positions"):
+        for field in ("weights", "value_norms", "contributions", "matrix", "similarity"):
+            if field in body[key] and body[key][field] is not None:
+                np.testing.assert_allclose(getattr(py[key], field), body[key][field], atol=ATOL)
+    np.testing.assert_allclose([h.gap for h in py["gaps"].heads], [h["gap"] for h in body["gaps"]["heads"]],
+                               atol=ATOL)
+    assert [n.id for n in py["embedding"].neighbours] == [n["id"] for n in body["embedding"]["neighbours"]]
+    assert [n.token for n in py["embedding"].neighbours] == [n["token"] for n in body["embedding"]["neighbours"]]
+    np.testing.assert_allclose(py["embedding"].vector, body["embedding"]["vector"], atol=ATOL)
+    assert py["anatomy"].total == body["anatomy"]["total"] == sum(p.numel() for p in model.parameters())
+    assert [r.attention for r in py["anatomy"].per_layer] == [r["attention"] for r in body["anatomy"]["per_layer"]]
+    np.testing.assert_allclose([t.cos for t in py["compare"].tokens if t.cos is not None],
+                               [t["cos"] for t in body["compare"]["tokens"] if t["cos"] is not None], atol=ATOL)
+    np.testing.assert_allclose([h.diff for h in py["compare"].heads], [h["diff"] for h in body["compare"]["heads"]],
+                               atol=ATOL)
