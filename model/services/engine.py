@@ -22,7 +22,7 @@ import torch
 from attnscope.model.capture.forward import RESIDUAL, Captures, run_with_cache
 from attnscope.model.capture.generation import tempered_logits
 from attnscope.model.capture.names import act_name
-from attnscope.model.errors import BadInput, UnknownModel
+from attnscope.model.errors import BadInput, Param, UnknownModel
 from attnscope.model.learn import embedding
 from attnscope.model.load.models import LMHead, LoadedModel
 from attnscope.model.load.tokens import (
@@ -127,7 +127,7 @@ class Engine:
 
     def tokenize(self, lm: LoadedModel, text: str) -> list[Token]:
         if not text.strip():
-            raise BadInput("text is empty or only whitespace; type a prompt to analyse")
+            raise BadInput("text is empty or only whitespace; type a prompt to analyse", code="empty")
         limit = self.token_limit(lm)
         unread(lm, text, limit, "prompt")
         too_long(count_tokens(lm.tokenizer, text, limit), limit, "prompt", len(text))  # reads no more than it needs
@@ -139,13 +139,15 @@ class Engine:
         """A chat rendered with the model's chat template (and its generation prompt); the
         template's special tokens stay visible and are marked special."""
         if not getattr(lm.tokenizer, "chat_template", None):
-            raise BadInput(f'model {lm.info.name!r} has no chat template: send "text" instead of "messages"')
+            raise BadInput(f'model {lm.info.name!r} has no chat template: send "text" instead of "messages"',
+                           code="chat_template_missing", params={"model": lm.info.name})
         try:
             text = lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as exc:  # noqa: BLE001 - a template raises whatever its Jinja code raises; all are bad input
-            raise BadInput(f"the model's chat template rejected these messages: {exc}") from None
+            raise BadInput(f"the model's chat template rejected these messages: {exc}", code="chat_template_rejected",
+                           params={"reason": str(exc)}) from None
         if not isinstance(text, str) or not text:
-            raise BadInput("the model's chat template rendered nothing for these messages")
+            raise BadInput("the model's chat template rendered nothing for these messages", code="chat_template_empty")
         special = {int(i) for i in getattr(lm.tokenizer, "all_special_ids", [])}
         limit = self.token_limit(lm)
         unread(lm, text, limit, "chat")
@@ -274,16 +276,19 @@ class Engine:
 
     def check_layer_head(self, cache: ActivationCache, layer: int, head: int | None) -> None:
         if not 0 <= layer < cache.n_layers:
-            raise BadInput(f"layer {layer} is out of range: this model has layers 0..{cache.n_layers - 1}")
+            raise BadInput(f"layer {layer} is out of range: this model has layers 0..{cache.n_layers - 1}",
+                           code="layer_out_of_range", params={"layer": layer, "max": cache.n_layers - 1})
         if head is not None and not 0 <= head < cache.n_heads:
-            raise BadInput(f"head {head} is out of range: this model has heads 0..{cache.n_heads - 1}")
+            raise BadInput(f"head {head} is out of range: this model has heads 0..{cache.n_heads - 1}",
+                           code="head_out_of_range", params={"head": head, "max": cache.n_heads - 1})
 
     # ---- views of a run -------------------------------------------------------------
     def _decoder(self, cache: ActivationCache, what: str) -> tuple[LoadedModel, LMHead]:
         lm = self.model(cache.model)
         head = lm.lm_head()
         if head is None:
-            raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}")
+            raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}",
+                           code="encoder_no_lm_head", params={"model": lm.info.name})
         return lm, head
 
     def next_distribution(self, cache: ActivationCache, position: int, temperature: float,
@@ -291,7 +296,8 @@ class Engine:
         """The exact next-token distribution at one position, from the stored final residual."""
         lm, head = self._decoder(cache, "next-token distribution")
         if not 0 <= position < cache.n:
-            raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}")
+            raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}",
+                           code="position_out_of_range", params={"position": position, "max": cache.n - 1})
         with lm.lock, torch.inference_mode():
             logits = head.logits(cache.resid[-1][position]).double()  # (V,)
         logp = tempered_logits(logits, temperature).log_softmax(-1)  # (V,) float64, any temperature > 0
@@ -357,7 +363,8 @@ def unread(lm: LoadedModel, text: str, limit: int, what: str) -> None:
     cap = read_cap(lm.tokenizer, limit)
     if cap is not None and len(text) > cap:
         raise BadInput(f"the {what} has {len(text):,} characters, more than this model reads for its limit of "
-                       f"{limit} tokens ({cap:,}: {cap // limit} a token); send a shorter text")
+                       f"{limit} tokens ({cap:,}: {cap // limit} a token); send a shorter text",
+                       code="too_long_chars", params={"what": what, "chars": len(text), "limit": limit})
 
 
 def too_long(count: TokenCount, limit: int, what: str, total_chars: int) -> None:
@@ -365,11 +372,16 @@ def too_long(count: TokenCount, limit: int, what: str, total_chars: int) -> None
     if count.n <= limit:
         return
     if count.exact:
-        raise BadInput(f"the {what} has {count.n} tokens, more than this model's limit of {limit}")
+        raise BadInput(f"the {what} has {count.n} tokens, more than this model's limit of {limit}",
+                       code="too_long", params={"what": what, "tokens": count.n, "limit": limit})
     read = (f"counted in its first {count.chars:,} of {total_chars:,} characters" if count.chars
             else f"from its length of {total_chars:,} characters alone")
+    params: dict[str, Param] = {"what": what, "tokens": count.n, "limit": limit, "total_chars": total_chars}
+    if count.chars:
+        params["read_chars"] = count.chars
     raise BadInput(f"the {what} has at least {count.n} tokens, more than this model's limit of {limit} "
-                   f"({read}; the rest was not read)")
+                   f"({read}; the rest was not read)",
+                   code="too_long_at_least_read" if count.chars else "too_long_at_least_length", params=params)
 
 
 def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: Captures, summary: RunSummary,
