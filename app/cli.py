@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnscope.app.schemas import RunOut
-    from attnscope.model.runs.record import ActivationCache
+    from attnscope.model.runs.record import RunRecord
 
 log = logging.getLogger("attnscope")
 
@@ -83,7 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_file(out: RunOut, cache: ActivationCache, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
+def run_file(out: RunOut, cache: RunRecord, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
     """``analyze --json``: the run (RunOut's fields) in the format of the API's JSON export
     (``attnscope-run/2``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
     run.json`` then ``attnscope export run.json ...`` works; above ``max_cells`` cells the attention is

@@ -13,7 +13,7 @@ from attnscope.app.encoding import f32_base64
 from attnscope.app.schemas import RunOut, TruncatedOut
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import LogitLens, PositionPrediction
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 from attnscope.model.scores.analysis import INDUCTION_MIN_QUERIES, HeadScore, induction_queries
 
 
@@ -47,7 +47,7 @@ RUN_JSON = TypeAdapter(RunBody)
 LENS_JSON = TypeAdapter(LogitLens)  # the fields of LogitLensOut, as RunBody's are RunOut's
 
 
-def run_body(run_id: str, cache: ActivationCache, truncated: TruncatedOut | None = None) -> RunBody:
+def run_body(run_id: str, cache: RunRecord, truncated: TruncatedOut | None = None) -> RunBody:
     s = cache.summary
     return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
                    n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
@@ -55,7 +55,7 @@ def run_body(run_id: str, cache: ActivationCache, truncated: TruncatedOut | None
                    timing_ms=s.timing_ms, scores_pending=s.scores_pending, truncated=truncated)
 
 
-def run_out(run_id: str, cache: ActivationCache) -> RunOut:
+def run_out(run_id: str, cache: RunRecord) -> RunOut:
     """The run as a validated RunOut (for callers that want the object, not the bytes)."""
     return RunOut.model_validate_json(RUN_JSON.dump_json(run_body(run_id, cache)))
 
@@ -63,13 +63,13 @@ def run_out(run_id: str, cache: ActivationCache) -> RunOut:
 EXPORT_FORMAT = "attnscope-run/2"
 
 
-def attention_cells(cache: ActivationCache) -> int:
+def attention_cells(cache: RunRecord) -> int:
     """Every head's visible attention cells: what a JSON export of the run holds."""
     visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
     return visible * cache.n_heads * cache.n_layers
 
 
-def attention_json(cache: ActivationCache) -> dict[str, Any]:
+def attention_json(cache: RunRecord) -> dict[str, Any]:
     """The JSON export's attention: [layer][head] each head's visible cells, base64 float32 (exact)."""
     return {"attention_encoding": "f32-le-base64",
             "attention": [[f32_base64(head_cells) for head_cells in cache.packed(layer)]

@@ -35,7 +35,7 @@ from attnscope.app.schemas import (
 from attnscope.app.settings import DEFAULT_TOP_K, Settings
 from attnscope.model.errors import BadInput
 from attnscope.model.runs.export import to_safetensors
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.tile_store import OVERVIEW, Tiles
 from attnscope.model.runs.tiles import MASKED_U8, TileSpec, u8_tile
 from attnscope.model.services import runs
@@ -156,14 +156,14 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
                        f"bins, or ask for a narrower tile ({TILE_PARAMS})")
 
 
-def kept_tiles(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int, heads: list[int],
+def kept_tiles(tiles: Tiles, run_id: str, cache: RunRecord, layer: int, heads: list[int],
                spec: TileSpec) -> torch.Tensor:
     """As ``model.tiles.head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails
     from them)."""
     return torch.stack([tiles.tile(run_id, layer, cache.attention[layer], h, spec) for h in heads])
 
 
-def _tile_response(tiles: Tiles, run_id: str, cache: ActivationCache, layer: int, head: int | None, spec: TileSpec,
+def _tile_response(tiles: Tiles, run_id: str, cache: RunRecord, layer: int, head: int | None, spec: TileSpec,
                    fmt: str) -> Response:
     heads = list(range(cache.n_heads)) if head is None else [head]
     start = time.perf_counter()

@@ -17,7 +17,7 @@ from torch import nn
 from attnscope.model.capture.hooks import Registration, temporary_hooks
 from attnscope.model.families.weights import head_out_weights, value_heads
 from attnscope.model.load.models import LoadedModel
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 
 PROJECT_CELLS = 1 << 22  # heads x tokens x d_model of one block of projected values (16 MiB float32)
 
@@ -87,7 +87,7 @@ def value_norms(values: torch.Tensor, w_o: torch.Tensor, upto: int) -> torch.Ten
     return torch.cat(out, dim=1) if out else torch.zeros(heads, 0)
 
 
-def contributions(lm: LoadedModel, cache: ActivationCache, layer: int, head: int, position: int) -> Contributions:
+def contributions(lm: LoadedModel, cache: RunRecord, layer: int, head: int, position: int) -> Contributions:
     """What each source the query at ``position`` sees adds to ``head``'s output (ranges checked)."""
     visible = position + 1 if cache.causal else cache.n
     v = layer_values(lm, cache.input_ids, [layer])[layer][head : head + 1]  # (1, n, d_head)
@@ -97,7 +97,7 @@ def contributions(lm: LoadedModel, cache: ActivationCache, layer: int, head: int
                          value_norms=norms.tolist(), contributions=(weights * norms).tolist())
 
 
-def contribution_gaps(lm: LoadedModel, cache: ActivationCache, position: int) -> list[HeadGap]:
+def contribution_gaps(lm: LoadedModel, cache: RunRecord, position: int) -> list[HeadGap]:
     """Per head at one query: the total-variation distance between the attention weights and each
     source's share of what the head adds (weight x ‖v W_O‖, normalised). 0 means the weights
     already tell the whole story; larger means weight and contribution disagree. One forward reads

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load, save
 
 from attnscope.model.runs.attention import CHUNK_CELLS, LayerAttention, logits
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 
 FORMAT = "attnscope-run-tensors/1"
 
@@ -54,7 +54,7 @@ def visible_ranges(layer: LayerAttention) -> torch.Tensor:
     return torch.stack([lo, hi])
 
 
-def to_safetensors(cache: ActivationCache, run: dict[str, Any]) -> bytes:
+def to_safetensors(cache: RunRecord, run: dict[str, Any]) -> bytes:
     """The file's bytes; ``run`` is the run's JSON summary (model, text, tokens, heads, model_info)."""
     tensors: dict[str, torch.Tensor] = {"input_ids": cache.input_ids.cpu().contiguous()}
     params = []

@@ -1,4 +1,4 @@
-"""The per-run activation cache and the byte-capped LRU that keeps runs server-side."""
+"""A run's record (what one forward captured and keeps) and the byte-capped LRU store that keeps runs server-side."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def tril_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
 
 
 @dataclass
-class ActivationCache:
+class RunRecord:
     """Everything one forward produced that the API may hand out later: O(n x d), never n x n.
 
     Shapes (n tokens, L layers, H heads, Hkv K/V heads, dh = d_head, d = d_model):
@@ -147,7 +147,7 @@ class RunStore:
 
     def __init__(self, max_bytes: int, remember_evicted: int = 10_000) -> None:
         self.max_bytes = max_bytes
-        self._runs: OrderedDict[str, ActivationCache] = OrderedDict()
+        self._runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._remember = remember_evicted
         self._bytes = 0
@@ -162,7 +162,7 @@ class RunStore:
         with self._lock:
             return self._bytes
 
-    def add(self, cache: ActivationCache) -> str:
+    def add(self, cache: RunRecord) -> str:
         """Keep a run (older ones go to make room); a run larger than the whole cap is never kept."""
         run_id = secrets.token_urlsafe(12)
         size = cache.nbytes
@@ -176,7 +176,7 @@ class RunStore:
             self._evict()
         return run_id
 
-    def grow(self, run_id: str, cache: ActivationCache, nbytes: int, attach: Callable[[], bool]) -> None:
+    def grow(self, run_id: str, cache: RunRecord, nbytes: int, attach: Callable[[], bool]) -> None:
         """Attach something derived to a stored run, its ``nbytes`` counted against the cap.
 
         ``attach`` runs under the store's lock and says whether it attached anything (a
@@ -190,12 +190,12 @@ class RunStore:
             self._runs.move_to_end(run_id)
             self._evict()
 
-    def holds(self, run_id: str, cache: ActivationCache) -> bool:
+    def holds(self, run_id: str, cache: RunRecord) -> bool:
         """Is this run (this very object) still stored? Touches nothing."""
         with self._lock:
             return self._runs.get(run_id) is cache
 
-    def settle(self, run_id: str, cache: ActivationCache, summary: RunSummary) -> bool:
+    def settle(self, run_id: str, cache: RunRecord, summary: RunSummary) -> bool:
         """Swap a stored run's summary for its completed one (the late head scores: the same heads,
         counted when the run was added, so the byte count does not change, nor the run's place in the
         LRU). False, and nothing changed, if the run was evicted meanwhile."""
@@ -212,7 +212,7 @@ class RunStore:
             self._bytes -= old.nbytes
             self._forget(old_id)
 
-    def __iter__(self) -> Iterator[ActivationCache]:
+    def __iter__(self) -> Iterator[RunRecord]:
         """The stored runs, oldest first (a snapshot)."""
         with self._lock:
             return iter(list(self._runs.values()))
@@ -222,7 +222,7 @@ class RunStore:
         while len(self._evicted) > self._remember:
             self._evicted.popitem(last=False)
 
-    def get(self, run_id: str) -> ActivationCache:
+    def get(self, run_id: str) -> RunRecord:
         with self._lock:
             cache = self._runs.get(run_id)
             if cache is None:

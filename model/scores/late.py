@@ -42,7 +42,7 @@ from attnscope.model.scores.pairs import InductionPairs
 
 if TYPE_CHECKING:
     from attnscope.model.runs.budget import MemoryBudget
-    from attnscope.model.runs.record import ActivationCache, RunStore
+    from attnscope.model.runs.record import RunRecord, RunStore
 
 log = logging.getLogger(__name__)
 STOPPED = "the server stopped before these scores were computed"
@@ -103,7 +103,7 @@ def merged(heads: list[HeadScore], late: dict[int, list[HeadScore]], fields: dic
 @dataclass(frozen=True)
 class _Job:
     run_id: str
-    cache: weakref.ref[ActivationCache]
+    cache: weakref.ref[RunRecord]
 
 
 class ScoreWorker(JobThread[_Job]):
@@ -118,7 +118,7 @@ class ScoreWorker(JobThread[_Job]):
         self.budget = budget
         self.pause: Callable[[], None] | None = None
 
-    def submit(self, run_id: str, cache: ActivationCache) -> None:
+    def submit(self, run_id: str, cache: RunRecord) -> None:
         with self._cond:
             self._closed = False  # a closed worker starts again on new work (an engine shared by apps)
             self._jobs.append(_Job(run_id, weakref.ref(cache)))
@@ -152,7 +152,7 @@ class ScoreWorker(JobThread[_Job]):
         finally:
             cache.pending.done.set()
 
-    def _sweep(self, run_id: str, cache: ActivationCache, pending: PendingScores) -> None:
+    def _sweep(self, run_id: str, cache: RunRecord, pending: PendingScores) -> None:
         t0 = time.perf_counter()
         late: dict[int, list[HeadScore]] = {}
         owes_induction = any("induction" in fields for fields in pending.fields.values())

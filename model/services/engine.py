@@ -47,7 +47,7 @@ from attnscope.model.results import (
     TokenProb,
 )
 from attnscope.model.runs.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
-from attnscope.model.runs.record import ActivationCache, RunStore
+from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores import analysis, probes
 from attnscope.model.scores.late import PendingScores, ScoreWorker
 
@@ -58,7 +58,7 @@ DEFAULT_FORWARD_BYTES = 4 << 30
 @dataclass(frozen=True)
 class RunResult:
     run_id: str
-    cache: ActivationCache
+    cache: RunRecord
 
 
 class Engine:
@@ -255,10 +255,10 @@ class Engine:
             preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids_tensor(tokens), top_k)
         return self.store_run(lm, text, tokens, acts, preds, top_k, {"recorded_steps": float(len(new_ids))}, t0)
 
-    def run(self, run_id: str) -> ActivationCache:
+    def run(self, run_id: str) -> RunRecord:
         return self.store.get(run_id)
 
-    def wait_scores(self, run_id: str, timeout: float | None) -> ActivationCache:
+    def wait_scores(self, run_id: str, timeout: float | None) -> RunRecord:
         """The run once its head scores are all computed, or as it is after ``timeout`` seconds (its
         ``summary.scores_pending`` then still names what is owed). RunNotFound (expired) if the run was
         evicted meanwhile."""
@@ -274,7 +274,7 @@ class Engine:
             self._warm_thread.join(timeout=60)
         self.scores.close()
 
-    def check_layer_head(self, cache: ActivationCache, layer: int, head: int | None) -> None:
+    def check_layer_head(self, cache: RunRecord, layer: int, head: int | None) -> None:
         if not 0 <= layer < cache.n_layers:
             raise BadInput(f"layer {layer} is out of range: this model has layers 0..{cache.n_layers - 1}",
                            code="layer_out_of_range", params={"layer": layer, "max": cache.n_layers - 1})
@@ -283,7 +283,7 @@ class Engine:
                            code="head_out_of_range", params={"head": head, "max": cache.n_heads - 1})
 
     # ---- views of a run -------------------------------------------------------------
-    def _decoder(self, cache: ActivationCache, what: str) -> tuple[LoadedModel, LMHead]:
+    def _decoder(self, cache: RunRecord, what: str) -> tuple[LoadedModel, LMHead]:
         lm = self.model(cache.model)
         head = lm.lm_head()
         if head is None:
@@ -291,7 +291,7 @@ class Engine:
                            code="encoder_no_lm_head", params={"model": lm.info.name})
         return lm, head
 
-    def next_distribution(self, cache: ActivationCache, position: int, temperature: float,
+    def next_distribution(self, cache: RunRecord, position: int, temperature: float,
                           top_k: int) -> NextDistribution:
         """The exact next-token distribution at one position, from the stored final residual."""
         lm, head = self._decoder(cache, "next-token distribution")
@@ -318,7 +318,7 @@ class Engine:
             top=[TokenProb(id=i, token=strings[i], prob=float(probs[i])) for i in ids],
             actual_next=actual, entropy=max(float(entropy), 0.0))
 
-    def logit_lens(self, cache: ActivationCache, top_k: int) -> LogitLens:
+    def logit_lens(self, cache: RunRecord, top_k: int) -> LogitLens:
         lm, head = self._decoder(cache, "logit lens")
         with lm.lock:
             probs, ids = analysis.logit_lens(torch.stack(cache.resid), head, top_k)  # (L+1, n, k)
@@ -385,10 +385,10 @@ def too_long(count: TokenCount, limit: int, what: str, total_chars: int) -> None
 
 
 def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: Captures, summary: RunSummary,
-                text: str, summary_bytes: int) -> ActivationCache:
+                text: str, summary_bytes: int) -> RunRecord:
     """Keep references to the captured tensors: no copy, no dtype conversion."""
     n_layers = lm.info.n_layers
-    return ActivationCache(
+    return RunRecord(
         model=lm.info.name,
         causal=lm.info.causal,
         input_ids=ids,

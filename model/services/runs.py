@@ -14,7 +14,7 @@ import torch
 
 from attnscope.model.errors import BadInput
 from attnscope.model.results import LogitLens, NextDistribution
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.tiles import TileSpec, head_tile
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity, ResidualLayer, residual_stats
 from attnscope.model.services.engine import Engine
@@ -39,7 +39,7 @@ class Residual:
     layers: list[ResidualLayer]
 
 
-def check_position(cache: ActivationCache, position: int, name: str = "position") -> None:
+def check_position(cache: RunRecord, position: int, name: str = "position") -> None:
     if not 0 <= position < cache.n:
         raise BadInput(f"{name} {position} is out of range: this run has positions 0..{cache.n - 1}",
                        code="position_out_of_range", params={"name": name, "position": position, "max": cache.n - 1})

@@ -37,7 +37,7 @@ from attnscope.model.learn.values import Contributions
 from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspect_model, load_model
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import LogitLens, NextDistribution, PositionPrediction
-from attnscope.model.runs.record import ActivationCache, RunStore
+from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
 from attnscope.model.services import generate as generate_service
 from attnscope.model.services import learn, runs, tools
@@ -180,7 +180,7 @@ class Run:
     run_id: str
 
     @property
-    def record(self) -> ActivationCache:
+    def record(self) -> RunRecord:
         return self.scope.engine.run(self.run_id)
 
     @property

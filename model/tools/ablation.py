@@ -21,7 +21,7 @@ from torch import nn
 from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 from attnscope.model.tools.intervene import (
     batch_size,
     capture_z,
@@ -104,7 +104,7 @@ def output_editor(edits: list[tuple[int, torch.Tensor]]) -> Hook:
     return hook
 
 
-def ablate(lm: LoadedModel, cache: ActivationCache, heads: list[tuple[int, int]], mode: Mode,
+def ablate(lm: LoadedModel, cache: RunRecord, heads: list[tuple[int, int]], mode: Mode,
            top_k: int = 5) -> list[AblatedPosition]:
     """Every position's next-token distribution with ``heads`` ablated, against the original."""
     require_decoder(lm, "ablation")
@@ -137,7 +137,7 @@ def ablate(lm: LoadedModel, cache: ActivationCache, heads: list[tuple[int, int]]
     return result
 
 
-def default_token(cache: ActivationCache, lm: LoadedModel, position: int) -> int:
+def default_token(cache: RunRecord, lm: LoadedModel, position: int) -> int:
     """The prompt's next token at ``position``, or the top prediction at the last position."""
     if position + 1 < cache.n:
         return int(cache.input_ids[position + 1])
@@ -166,13 +166,13 @@ def scan_hooks(lm: LoadedModel, part: list[ScanJob], means: tuple[list[torch.Ten
     return regs + [Registration(mlp_module(lm, layer), "post", output_editor(e)) for layer, e in mlp_edits.items()]
 
 
-def scan_means(lm: LoadedModel, cache: ActivationCache) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def scan_means(lm: LoadedModel, cache: RunRecord) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each head's mean z (H, d_head) and each MLP's mean output (d,) over all the run's positions."""
     zs, _ = capture_z(lm, cache.input_ids)  # L x (n, H, d_head)
     return [z.mean(0) for z in zs], [m.mean(0) for m in cache.mlp_out]
 
 
-def scan(lm: LoadedModel, cache: ActivationCache, position: int, token: int, mode: Mode) -> ScanResult:
+def scan(lm: LoadedModel, cache: RunRecord, position: int, token: int, mode: Mode) -> ScanResult:
     """The change in ln p(token) at ``position`` from ablating each head, and each MLP, alone.
 
     Causal models: position P sees tokens 0..P only, so the batch runs that prefix. The

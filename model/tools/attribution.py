@@ -19,7 +19,7 @@ from torch import nn
 
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 from attnscope.model.tools.intervene import capture_z, head_weights, require_decoder
 
 TermKind = Literal["embed", "head", "mlp", "bias"]
@@ -201,7 +201,7 @@ def _attention_terms(lm: LoadedModel, layer: int, z: torch.Tensor) -> tuple[torc
     return heads, bias
 
 
-def attribute(lm: LoadedModel, cache: ActivationCache, position: int, token: int,
+def attribute(lm: LoadedModel, cache: RunRecord, position: int, token: int,
               token_b: int | None = None) -> Attribution:
     """The logit of ``token`` (minus ``token_b``'s) at ``position``, split into components."""
     require_decoder(lm, "direct logit attribution")

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnscope.model.load.models import LoadedModel
-from attnscope.model.runs.record import ActivationCache
+from attnscope.model.runs.record import RunRecord
 from attnscope.model.tools import ablation, attribution, patching
 from tests.model.test_families import TEXT, built
 from tests.support.families import DECODERS, Family
@@ -19,7 +19,7 @@ from tests.support.tiny import make_engine
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
-def _run(family: Family) -> tuple[LoadedModel, ActivationCache]:
+def _run(family: Family) -> tuple[LoadedModel, RunRecord]:
     lm = built(family).lm
     engine = make_engine({lm.info.name: lm}, lm.info.name)
     return lm, engine.analyse(TEXT).cache
