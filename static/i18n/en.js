@@ -46,7 +46,6 @@ export default {
  "err.token_out_of_range": "Token ID {token} does not exist: this model's vocabulary has IDs 0..{max}.",
  "err.bad_id": "Token ID {token_id} does not exist: the vocabulary has IDs 0..{max}.",
  "err.range_invalid": "{axis}0={lo}, {axis}1={hi} is not a range of positions: this run needs 0 ≤ {axis}0 < {axis}1 ≤ {n}.",
- "err.value_out_of_range": "{name} = {value} is out of range: {min}..{max}.",
  "err.value_out_of_range": "{name} = {value} is out of range: it must be between {min} and {max}.",
  "err.top_k_too_large": "{top_k} candidates are more than this server's limit of {limit}.",
  "err.temperature_invalid": "The temperature must be a finite number above 0 and at most 100.",

@@ -46,7 +46,6 @@ export default {
  "err.token_out_of_range": "Token ID {token} 不存在：这个模型词表的 ID 范围是 0..{max}。",
  "err.bad_id": "Token ID {token_id} 不存在：词表的 ID 范围是 0..{max}。",
  "err.range_invalid": "{axis}0={lo}、{axis}1={hi} 不是有效的位置范围：这次运行要求 0 ≤ {axis}0 < {axis}1 ≤ {n}。",
- "err.value_out_of_range": "{name} = {value} 超出了范围：{min}..{max}。",
  "err.value_out_of_range": "{name} = {value} 超出范围：应在 {min} 到 {max} 之间。",
  "err.top_k_too_large": "要求的候选数 {top_k} 超过了服务器的上限 {limit}。",
  "err.temperature_invalid": "温度必须是大于 0、不超过 100 的有限数。",
