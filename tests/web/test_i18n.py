@@ -92,3 +92,10 @@ def test_singular_forms_pair_with_their_plural() -> None:
         assert en[key] != en[plural] and "(s)" not in en[plural], key
     i18n = (ROOT / "static" / "js" / "i18n.js").read_text(encoding="utf-8")
     assert "vars.n === 1" in i18n and "`${key}.one`" in i18n
+
+
+def test_no_key_is_written_twice() -> None:
+    """A key written twice in a catalogue silently reads its last text (in JavaScript and in catalogue())."""
+    for lang in ("en", "zh"):
+        keys = re.findall(r'^\s*"([\w.]+)":', (ROOT / "static" / "i18n" / f"{lang}.js").read_text(encoding="utf-8"), re.M)
+        assert sorted(k for k in set(keys) if keys.count(k) > 1) == [], lang
