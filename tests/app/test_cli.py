@@ -210,6 +210,14 @@ def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: 
     where = subprocess.run([sys.executable, "-c", "import attnscope; print(attnscope.__file__)"], cwd=work, env=env,
                            capture_output=True, text=True, timeout=60)
     assert where.stdout.strip().startswith(str(target)), where  # the wheel's copy, not the checkout's
+    door = subprocess.run([sys.executable, "-c", "import attnscope\n"
+                           "scope = attnscope.Scope.from_pretrained('bundled:attnscope-tiny')\n"
+                           "run = scope.run('the cat sat. the cat sat.')\n"
+                           "print(tuple(run.attention(layer=4, head=0).shape), len(run.heads()))\n"],
+                          cwd=work, env=env, capture_output=True, text=True, timeout=300)
+    assert door.returncode == 0, door.stderr[-2000:]  # the Python door, from the installed wheel alone
+    shape = re.fullmatch(r"\((\d+), (\d+)\) 48", door.stdout.strip())  # an (n, n) head; 6 layers x 8 heads scored
+    assert shape is not None and shape.group(1) == shape.group(2), door.stdout
     script = subprocess.run([str(target / "bin" / "attnscope"), "--help"], cwd=work, env=env, capture_output=True,
                             text=True, timeout=120)  # the console script, as pip wrote it
     assert script.returncode == 0 and "serve" in script.stdout, script
