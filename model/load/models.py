@@ -39,7 +39,7 @@ from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from attnscope.model.capture import interface as capture
 from attnscope.model.errors import AttentionUnavailable, ModelLoadError
-from attnscope.model.families.config import dimensions
+from attnscope.model.families.config import Dimensions, dimensions
 from attnscope.model.families.table import (
     ArchSpec,
     PositionEncoding,
@@ -108,18 +108,12 @@ def resolve_dtype(name: DtypeName, device: torch.device, checkpoint: torch.dtype
 
 
 @dataclass(frozen=True)
-class ModelInfo:
-    """What a client needs to know to read the model's activations."""
+class ModelInfo(Dimensions):
+    """What a client needs to know to read the model's activations: its sizes (``Dimensions``) and
+    the following."""
 
     name: str
     architecture: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    d_model: int
-    d_head: int
-    d_mlp: int
-    vocab_size: int
     max_positions: int | None  # None: the position scheme has no limit (ALiBi)
     position_encoding: PositionEncoding
     causal: bool
@@ -377,18 +371,12 @@ def borrowed(lm: LoadedModel) -> Iterator[None]:
 def describe(name: str, model: PreTrainedModel, spec: ArchSpec,
              tokenizer: PreTrainedTokenizerBase | None = None) -> ModelInfo:
     cfg = model.config
-    dims = dimensions(cfg)
+    dims = dimensions(cfg)  # (n_layers, n_heads, n_kv_heads, d_model, d_head, d_mlp, vocab_size)
     embed = input_embeddings(model)
     return ModelInfo(
         name=name,
         architecture=cfg.model_type,
-        n_layers=dims.n_layers,
-        n_heads=dims.n_heads,
-        n_kv_heads=dims.n_kv_heads,
-        d_model=dims.d_model,
-        d_head=dims.d_head,
-        d_mlp=dims.d_mlp,
-        vocab_size=dims.vocab_size,
+        **vars(dims),
         max_positions=max_positions(cfg, spec),
         position_encoding=spec.position_encoding,
         causal=spec.causal,
