@@ -134,7 +134,8 @@ def test_a_failure_after_the_stream_started_is_said_at_the_generate_control(
 
     def too_large(*_args: object, **_kwargs: object) -> object:
         raise TooLarge("this prompt's run would keep 9 MiB (30 tokens; its forward peaks near 12 MiB); "
-                       "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)")
+                       "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)", code="run_too_big",
+                       params={"keep": "9 MiB", "tokens": 30, "peak": "12 MiB", "cap": "1 MiB"})  # as budget.admit
 
     monkeypatch.setattr(bundled_engine, "store_generation", too_large)
     asked: list[str] = []
