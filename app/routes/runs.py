@@ -137,7 +137,8 @@ def checked_top_k(top_k: int | None, settings: Settings) -> int:
         return min(DEFAULT_TOP_K, settings.max_top_k)
     if top_k > settings.max_top_k:
         raise BadInput(f"top_k {top_k} is more than this server's limit of {settings.max_top_k} "
-                       "(ATTNSCOPE_MAX_TOP_K)")
+                       "(ATTNSCOPE_MAX_TOP_K)", code="top_k_too_large",
+                       params={"top_k": top_k, "limit": settings.max_top_k})
     return top_k
 
 
@@ -153,7 +154,8 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
     if cells > settings.max_cells:
         raise BadInput(f"{what} would send {cells:,} cells, more than this server's limit of "
                        f"{settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): pass size=S to pool it into at most S x S "
-                       f"bins, or ask for a narrower tile ({TILE_PARAMS})")
+                       f"bins, or ask for a narrower tile ({TILE_PARAMS})", code="too_many_cells",
+                       params={"what": what, "cells": cells, "limit": settings.max_cells})
 
 
 def kept_tiles(tiles: Tiles, run_id: str, cache: RunRecord, layer: int, heads: list[int],
@@ -322,7 +324,8 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep,
     if cells > settings.max_cells:
         raise BadInput(f"the JSON export of this run would hold {cells:,} attention cells, more than this server's "
                        f"limit of {settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): export format=safetensors instead "
-                       "(what the run keeps, from which model.export rebuilds any head)")
+                       "(what the run keeps, from which model.export rebuilds any head)", code="export_too_large",
+                       params={"cells": cells, "limit": settings.max_cells})
     payload = {**summary, **attention_json(cache)}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.json"'})
