@@ -16,10 +16,44 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Run", "Scope", "__version__"]
+__all__ = ["Run", "Scope", "__version__", "show"]
 
 if TYPE_CHECKING:
     from attnscope.model.services.scope import Run, Scope
+
+
+def show(what: Any, tokenizer: Any = None, text: str | None = None, *, lang: str = "en", height: int = 780) -> Any:
+    """The explorer in a notebook's output cell: ``show(model, tokenizer, text)`` for a model you hold,
+    ``show(scope, text=...)``, or ``show(run)`` for a run's text. Returns the widget (an anywidget);
+    outside a Jupyter kernel it says in one line what to do instead and returns None."""
+    import logging
+
+    from attnscope.model.services.scope import Run, Scope
+
+    if isinstance(what, Run):
+        scope, text = what.scope, text or what.text
+    elif isinstance(what, Scope):
+        scope = what
+    else:
+        if tokenizer is None:
+            raise TypeError("show(model, tokenizer, text): a model needs its tokenizer")
+        scope = Scope(what, tokenizer)
+    try:
+        from IPython import get_ipython
+
+        in_kernel = getattr(get_ipython(), "kernel", None) is not None
+    except ImportError:
+        in_kernel = False
+    if not in_kernel:
+        logging.getLogger("attnscope").warning(
+            "attnscope.show draws in a Jupyter notebook; here, run `attnscope serve` and open the URL it prints "
+            "(or read the numbers from scope.run(text) directly)")
+        return None
+    try:
+        from attnscope.app.notebook import Explorer
+    except ImportError as exc:
+        raise ImportError("the notebook widget needs anywidget: pip install 'attnscope[notebook]'") from exc
+    return Explorer(scope, text=text, lang=lang, height=height)
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
@@ -69,7 +70,8 @@ class Scope:
     def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, name: str | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
         inner = base_model(model)
-        label = name or str(getattr(inner.config, "_name_or_path", "") or inner.config.model_type)
+        where = str(getattr(inner.config, "_name_or_path", "") or "")
+        label = name or (Path(where).name if where else "") or str(inner.config.model_type)  # a folder: its name
         self._lm = inspect_model(label, inner, tokenizer, source="python")
         self._lock = threading.RLock()
         with self._borrowed():  # the engine checks once that the attention returns its weights
@@ -105,9 +107,19 @@ class Scope:
         return self._engine
 
     @contextmanager
-    def _borrowed(self) -> Iterator[None]:
+    def borrowed(self) -> Iterator[None]:
+        """The model switched for inspection for the ``with`` only (one caller at a time)."""
         with self._lock, borrowed(self._lm):
             yield
+
+    _borrowed = borrowed
+
+    def show(self, text: str | None = None, *, lang: str = "en", height: int = 780) -> Any:
+        """The explorer on this model in a notebook's output cell (``attnscope.show``; needs the
+        ``notebook`` extra); outside a notebook, says what to do instead and returns None."""
+        import attnscope  # the package's front: the notebook door lives beside the HTTP door
+
+        return attnscope.show(self, text=text, lang=lang, height=height)
 
     def call(self, service: Callable[..., T], **kwargs: Any) -> T:
         """Any service of ``model.services`` on this Scope's engine, with the model borrowed."""
@@ -250,6 +262,10 @@ class Run:
         """Per head at ``position``: the total-variation distance between its weights and each source's
         share of what it adds (0: the weights tell the whole story)."""
         return self.scope.call(learn.contribution_gaps, run_id=self.run_id, position=position)
+
+    def show(self, *, lang: str = "en", height: int = 780) -> Any:
+        """The explorer on this run's text in a notebook's output cell (``attnscope.show``)."""
+        return self.scope.show(self.text, lang=lang, height=height)
 
     def sparsity(self) -> list[HeadSparsity]:
         """How concentrated each head is (top-1 / top-5 mass, keys holding 90 %)."""

@@ -5,6 +5,7 @@
 // the nav links' ?lang= and calls each registered painter, without a reload.
 
 import en from "../i18n/en.js";
+import { isEmbedded, search, setSearch } from "./page.js";
 import zh from "../i18n/zh.js";
 
 export const LANGUAGES = ["en", "zh"];
@@ -30,7 +31,7 @@ function remember(l) {
 }
 
 export function pickLanguage() {
-  const fromUrl = new URLSearchParams(location.search).get("lang");
+  const fromUrl = new URLSearchParams(search()).get("lang");
   if (LANGUAGES.includes(fromUrl)) return fromUrl;
   const saved = stored();
   if (LANGUAGES.includes(saved)) return saved;
@@ -79,6 +80,7 @@ export function onLanguage(fn) {
 
 // The site's own links (the nav) carry the language, so it follows the reader to the next page.
 function linkLanguage() {
+  if (isEmbedded()) return; // an embedded explorer has no site around it to link to
   for (const a of document.querySelectorAll("header.top nav a[href^='/']")) {
     const url = new URL(a.getAttribute("href"), location.origin);
     url.searchParams.set("lang", current);
@@ -97,9 +99,9 @@ export async function setLanguage(next) {
   if (!LANGUAGES.includes(next)) return;
   current = next;
   remember(next);
-  const params = new URLSearchParams(location.search);
+  const params = new URLSearchParams(search());
   params.set("lang", next);
-  history.replaceState(history.state, "", `${location.pathname}?${params}`);
+  setSearch(params);
   mark();
   applyStatic();
   document.documentElement.dataset.painted = "";

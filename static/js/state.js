@@ -1,5 +1,6 @@
 // The explorer's state in one object. `set` changes it; the controller (main.js and explorer/)
 // redraws the views a change affects, and toURL / fromURL mirror it in the address bar.
+import { search, setSearch } from "./page.js";
 
 export const state = {
   models: [],
@@ -43,12 +44,12 @@ export function toURL() {
   if (state.temperature !== 1) params.set("t", state.temperature);
   if (state.zoom) params.set("zoom", [state.zoom.q0, state.zoom.q1, state.zoom.k0, state.zoom.k1].join(","));
   for (const extra of urlExtras) for (const [k, v] of Object.entries(extra())) params.set(k, v);
-  history.replaceState(null, "", `${location.pathname}?${params}`);
+  setSearch(params);
 }
 
 // The state a URL asks for (unchecked: the caller clamps to the run it gets).
-export function fromURL(search = location.search) {
-  const p = new URLSearchParams(search);
+export function fromURL(query = search()) {
+  const p = new URLSearchParams(query);
   const num = (k) => (p.has(k) && p.get(k) !== "" && Number.isFinite(Number(p.get(k))) ? Number(p.get(k)) : undefined);
   const zoom = (p.get("zoom") || "").split(",").map(Number);
   return {

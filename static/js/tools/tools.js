@@ -4,6 +4,7 @@
 import { el } from "../dom.js";
 import { urlExtras } from "../state.js";
 import { errorText, t } from "../i18n.js";
+import { search, setSearch } from "../page.js";
 import * as attribution from "./attribution.js";
 import * as ablation from "./ablation.js";
 import * as patching from "./patching.js";
@@ -43,7 +44,7 @@ export class Tools {
     this.body.append(this.intro);
     this.labels();
     urlExtras.push(() => this.urlParams());
-    const url = new URLSearchParams(location.search);
+    const url = new URLSearchParams(search());
     const view = url.get("view");
     if (view && VIEWS[view]) {
       this.view = view;
@@ -149,10 +150,10 @@ export class Tools {
   }
 
   syncURL() {
-    const url = new URLSearchParams(location.search);
+    const url = new URLSearchParams(search());
     for (const keys of Object.values(OWN)) for (const k of keys) url.delete(k);
     url.delete("view");
     for (const [k, v] of Object.entries(this.urlParams())) url.set(k, v);
-    history.replaceState(null, "", `${location.pathname}?${url}`);
+    setSearch(url);
   }
 }

@@ -1,0 +1,144 @@
+"""The explorer in a notebook: an anywidget whose frame runs the web app's own page, its ``/api``
+requests carried over the widget's comm (custom messages, bodies as binary buffers) and answered in
+the kernel by the same routes and services as the web app, on the model object the notebook holds.
+No port is opened, so it works on remote kernels (JupyterHub, Colab, VS Code).
+
+``attnscope.show(model, tokenizer, text)``, ``scope.show(text)`` and ``attnscope.show(run)`` make one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import weakref
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlencode
+
+import anywidget
+import traitlets
+
+from attnscope.app.embed import explorer_document, transport_script
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.services.scope import Scope
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).resolve().parents[1] / "static"
+EMBED_CSS = "header.top nav{display:none} body{margin:0}"  # no links to the server's other pages
+
+
+class Bridge:
+    """The HTTP door's app, called in-process (ASGI, no socket) from one worker thread, one request at a
+    time, with the Scope's model borrowed for each."""
+
+    def __init__(self, scope: Scope) -> None:
+        name = scope.model.info.name
+        self.scope = scope
+        self.app = create_app(Settings(models={}, default_model=name), scope.engine)
+        self._jobs: queue.Queue[tuple[dict[str, Any], bytes, Any] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._work, name="attnscope-widget", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
+        """Answer ``request`` ({id, method, url, headers}) by calling ``reply(content, buffers)`` as the
+        response starts, for each chunk of its body, and when it is done."""
+        self._jobs.put((request, body, reply))
+
+    def close(self) -> None:
+        self._jobs.put(None)
+
+    def wait(self) -> None:
+        """Until every request submitted so far is answered and the model given back."""
+        self._jobs.join()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            request, body, reply = job
+            self._answer(request, body, reply)
+            self._jobs.task_done()
+        self._jobs.task_done()
+
+    def _answer(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
+        try:
+            with self.scope.borrowed():
+                asyncio.run(self.call(request, body, reply))
+        except Exception:  # the frame must hear back, whatever failed
+            log.exception("the widget's request %s %s failed", request.get("method"), request.get("url"))
+            reply({"type": "response", "id": request["id"], "start": True, "status": 500,
+                   "headers": {"content-type": "application/json"}, "done": True},
+                  [b'{"code":"internal_error","message":"the kernel failed to answer: see its log","params":{}}'])
+
+    async def call(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
+        path, _, query = str(request["url"]).partition("?")
+        headers = [(b"host", b"localhost")] + [(str(k).lower().encode("latin-1"), str(v).encode("latin-1"))
+                                                for k, v in dict(request.get("headers") or {}).items()
+                                                if str(k).lower() != "host"]
+        if body:
+            headers.append((b"content-length", str(len(body)).encode()))
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": str(request.get("method") or "GET"), "scheme": "http", "path": unquote(path),
+                 "raw_path": path.encode("latin-1"), "query_string": query.encode("latin-1"), "root_path": "",
+                 "headers": headers, "client": ("127.0.0.1", 0), "server": ("localhost", 80)}
+        read = False
+        ident = request["id"]
+        started: dict[str, Any] = {}
+
+        async def receive() -> dict[str, Any]:
+            nonlocal read
+            if not read:
+                read = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()  # the frame never disconnects mid-request
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                started.update(status=int(message["status"]),
+                               headers={k.decode("latin-1"): v.decode("latin-1") for k, v in message["headers"]})
+            elif message["type"] == "http.response.body":
+                chunk = bytes(message.get("body", b""))
+                more = bool(message.get("more_body", False))
+                content: dict[str, Any] = {"type": "response", "id": ident, "done": not more}
+                if started:  # the first body message carries the status and headers too
+                    content.update(start=True, status=started.pop("status"), headers=started.pop("headers"))
+                reply(content, [chunk] if chunk else [])
+
+        await self.app(scope, receive, send)
+
+
+class Explorer(anywidget.AnyWidget):
+    """The explorer on a Scope's model, in the output cell."""
+
+    _esm = STATIC / "js" / "widget.js"
+    html = traitlets.Unicode("").tag(sync=True)
+    height = traitlets.Int(780).tag(sync=True)
+
+    def __init__(self, scope: Scope, *, text: str | None = None, lang: str = "en", height: int = 780) -> None:
+        if lang not in ("en", "zh"):
+            raise ValueError(f"lang must be 'en' or 'zh', not {lang!r}")
+        query = {"lang": lang, **({"text": text} if text else {})}
+        super().__init__(html=explorer_document(embed={"search": "?" + urlencode(query)},
+                                                transport=transport_script(), extra_css=EMBED_CSS),
+                         height=height)
+        self.scope = scope
+        self._bridge = Bridge(scope)
+        self.on_msg(self._on_msg)
+        # a re-executed cell drops the old widget: its worker thread ends with it (and at exit)
+        self._finalizer = weakref.finalize(self, self._bridge.close)
+
+    def _on_msg(self, _widget: Any, content: dict[str, Any], buffers: list[Any]) -> None:
+        if not isinstance(content, dict) or content.get("type") != "request":
+            return
+        body = bytes(buffers[0]) if buffers else b""
+        self._bridge.submit(content, body, self.reply)
+
+    def reply(self, content: dict[str, Any], buffers: list[bytes]) -> None:
+        self.send(content, buffers)
+
+    def close(self) -> None:
+        self._bridge.close()
+        super().close()

@@ -1,0 +1,127 @@
+"""The notebook widget's kernel side: the frame's /api requests answered over the comm by the web app's
+own routes on the model object the notebook holds (here one built from a config and edited in memory),
+and the page it is sent built from the web app's own modules."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("anywidget")
+
+import attnscope
+from attnscope.app import embed
+from attnscope.app.notebook import Explorer
+from tests.support.families import FAMILIES
+from tests.support.tinytok import tiny_tokenizer
+
+TEXT = "the cat sat on the mat; the cat sat."
+
+
+class Frame:
+    """What the widget's frame would receive: each response's status, headers and body."""
+
+    def __init__(self, widget: Explorer) -> None:
+        self.widget = widget
+        self.answers: dict[int, dict[str, Any]] = {}
+        self.done = threading.Condition()
+        self.next = 0
+        widget.reply = self.receive  # type: ignore[method-assign]
+
+    def receive(self, content: dict[str, Any], buffers: list[bytes]) -> None:
+        with self.done:
+            got = self.answers.setdefault(content["id"], {"body": b""})
+            if content.get("start"):
+                got.update(status=content["status"], headers=content["headers"])
+            got["body"] += b"".join(buffers)
+            got["done"] = bool(content.get("done"))
+            self.done.notify_all()
+
+    def request(self, method: str, url: str, body: object = None) -> dict[str, Any]:
+        self.next += 1
+        ident = self.next
+        data = [json.dumps(body).encode()] if body is not None else []
+        headers = {"content-type": "application/json"} if body is not None else {}
+        self.widget._on_msg(self.widget, {"type": "request", "id": ident, "method": method, "url": url,
+                                          "headers": headers}, data)
+        with self.done:
+            assert self.done.wait_for(lambda: self.answers.get(ident, {}).get("done"), timeout=120)
+        return self.answers[ident]
+
+
+def build_edited(attn_implementation: str) -> Any:
+    """A model built in the kernel from a config (seeded), one weight edited in memory."""
+    family = next(f for f in FAMILIES if f.model_type == "llama")
+    model = family.build(attn_implementation)
+    with torch.no_grad():
+        model.model.layers[1].self_attn.q_proj.weight.mul_(3.0)  # sharper attention in layer 1
+    return model
+
+
+@pytest.fixture
+def edited() -> tuple[Any, Any]:
+    return build_edited("sdpa"), tiny_tokenizer()
+
+
+def test_the_widget_answers_the_frames_requests_with_the_edited_models_attention(edited: tuple[Any, Any]) -> None:
+    model, tokenizer = edited
+    widget = attnscope.Scope(model, tokenizer, name="edited")
+    explorer = Explorer(widget, text=TEXT, lang="zh")
+    frame = Frame(explorer)
+    try:
+        models = frame.request("GET", "/api/models")
+        assert models["status"] == 200 and json.loads(models["body"])["models"][0]["name"] == "edited"
+        made = frame.request("POST", "/api/runs", {"text": TEXT})
+        assert made["status"] == 201
+        run = json.loads(made["body"])
+        n = len(run["tokens"])
+        got = frame.request("GET", f"/api/runs/{run['run_id']}/attention?layer=1&head=2&format=f32")
+        assert got["status"] == 200 and got["headers"]["x-attn-encoding"] == "f32"
+        sent = np.zeros((n, n), dtype=np.float32)
+        sent[np.tril_indices(n)] = np.frombuffer(got["body"], dtype="<f4")
+        reference = build_edited("eager")  # the same weights, edited the same way, read by transformers itself
+        with torch.inference_mode():
+            ids = torch.tensor([[t["id"] for t in run["tokens"]]])
+            want = reference(input_ids=ids, output_attentions=True).attentions[1][0, 2].numpy()
+        np.testing.assert_allclose(sent, want, atol=1e-5)  # the edited weights, as they are in the kernel
+        refused = frame.request("GET", f"/api/runs/{run['run_id']}/attention?layer=9&head=0")
+        assert refused["status"] == 422 and json.loads(refused["body"])["code"] == "layer_out_of_range"
+        explorer._bridge.wait()
+        assert model.config._attn_implementation == "sdpa"  # each request borrows the model, and gives it back
+        stream = frame.request("POST", "/api/generate", {"text": TEXT, "max_new_tokens": 3, "temperature": 0,
+                                                          "record": True})
+        assert stream["status"] == 200 and stream["body"].count(b"event: token") == 3
+        assert b"event: run" in stream["body"] and b"event: done" in stream["body"]
+    finally:
+        explorer.close()
+
+
+def test_the_page_is_the_web_apps_own_modules_inlined() -> None:
+    document = embed.explorer_document(embed={"search": "?lang=zh"}, transport=embed.transport_script())
+    assert not re.search(r"""(src|href)=["']/(static|vendor)/""", document)  # nothing asked of a server
+    assert not re.search(r"""<(script|link)[^>]+(src|href)=["']https?:""", document)  # nor of a CDN
+    sources = embed.modules()
+    served = {f"attnscope/{p.relative_to(embed.STATIC).as_posix()}" for p in (embed.STATIC / "js").rglob("*.js")
+              if not p.relative_to(embed.STATIC).as_posix().startswith(("js/embed/", "js/widget.js"))}
+    assert {"attnscope/js/main.js", "attnscope/js/views/heatmap.js", "attnscope/i18n/zh.js"} <= set(sources)
+    assert served <= set(sources)
+    spec = re.compile(r"""(["'])(?:\.{1,2}/|attnscope/)[^"']+\1""")
+    for name, source in sources.items():  # the same file, only its import specifiers rewritten: no fork
+        original = (embed.STATIC / name.removeprefix("attnscope/")).read_text(encoding="utf-8")
+        assert spec.sub("''", source) == spec.sub("''", original), name
+    assert sorted(p.name for p in (embed.STATIC / "js" / "embed").iterdir()) == ["transport.js"]
+
+
+def test_show_outside_a_notebook_says_what_to_do(edited: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:
+    model, tokenizer = edited
+    with caplog.at_level(logging.WARNING, logger="attnscope"):
+        assert attnscope.show(model, tokenizer, TEXT) is None
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "attnscope"]
+    assert "attnscope serve" in line and "\n" not in line
