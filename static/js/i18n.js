@@ -151,9 +151,14 @@ export function serverError(err) {
 }
 
 // A param as the catalogue's text shows it: a list as its items ("a", "b"), nothing for null.
-function shown(value) {
+// A parameter as a sentence shows it: counts with thousands separators (as the server's English
+// says them; ids, positions and layers stay plain), strings in the language's quotes.
+const COUNTS = new Set(["chars", "read_chars", "total_chars", "cells", "limit", "tokens", "forwards"]);
+function shown(value, key = "") {
   if (value === null || value === undefined) return "";
-  if (Array.isArray(value)) return value.map((v) => (typeof v === "string" ? JSON.stringify(v) : String(v))).join(", ");
+  const quote = (v) => (current === "zh" ? `“${v}”` : `"${v}"`);
+  if (Array.isArray(value)) return value.map((v) => (typeof v === "string" ? quote(v) : String(v))).join(current === "zh" ? "、" : ", ");
+  if (typeof value === "number" && COUNTS.has(key) && Math.abs(value) >= 1000) return value.toLocaleString("en-US");
   return String(value);
 }
 
@@ -168,7 +173,7 @@ export function errorText(err) {
   const hit = serverError(err);
   if (hit && (current !== "en" || hit.code === "network" || !message)) {
     const vars = { message };
-    for (const [k, v] of Object.entries(hit.params)) vars[k] = shown(v);
+    for (const [k, v] of Object.entries(hit.params)) vars[k] = shown(v, k);
     return t(hit.key, vars);
   }
   return current === "en" || !message ? message : t("err.server", { message });
