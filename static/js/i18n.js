@@ -150,10 +150,10 @@ export function serverError(err) {
   return { code, key, params };
 }
 
-// A param as the catalogue's text shows it: a list as its items ("a", "b"), nothing for null.
-// A parameter as a sentence shows it: counts with thousands separators (as the server's English
-// says them; ids, positions and layers stay plain), strings in the language's quotes.
-const COUNTS = new Set(["chars", "read_chars", "total_chars", "cells", "limit", "tokens", "forwards"]);
+// A parameter as the catalogue's sentence shows it: nothing for null; character and cell counts with
+// thousands separators, as the server's English says them (token counts, ids and positions stay plain);
+// a list's strings in the language's own quotes.
+const COUNTS = new Set(["chars", "read_chars", "total_chars", "cells"]);
 function shown(value, key = "") {
   if (value === null || value === undefined) return "";
   const quote = (v) => (current === "zh" ? `“${v}”` : `"${v}"`);
