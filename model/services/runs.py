@@ -19,6 +19,8 @@ from attnscope.model.runs.tiles import TileSpec, head_tile
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity, ResidualLayer, residual_stats
 from attnscope.model.services.engine import Engine
 
+MAX_TOP_K = 50  # the lens's and the ablation's candidates a position, at most
+
 
 @dataclass(frozen=True, slots=True)
 class Heads:
@@ -75,6 +77,13 @@ def attention_tile(engine: Engine, *, run_id: str, layer: int, head: int, q0: in
     return head_tile(cache.attention[layer], head, spec).float().cpu()
 
 
+def check_top_k(top_k: int, most: int = MAX_TOP_K) -> None:
+    """The candidates a view lists: 1..``most``."""
+    if not 1 <= top_k <= most:
+        raise BadInput(f"top_k {top_k} is out of range: 1..{most}", code="value_out_of_range",
+                       params={"name": "top_k", "value": top_k, "min": 1, "max": most})
+
+
 def span(name: str, lo: int | None, hi: int | None, n: int) -> tuple[int, int]:
     """[lo, hi) within the run's n positions (defaults: all of them)."""
     a, b = (0 if lo is None else lo), (n if hi is None else hi)
@@ -93,9 +102,7 @@ def residual(engine: Engine, *, run_id: str) -> Residual:
 
 
 def lens(engine: Engine, *, run_id: str, top_k: int = 5) -> LogitLens:
-    if not 1 <= top_k <= 50:
-        raise BadInput(f"top_k {top_k} is out of range: 1..50", code="value_out_of_range",
-                       params={"name": "top_k", "value": top_k, "min": 1, "max": 50})
+    check_top_k(top_k)
     return engine.logit_lens(engine.run(run_id), top_k)
 
 

@@ -74,7 +74,7 @@ class Scope:
         label = name or (Path(where).name if where else "") or str(inner.config.model_type)  # a folder: its name
         self._lm = inspect_model(label, inner, tokenizer, source="python")
         self._lock = threading.RLock()
-        with self._borrowed():  # the engine checks once that the attention returns its weights
+        with self.borrowed():  # the engine checks once that the attention returns its weights
             self._engine = Engine({label: self._lm}, label, RunStore(keep_bytes), max_tokens)
         # the late head scores' thread stops when the Scope goes, or at exit (torch aborts a process
         # that exits while a thread is inside it)
@@ -112,7 +112,6 @@ class Scope:
         with self._lock, borrowed(self._lm):
             yield
 
-    _borrowed = borrowed
 
     def show(self, text: str | None = None, *, lang: str = "en", height: int = 780) -> Any:
         """The explorer on this model in a notebook's output cell (``attnscope.show``; needs the
@@ -123,12 +122,12 @@ class Scope:
 
     def call(self, service: Callable[..., T], **kwargs: Any) -> T:
         """Any service of ``model.services`` on this Scope's engine, with the model borrowed."""
-        with self._borrowed():
+        with self.borrowed():
             return service(self._engine, **kwargs)
 
     def run(self, text: str, *, top_k: int = 10, truncate: bool = False) -> Run:
         """One forward over ``text``, everything captured: the run to read."""
-        with self._borrowed():
+        with self.borrowed():
             result = self._engine.analyse(text, top_k=top_k, truncate=truncate)
         return Run(self, result.run_id)
 
@@ -137,7 +136,7 @@ class Scope:
         """Generate with the KV cache, token by token, recording every step: the result holds each
         step (token, probability, the model's top alternatives) and the recording as an ordinary run
         over prompt + generated text. ``temperature`` 0 is greedy."""
-        with self._borrowed():
+        with self.borrowed():
             gen = generate_service.start(self._engine, text=text, max_new_tokens=max_new_tokens,
                                          temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                                          stop_at_eos=stop_at_eos, record=True, max_new_limit=max(max_new_tokens, 1))

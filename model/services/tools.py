@@ -15,7 +15,7 @@ from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import Token, ids_tensor, token_map
 from attnscope.model.services.engine import Engine
-from attnscope.model.services.runs import check_position
+from attnscope.model.services.runs import check_position, check_top_k
 from attnscope.model.tools import ablation, attribution, patching
 from attnscope.model.tools.intervene import batch_bytes
 
@@ -148,9 +148,7 @@ def ablate(engine: Engine, *, run_id: str, heads: list[tuple[int, int]], mode: s
     cache = engine.run(run_id)
     lm = engine.model(cache.model)
     checked = _mode(mode)
-    if not 1 <= top_k <= 50:
-        raise BadInput(f"top_k {top_k} is out of range: 1..50", code="value_out_of_range",
-                       params={"name": "top_k", "value": top_k, "min": 1, "max": 50})
+    check_top_k(top_k)
     pairs = [(int(layer), int(head)) for layer, head in heads]
     with engine.budget.reserve(batch_bytes(lm, cache.n, cache.n)), lm.lock:
         positions = ablation.ablate(lm, cache, pairs, checked, top_k)
