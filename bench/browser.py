@@ -51,7 +51,7 @@ from tests.support.tiny import make_engine  # noqa: E402
 log = logging.getLogger("bench.browser")
 
 CLICK_TO_DRAW = """async () => {
-  const div = document.querySelector('[data-testid=attention-heatmap]');
+  const div = document.querySelector('[data-testid=heatmap]');
   const before = div.dataset.drawnAt || '';
   const t0 = performance.now();
   document.querySelector('[data-testid=analyze-button]').click();
@@ -60,7 +60,7 @@ CLICK_TO_DRAW = """async () => {
 }"""
 
 HEAD_SWITCH = """async (sel) => {
-  const div = document.querySelector('[data-testid=attention-heatmap]');
+  const div = document.querySelector('[data-testid=heatmap]');
   const before = div.dataset.drawnAt;
   const t0 = performance.now();
   document.querySelector(sel).click();
@@ -73,7 +73,7 @@ HEAD_SWITCH = """async (sel) => {
 # then zoom steps as a wheel session makes them (each halves the window around one point, down to
 # single labelled cells): from the relayout to the finer tile drawn.
 ANALYSE_TO_OVERVIEW = """async () => {
-  const div = document.querySelector('[data-testid=attention-heatmap]');
+  const div = document.querySelector('[data-testid=heatmap]');
   const before = div.dataset.drawnAt || '';
   const t0 = performance.now();
   document.querySelector('[data-testid=analyze-button]').click();
@@ -83,7 +83,7 @@ ANALYSE_TO_OVERVIEW = """async () => {
 }"""
 
 ZOOM_STEPS = """async (n) => {
-  const div = document.querySelector('[data-testid=attention-heatmap]');
+  const div = document.querySelector('[data-testid=heatmap]');
   const steps = [];
   let q = Math.floor(n * 0.7), k = Math.floor(n * 0.4), w = n;
   while (w > 16) {
@@ -141,7 +141,7 @@ def browser_generation(page: object, n: int, probe: bool = True) -> dict[str, ob
     for the end every 250 ms, so that the rate is not slowed by the probing itself."""
     page.fill("[data-testid=prompt-input]", GEN_PROMPT)
     page.click("[data-testid=analyze-button]")
-    page.wait_for_function("() => !document.body.dataset.busy && document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    page.wait_for_function("() => !document.body.dataset.busy && document.querySelector('[data-testid=heatmap]').dataset.n")
     page.fill("[data-testid=generate-count]", str(n))
     page.fill("[data-testid=generate-temperature]", "1")
     # the page's own request, with end-of-text not stopping it, so that both sides stream n tokens
@@ -152,7 +152,7 @@ def browser_generation(page: object, n: int, probe: bool = True) -> dict[str, ob
     target = (box["x"] + 8, box["y"] + box["height"] / 2)  # the Tokens heading: a click that changes nothing
     page.evaluate(PROBE)
     t0 = page.evaluate("() => { window.__t0 = performance.now(); document.querySelector('[data-testid=generate-button]').click(); return window.__t0; }")
-    page.evaluate("""() => { const d = document.querySelector('[data-testid=attention-heatmap]');
+    page.evaluate("""() => { const d = document.querySelector('[data-testid=heatmap]');
         new MutationObserver(() => { window.__lastToken = performance.now(); }).observe(d, {attributes: true, attributeFilter: ['data-live-tokens']}); }""")
     trips: list[float] = []
     clicks: list[float] = []
@@ -170,7 +170,7 @@ def browser_generation(page: object, n: int, probe: bool = True) -> dict[str, ob
             trips.append(1e3 * (time.perf_counter() - s))
         k += 1
         time.sleep(0.1)
-    got = page.evaluate("""() => { window.__done = true; const d = document.querySelector('[data-testid=attention-heatmap]').dataset;
+    got = page.evaluate("""() => { window.__done = true; const d = document.querySelector('[data-testid=heatmap]').dataset;
         return {tokens: Number(d.liveTokens), draws: Number(d.liveDraws), last: window.__lastToken, end: performance.now(), lag: window.__lag,
                 server: Number(d.liveServerMs) / 1e3, loaf: window.__loaf.filter((e) => e.start > window.__t0),
                 events: window.__events.filter((e) => e.start > window.__t0)}; }""")
@@ -234,7 +234,7 @@ def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.goto(url + "/")
-        page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy",
+        page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy",
                                timeout=600_000)
         page.fill("[data-testid=prompt-input]", text)
         page.evaluate(PROBE)
@@ -319,7 +319,7 @@ def main() -> None:
         page.goto(url + "/")
         page.wait_for_selector("#model-picker option", state="attached")
         # the explorer analyses its example on load: let that finish first
-        page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+        page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy")
         for n in (int(x) for x in args.lengths.split(",") if int(x) > 0):
             if n > lm.info.max_positions:
                 log.info("skipping n=%d: the model has %d positions", n, lm.info.max_positions)

@@ -26,7 +26,7 @@ CHART_STOPS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(
 def open_view(page: object, base_url: str, view: str, lang: str = "en") -> None:
     page.goto(f"{base_url}/?{urlencode({'text': PROMPT, 'model': 'attnscope-tiny', 'pos': '9', 'view': view, 'lang': lang})}")
     page.wait_for_selector(f"[data-testid=tool-view-{view}]")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy",
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy",
                            timeout=120_000)
 
 
@@ -69,7 +69,7 @@ def test_a_chart_is_at_most_one_tab_stop(page: object, base_url: str) -> None:
         assert c["buttons"] >= 5 and c["toolbar"] == "toolbar", c  # plotly's 8-9 buttons are there, as one toolbar
         assert c["stops"] <= 1, c  # they were 8-9 tab stops each
     # the heatmap takes focus itself (arrow keys move its cell): its mode bar adds no stop
-    heat = next(c for c in charts if c["name"] == "attention-heatmap")
+    heat = next(c for c in charts if c["name"] == "heatmap")
     assert heat["stops"] == 1
     # Tab from the lens chart's first mode-bar button leaves the chart; arrow keys move inside it
     first = page.locator("[data-testid=logit-lens] .modebar-btn").first
@@ -109,7 +109,7 @@ def test_attribution_selects_have_labels(page: object, base_url: str, lang: str)
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_ctrl_enter_is_written_beside_the_run_button(page: object, base_url: str, lang: str) -> None:
     page.goto(f"{base_url}/?{urlencode({'text': 'I love artificial intelligence', 'lang': lang})}")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy",
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy",
                            timeout=120_000)
     button = page.get_by_test_id("analyze-button")
     assert "Ctrl+Enter" in button.get_attribute("title") and button.get_attribute("aria-keyshortcuts") == "Control+Enter"
@@ -120,4 +120,4 @@ def test_ctrl_enter_is_written_beside_the_run_button(page: object, base_url: str
     # and it does what it says
     page.get_by_test_id("prompt-input").fill("the dog bites the man")
     page.get_by_test_id("prompt-input").press("Control+Enter")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n === '5'", timeout=120_000)
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n === '5'", timeout=120_000)

@@ -21,7 +21,7 @@ RULE = {"en": "more than 3 positions back", "zh": "3 个位置之外"}
 def analyse(page: object, base_url: str, text: str, lang: str) -> dict:
     """Analyse ``text`` in the explorer and return the run with its late scores."""
     page.goto(f"{base_url}/?lang={lang}")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt"
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt"
                            " && !document.body.dataset.busy")
     page.get_by_test_id("prompt-input").fill(text)
     with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as resp:

@@ -20,7 +20,7 @@ BUNDLED_HEADS = _CONFIG["num_hidden_layers"] * _CONFIG["num_attention_heads"]  #
 
 def heatmap_state(page: object) -> dict:
     return page.evaluate("""() => {
-        const div = document.querySelector('[data-testid=attention-heatmap]');
+        const div = document.querySelector('[data-testid=heatmap]');
         const heat = div.data.find(t => t.type === 'heatmap');
         return {n: Number(div.dataset.n), layer: Number(div.dataset.layer), head: Number(div.dataset.head),
                 rows: heat.z.length, cols: heat.z.map(r => r.length), z: heat.z,
@@ -31,13 +31,13 @@ def heatmap_state(page: object) -> dict:
 def analyse(page: object, base_url: str, text: str, model: str | None = None) -> None:
     """Open the explorer (which analyses its example on load), then analyse ``text``."""
     page.goto(base_url + "/")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
-    before = page.evaluate("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+    before = page.evaluate("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt")
     if model:
         page.get_by_test_id("model-picker").select_option(model)
     page.get_by_test_id("prompt-input").fill(text)
     page.get_by_test_id("analyze-button").click()
-    page.wait_for_function("(before) => { const d = document.querySelector('[data-testid=attention-heatmap]').dataset;"
+    page.wait_for_function("(before) => { const d = document.querySelector('[data-testid=heatmap]').dataset;"
                            " return d.drawnAt !== before && !document.body.dataset.busy; }", arg=before, timeout=60_000)
 
 
@@ -61,7 +61,7 @@ def test_clicking_a_head_cell_changes_the_heatmap(page: object, base_url: str) -
     analyse(page, base_url, PROMPT)
     before = heatmap_state(page)
     page.locator("[data-testid=head-cell][data-layer='2'][data-head='5']").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.layer === '2'")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.layer === '2'")
     after = heatmap_state(page)
     assert (after["layer"], after["head"]) == (2, 5)
     assert after["z"] != before["z"]
@@ -101,7 +101,7 @@ def test_next_token_chart_has_k_bars_summing_to_at_most_one(page: object, base_u
 def test_url_round_trips(page: object, base_url: str, browser: object) -> None:
     analyse(page, base_url, PROMPT)
     page.locator("[data-testid=head-cell][data-layer='1'][data-head='3']").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head === '3'")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.head === '3'")
     page.get_by_test_id("token").nth(6).click()
     page.wait_for_function("() => new URLSearchParams(location.search).get('pos') === '6'")
     url = page.url
@@ -110,7 +110,7 @@ def test_url_round_trips(page: object, base_url: str, browser: object) -> None:
     other = browser.new_page()
     watch = ConsoleWatch(other)
     other.goto(url)
-    other.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n")
+    other.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n")
     state = heatmap_state(other)
     assert (state["layer"], state["head"]) == (1, 3)
     assert other.get_by_test_id("prompt-input").input_value() == PROMPT
@@ -122,7 +122,7 @@ def test_url_round_trips(page: object, base_url: str, browser: object) -> None:
 def test_a_link_to_an_unknown_model_says_so(page: object, base_url: str) -> None:
     """?model= naming a model this server lacks: the page shows the default, and says so."""
     page.goto(base_url + "/?model=nope-7b&text=dog%20bites%20man")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy")
     note = page.get_by_test_id("model-note")
     assert note.is_visible()
     text = note.text_content()
@@ -132,7 +132,7 @@ def test_a_link_to_an_unknown_model_says_so(page: object, base_url: str) -> None
     page.wait_for_function("() => /[\u4e00-\u9fff]/.test(document.querySelector('[data-testid=model-note]').textContent)")
     assert "nope-7b" in note.text_content()
     page.goto(base_url + "/?model=attnscope-tiny&text=dog%20bites%20man")  # a served model: no note
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt")
     assert not page.get_by_test_id("model-note").is_visible()
 
 
@@ -181,7 +181,7 @@ def test_generate_and_record_fills_rows_then_timeline(page: object, base_url: st
     page.get_by_test_id("tool-tab-attribution").click()  # an open tool follows the timeline too
     page.wait_for_selector("[data-testid=attribution-heatmap]")
     page.get_by_test_id("timeline").fill("0")
-    page.wait_for_function(f"() => document.querySelector('[data-testid=attention-heatmap]').data.find(t => t.type === 'heatmap').z.length === {n0}")
+    page.wait_for_function(f"() => document.querySelector('[data-testid=heatmap]').data.find(t => t.type === 'heatmap').z.length === {n0}")
     page.wait_for_function(f"() => document.querySelector('[data-testid=tool-view-attribution]').textContent.includes('at position {n0 - 1} ')")
     # the heading counts the step's tokens; the caption says its scores are the whole run's
     page.wait_for_function(f"() => document.querySelector('#heat-title').textContent === '{n0} tokens'")
@@ -227,7 +227,7 @@ def test_sparsity_sort_zoom_and_exports(page: object, base_url: str) -> None:
     for field, value in (("q0", "3"), ("q1", "8"), ("k0", "0"), ("k1", "5")):
         page.fill(f"#zoom-{field}", value)
     page.get_by_test_id("zoom-apply").click()
-    ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
+    ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
     assert ranges == [[-0.5, 5.5], [8.5, 2.5]]
     with page.expect_download() as svg:
         page.get_by_test_id("export-svg").click()
@@ -253,7 +253,7 @@ def test_every_chart_offers_svg_and_long_runs_zoom(page: object, base_url: str) 
     analyse(page, base_url, words)
     n = heatmap_state(page)["n"]
     assert n >= 900
-    for testid in ("attention-heatmap", "focus-chart", "next-token-chart"):
+    for testid in ("heatmap", "focus-chart", "next-token-chart"):
         page.wait_for_function(f"() => document.querySelector('[data-testid={testid}]')._fullLayout")
         names = page.evaluate(f"() => document.querySelector('[data-testid={testid}]')._context.modeBarButtonsToAdd.map(b => b.name)")
         assert "Download plot as SVG" in names, testid
@@ -261,10 +261,10 @@ def test_every_chart_offers_svg_and_long_runs_zoom(page: object, base_url: str) 
     for field, value in (("q0", "900"), ("q1", str(n - 1)), ("k0", "0"), ("k1", "99")):
         page.fill(f"#zoom-{field}", value)
     page.get_by_test_id("zoom-apply").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').layout.xaxis.range[1] === 99.5")
-    ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').layout.xaxis.range[1] === 99.5")
+    ranges = page.evaluate("() => { const l = document.querySelector('[data-testid=heatmap]').layout; return [l.xaxis.range, l.yaxis.range]; }")
     assert ranges == [[-0.5, 99.5], [n - 0.5, 899.5]]
-    assert heatmap_state(page)["rows"] == n - 900 and page.get_by_test_id("attention-heatmap").get_attribute("data-exact") == "1"
+    assert heatmap_state(page)["rows"] == n - 900 and page.get_by_test_id("heatmap").get_attribute("data-exact") == "1"
     with page.expect_download() as svg:
         page.locator("[data-testid=focus-chart] [data-title='Download plot as SVG']").click()
     assert svg.value.suggested_filename.endswith(".svg")
@@ -275,7 +275,7 @@ def test_repeated_sentence_example_shows_an_induction_head(page: object, base_ur
     """The bundled model's induction head, on the explorer's own example: a head cell carries the
     *ind* badge, and its score is the engine's."""
     page.goto(base_url + "/")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy")
     page.get_by_test_id("example-repeat").click()
     page.wait_for_function("() => new URLSearchParams(location.search).get('text') === "
                            "'The cat sat on the mat. The cat sat on the mat.' && !document.body.dataset.busy")

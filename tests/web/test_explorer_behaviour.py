@@ -25,7 +25,7 @@ SLOW_FETCH = """(() => {
 
 
 def drawn(page: object) -> None:
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy",
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy",
                            timeout=60_000)
 
 
@@ -35,7 +35,7 @@ def zoom_to(page: object, q0: int, q1: int, k0: int, k1: int) -> None:
 
 
 def heat_n(page: object) -> int:
-    return int(page.evaluate("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n"))
+    return int(page.evaluate("() => document.querySelector('[data-testid=heatmap]').dataset.n"))
 
 
 def test_first_screen_is_analysed_on_load(page: object, base_url: str) -> None:
@@ -99,7 +99,7 @@ def test_generation_is_drawn_in_batches_and_says_why_it_stopped(page: object, ba
     assert page.get_by_test_id("generate-button").is_disabled()  # cannot act during a run, and says so
     assert "Generating" in page.get_by_test_id("generate-why").text_content()
     page.wait_for_function("() => !document.querySelector('#timeline-box').hidden", timeout=90_000)
-    stats = page.evaluate("""() => { window.__stopFrames = true; const d = document.querySelector('[data-testid=attention-heatmap]').dataset;
+    stats = page.evaluate("""() => { window.__stopFrames = true; const d = document.querySelector('[data-testid=heatmap]').dataset;
                                      return {draws: Number(d.liveDraws), tokens: Number(d.liveTokens), frames: window.__frames}; }""")
     assert stats["tokens"] >= 1 and 1 <= stats["draws"] <= stats["frames"]  # never more than one redraw a frame
     assert page.evaluate("() => [window.__live > 0, window.__exposed]") == [True, 0]
@@ -159,7 +159,7 @@ def test_url_keeps_sort_colour_zoom_position_layer_head(page: object, base_url: 
     other = browser.new_page(viewport={"width": 1500, "height": 1100})
     other.goto(page.url)
     drawn(other)
-    got = other.evaluate("""() => { const d = document.querySelector('[data-testid=attention-heatmap]');
+    got = other.evaluate("""() => { const d = document.querySelector('[data-testid=heatmap]');
         return {layer: d.dataset.layer, head: d.dataset.head, x: d.layout.xaxis.range, y: d.layout.yaxis.range,
                 sort: document.querySelector('#grid-sort').value, colour: document.querySelector('#colour-scale').value,
                 zoom: ['q0', 'q1', 'k0', 'k1'].map((k) => document.querySelector('#zoom-' + k).value)}; }""")
@@ -177,22 +177,22 @@ def test_zoom_labels_every_visible_token_and_drag_zoom_fills_the_inputs(page: ob
     zoom_to(page, 40, 60, 30, 55)
     page.get_by_test_id("zoom-apply").click()
     # a long run's zoom fetches a finer tile first: wait for the labelled single cells
-    page.wait_for_function("() => (document.querySelector('[data-testid=attention-heatmap]').layout.xaxis.tickvals || []).length === 26",
+    page.wait_for_function("() => (document.querySelector('[data-testid=heatmap]').layout.xaxis.tickvals || []).length === 26",
                            timeout=30_000)
-    ticks = page.evaluate("() => { const l = document.querySelector('[data-testid=attention-heatmap]').layout; return [l.xaxis.tickvals, l.yaxis.tickvals]; }")
+    ticks = page.evaluate("() => { const l = document.querySelector('[data-testid=heatmap]').layout; return [l.xaxis.tickvals, l.yaxis.tickvals]; }")
     assert ticks == [list(range(30, 56)), list(range(40, 61))]  # every visible column and row labelled
     # a drag-zoom through plotly's own relayout: the inputs and labels follow
-    page.evaluate("() => Plotly.relayout(document.querySelector('[data-testid=attention-heatmap]'), {'xaxis.range': [9.5, 20.5], 'yaxis.range': [30.5, 11.5]})")
+    page.evaluate("() => Plotly.relayout(document.querySelector('[data-testid=heatmap]'), {'xaxis.range': [9.5, 20.5], 'yaxis.range': [30.5, 11.5]})")
     page.wait_for_function("() => document.querySelector('#zoom-k0').value === '10'")
     assert [page.input_value(f"#zoom-{k}") for k in ("q0", "q1", "k0", "k1")] == ["12", "30", "10", "20"]
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').layout.xaxis.tickvals.length === 11")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').layout.xaxis.tickvals.length === 11")
 
 
 def test_arrow_keys_move_the_cell_and_the_head(page: object, base_url: str) -> None:
     page.goto(f"{base_url}/?text={quote('The cat sat on the mat.')}")
     drawn(page)
     n = heat_n(page)
-    page.get_by_test_id("attention-heatmap").focus()
+    page.get_by_test_id("heatmap").focus()
     page.keyboard.press("ArrowUp")
     page.keyboard.press("ArrowLeft")
     page.keyboard.press("ArrowLeft")
@@ -200,12 +200,12 @@ def test_arrow_keys_move_the_cell_and_the_head(page: object, base_url: str) -> N
     assert q["pos"] == [str(n - 2)] and q["key"] == [str(n - 4)]
     assert f"query {n - 2}" in page.get_by_test_id("cell-readout").text_content()
     page.locator("[data-testid=head-cell][data-layer='1'][data-head='2']").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head === '2'")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.head === '2'")
     page.locator("[data-testid=head-cell].selected").focus()
     page.keyboard.press("ArrowRight")
     page.keyboard.press("ArrowDown")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.layer === '2' && "
-                           "document.querySelector('[data-testid=attention-heatmap]').dataset.head === '3'")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.layer === '2' && "
+                           "document.querySelector('[data-testid=heatmap]').dataset.head === '3'")
     skip = page.get_by_test_id("skip-tokens")
     assert skip.get_attribute("href") == "#attention-heading"
 

@@ -15,7 +15,7 @@ from attnscope.model.services.engine import Engine
 from tests.support.tiny import make_engine
 
 pytestmark = pytest.mark.browser
-READY = "() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy"
+READY = "() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy"
 
 
 def open_explorer(page: object, url: str, text: str, model: str | None = None, lang: str = "en") -> None:
@@ -47,7 +47,7 @@ def drop_expected_422(page: object) -> None:
 def test_the_run_json_refusal_is_said_by_its_button_and_cleared_by_the_next_export(page: object, small_url: str,
                                                                                    lang: str) -> None:
     open_explorer(page, small_url, "The cat sat on the mat and looked at the dog. " * 4, lang=lang)
-    n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+    n = int(page.get_by_test_id("heatmap").get_attribute("data-n"))
     page.get_by_test_id("export-json").click()
     said = page.get_by_test_id("export-error")
     said.wait_for()
@@ -79,7 +79,7 @@ def test_a_paste_over_the_limit_offers_its_first_tokens(page: object, small_url:
     assert ("limit of 64" if lang == "en" else "上限 64") in said, said
     drop_expected_422(page)
     offer.click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n === '64'"
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n === '64'"
                            " && !document.body.dataset.busy", timeout=60_000)
     assert page.get_by_test_id("error-message").is_hidden()
     note = page.get_by_test_id("truncated-note").text_content()
@@ -121,7 +121,7 @@ def test_every_head_cell_is_inside_the_grid_panel(browser: object, base_url: str
     got = page.evaluate(CELLS_OUT)
     assert got["out"] == [] and got["sideways"] <= 1, got
     assert got["width"] >= 34  # still a readable thumbnail
-    heat = page.get_by_test_id("attention-heatmap").bounding_box()
+    heat = page.get_by_test_id("heatmap").bounding_box()
     assert heat["width"] >= 380  # the heatmap keeps its room
     page.close()
 
@@ -196,7 +196,7 @@ def test_compares_default_second_prompt_has_as_many_tokens(page: object, base_ur
         page.wait_for_selector("[data-testid=head-compare][data-n]", state="attached", timeout=60_000)
         other = page.get_by_test_id("compare-prompt").input_value()
         assert other != text
-        n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+        n = int(page.get_by_test_id("heatmap").get_attribute("data-n"))
         assert page.get_by_test_id("compare-note").text_content().startswith(f"Both prompts have {n} tokens."), (text, other)
 
 
@@ -211,8 +211,8 @@ def test_a_double_click_zooms_out_clears_the_note_and_keeps_the_focused_token(pa
     page.get_by_test_id("zoom-apply").click()
     note = page.get_by_test_id("zoom-note")
     note.wait_for()
-    page.get_by_test_id("attention-heatmap").scroll_into_view_if_needed()
-    box = page.locator("[data-testid=attention-heatmap] .nsewdrag").bounding_box()
+    page.get_by_test_id("heatmap").scroll_into_view_if_needed()
+    box = page.locator("[data-testid=heatmap] .nsewdrag").bounding_box()
     x, y = box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.7  # a cell of another query
     page.mouse.move(x, y)
     page.mouse.dblclick(x, y)
@@ -231,8 +231,8 @@ def test_the_zoom_notice_does_not_cover_the_language_button(browser: object, bas
     language button (fixed, 50 px from the top): it is shown at the bottom right."""
     page = browser.new_page(viewport={"width": width, "height": 844})
     open_explorer(page, base_url, "The cat sat on the mat. The cat sat on the mat.")
-    page.get_by_test_id("attention-heatmap").scroll_into_view_if_needed()
-    box = page.locator("[data-testid=attention-heatmap] .nsewdrag").bounding_box()
+    page.get_by_test_id("heatmap").scroll_into_view_if_needed()
+    box = page.locator("[data-testid=heatmap] .nsewdrag").bounding_box()
     x, y = box["x"] + box["width"] * 0.2, box["y"] + box["height"] * 0.2
     page.mouse.move(x, y)
     page.mouse.down()

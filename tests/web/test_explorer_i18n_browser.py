@@ -16,7 +16,7 @@ from tests.web.test_layout_browser import CLIPPED
 
 pytestmark = pytest.mark.browser
 PROMPT = "The cat sat on the mat. The cat sat"
-READY = "() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy"
+READY = "() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy"
 # each tool's sign that it drew its numbers (a data attribute its view sets once drawn)
 DRAWN = {
     "attribution": "[data-testid=attribution-heatmap][data-sum]",
@@ -55,7 +55,7 @@ def test_explorer_in_chinese_has_no_english_ui_words(page: object, base_url: str
     assert page.evaluate("() => document.documentElement.lang") == "zh-CN"
     assert_chinese(page, base_url, "after analysing")
     page.locator("[data-testid=head-cell][data-layer='1'][data-head='2']").click()
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head === '2'")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.head === '2'")
     assert_chinese(page, base_url, "a head selected")
     # the tabs are named in Chinese from the first paint (they were built before the language was chosen)
     assert page.get_by_test_id("tool-tab-attribution").text_content() == "归因"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 pytestmark = pytest.mark.browser
-READY = "() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy"
+READY = "() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy"
 FINAL_PIECES = ["attnscope:heatmap", "attnscope:focus", "attnscope:grid", "attnscope:next"]
 
 # Every "attnscope:*" mark queues a task; the task records the newest mark when it runs.
@@ -36,7 +36,7 @@ def generate(page: object, count: int) -> dict:
     page.get_by_test_id("generate-button").click()
     page.wait_for_function("() => !document.querySelector('#timeline-box').hidden", timeout=120_000)
     page.wait_for_function(READY, timeout=60_000)
-    return page.evaluate("""() => { window.__stopFrames = true; const d = document.querySelector('[data-testid=attention-heatmap]').dataset;
+    return page.evaluate("""() => { window.__stopFrames = true; const d = document.querySelector('[data-testid=heatmap]').dataset;
         return { marks: window.__marks, probes: window.__probes, frames: window.__frames, draws: Number(d.liveDraws),
                  rows: Number(d.liveRows), painted: Number(d.livePainted), tokens: Number(d.liveTokens), n: Number(d.n) }; }""")
 

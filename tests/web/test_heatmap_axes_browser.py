@@ -12,7 +12,7 @@ pytestmark = pytest.mark.browser
 LONG = "I love artificial intelligence and international understanding, extraordinarily."
 
 OVERLAPS = """() => {
-  const div = document.querySelector('[data-testid=attention-heatmap]');
+  const div = document.querySelector('[data-testid=heatmap]');
   const box = (e) => e.getBoundingClientRect();
   const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
   const out = {};

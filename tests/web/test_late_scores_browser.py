@@ -29,7 +29,7 @@ def test_the_head_grid_says_computing_and_fills_in(page: object, base_url: str, 
         run = posted.value.json()
         assert run["scores_pending"] == ["entropy", "max", "prev_token", "first_token", "induction"]
         # everything but the late scores is drawn while they are owed
-        page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n "
+        page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n "
                                "&& document.querySelectorAll('[data-testid=head-cell]').length > 0", timeout=60_000)
         cells = page.get_by_test_id("head-cell")
         assert cells.count() == run["n_layers"] * run["n_heads"]

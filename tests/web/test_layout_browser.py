@@ -96,7 +96,7 @@ def wide_url(bundled_engine: Engine, tmp_path_factory: pytest.TempPathFactory) -
 
 def open_explorer(page: object, url: str, text: str, model: str | None = None) -> None:
     page.goto(f"{url}/?text={quote(text)}" + (f"&model={model}" if model else ""))
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy"
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy"
                            " && !document.querySelector('[data-testid=head-cell][data-pending=\"1\"]')",  # badges in
                            timeout=120_000)
 

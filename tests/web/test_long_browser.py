@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # tokens of the one long run: 8,192 keeps CI (two cores) within its time; ATTNSCOPE_LONG_TEST_N=16384 runs the
 # same checks at 16k (bench/browser.py --long times 16k)
 N = int(os.environ.get("ATTNSCOPE_LONG_TEST_N", "8192"))
-HEAT = "document.querySelector('[data-testid=attention-heatmap]')"
+HEAT = "document.querySelector('[data-testid=heatmap]')"
 TEXT = ("the history of the city begins with a small river crossing where traders met and the market grew "
         "into a town whose walls and bridges still stand today while new roads reach the hills")
 
@@ -106,7 +106,7 @@ def long_page(browser: object, long_url: str) -> Iterator[object]:
 
 def test_overview_says_how_it_pools(long_page: object) -> None:
     page = long_page
-    n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+    n = int(page.get_by_test_id("heatmap").get_attribute("data-n"))
     assert n > 256
     got = heat(page)
     bins = min(256, n)
@@ -123,7 +123,7 @@ def test_overview_says_how_it_pools(long_page: object) -> None:
 
 def test_zoom_refines_to_labelled_single_cells(long_page: object) -> None:
     page = long_page
-    n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+    n = int(page.get_by_test_id("heatmap").get_attribute("data-n"))
     mid = n // 2
     # a step in: w x w tokens (2,048 at 16k) in 256 x 256 bins of w / 256 -- still pooled, finer than the overview
     w = min(2048, n // 2)
@@ -153,8 +153,8 @@ def test_wheel_and_drag_ask_for_finer_tiles(long_page: object) -> None:
     page.get_by_test_id("zoom-reset").click()
     got = wait_tiles(page, before)
     assert got["exact"] == "0"
-    page.get_by_test_id("attention-heatmap").scroll_into_view_if_needed()
-    box = page.locator("[data-testid=attention-heatmap] .nsewdrag").bounding_box()
+    page.get_by_test_id("heatmap").scroll_into_view_if_needed()
+    box = page.locator("[data-testid=heatmap] .nsewdrag").bounding_box()
     cx, cy = box["x"] + box["width"] * 0.6, box["y"] + box["height"] * 0.7
     page.mouse.move(cx, cy)
     page.mouse.wheel(0, -600)  # wheel up: zoom in around the pointer
@@ -169,14 +169,14 @@ def test_wheel_and_drag_ask_for_finer_tiles(long_page: object) -> None:
     page.mouse.up()
     dragged = wait_tiles(page, wheeled["tiles"])
     assert width(dragged["x"]) < width(wheeled["x"])
-    page.dblclick("[data-testid=attention-heatmap] .nsewdrag")  # back to the overview
+    page.dblclick("[data-testid=heatmap] .nsewdrag")  # back to the overview
     back = wait_tiles(page, dragged["tiles"])
-    assert back["x"] == [-0.5, int(page.get_by_test_id("attention-heatmap").get_attribute("data-n")) - 0.5]
+    assert back["x"] == [-0.5, int(page.get_by_test_id("heatmap").get_attribute("data-n")) - 0.5]
 
 
 def test_token_strip_is_virtual_and_selection_works(long_page: object) -> None:
     page = long_page
-    n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+    n = int(page.get_by_test_id("heatmap").get_attribute("data-n"))
     strip = page.get_by_test_id("tokens")
     assert strip.get_attribute("data-total") == str(n)
     chips = page.get_by_test_id("token").count()
@@ -199,7 +199,7 @@ def test_token_strip_is_virtual_and_selection_works(long_page: object) -> None:
     page.wait_for_function(f"() => document.querySelector('#next-title').textContent.startsWith('after token {n - 2} ')")
     page.wait_for_function("() => document.querySelector('[data-testid=next-actual]').textContent.includes('Actual next token')")
     # a cell picked with the keyboard far from the strip's view brings its token back into view
-    page.get_by_test_id("attention-heatmap").focus()
+    page.get_by_test_id("heatmap").focus()
     page.keyboard.press("Home")
     for _ in range(3):
         page.keyboard.press("ArrowUp")
@@ -226,7 +226,7 @@ def test_exports_what_the_run_keeps(long_page: object, tmp_path: Path) -> None:
     path = tmp_path / kept.value.suggested_filename
     kept.value.save_as(path)
     run = KeptRun.load(path)
-    n = int(page.get_by_test_id("attention-heatmap").get_attribute("data-n"))
+    n = int(page.get_by_test_id("heatmap").get_attribute("data-n"))
     assert run.n == n
     # the exact row token focus shows, rebuilt from the file
     row = page.evaluate(f"() => fetch('/api/runs/' + {HEAT}.dataset.run + '/attention?layer=1&head=3&q0={n - 1}&q1={n}&format=json')"

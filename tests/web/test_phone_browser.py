@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.browser
 PROMPT = "The cat sat on the mat. The cat sat on the mat."
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
-READY = "() => document.querySelector('[data-testid=attention-heatmap]').dataset.n && !document.body.dataset.busy"
+READY = "() => document.querySelector('[data-testid=heatmap]').dataset.n && !document.body.dataset.busy"
 
 # What a chart's mode bar lies over: titles, axis titles, tick labels, legend, colour bar, the plot.
 COVERED = """() => {

@@ -23,7 +23,7 @@ def strip_markers(s: str) -> str:
 
 def analyse(page: object, base_url: str, text: str) -> None:
     page.goto(base_url + "/")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.drawnAt && !document.body.dataset.busy")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy")
     page.get_by_test_id("prompt-input").fill(text)
     page.get_by_test_id("analyze-button").click()
     page.wait_for_function("(text) => !document.body.dataset.busy && document.querySelector('#prompt').value === text && "
@@ -34,7 +34,7 @@ def analyse(page: object, base_url: str, text: str) -> None:
 def test_token_strip_shows_each_character_once(page: object, base_url: str, text: str) -> None:
     analyse(page, base_url, text)
     page.wait_for_function("() => document.querySelectorAll('[data-testid=token]').length === "
-                           "document.querySelector('[data-testid=attention-heatmap]').dataset.n * 1")
+                           "document.querySelector('[data-testid=heatmap]').dataset.n * 1")
     shown = strip_markers("".join(page.locator("[data-testid=token] .t").all_text_contents())).replace("␣", " ")
     assert shown == text
     partial = page.locator("[data-testid=token].partial")

@@ -63,8 +63,8 @@ def test_attribution_view_from_the_url_sums_and_selects_a_head(page: object, bas
         const d = document.querySelector('[data-testid=attribution-heatmap]');
         d.emit('plotly_click', {points: [{pointIndex: [1, 2]}]});
     }""")
-    page.wait_for_function("() => document.querySelector('[data-testid=attention-heatmap]').dataset.layer === '1'")
-    assert page.evaluate("() => document.querySelector('[data-testid=attention-heatmap]').dataset.head") == "2"
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.layer === '1'")
+    assert page.evaluate("() => document.querySelector('[data-testid=heatmap]').dataset.head") == "2"
     assert parse_qs(urlparse(page.url).query)["view"] == ["attribution"]
     shot(page, "tools-attribution")
 
