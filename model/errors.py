@@ -17,6 +17,8 @@ EngineCode = Literal[
     # class defaults: an error raised with no code of its own
     "engine_error", "bad_input", "too_large", "attention_unavailable", "model_load_error",
     "unknown_model", "run_not_found", "run_expired",
+    # runs kept on disk and run files
+    "bad_run_file", "run_over_disk",
     # the prompt
     "empty", "chat_template_missing", "chat_template_rejected", "chat_template_empty",
     "too_long", "too_long_at_least", "too_long_at_least_read", "too_long_at_least_length", "too_long_chars",
@@ -43,6 +45,8 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "engine_error": (), "bad_input": (), "too_large": (), "attention_unavailable": (), "model_load_error": (),
     "unknown_model": ("model", "available"),
     "run_not_found": ("run_id",), "run_expired": ("run_id",),
+    # reason: what is wrong with the file (English); size, cap: formatted ("1,234 MiB")
+    "bad_run_file": ("reason",), "run_over_disk": ("size", "cap"),
     "empty": (),
     "chat_template_missing": ("model",), "chat_template_rejected": ("reason",), "chat_template_empty": (),
     # tokens: the count (or the count so far); limit: the model's token limit; what: "prompt", "clean prompt", ...
@@ -116,6 +120,15 @@ class BadInput(EngineError):
     """The request is well-formed but asks for something this model or run cannot give."""
 
     default_code = "bad_input"
+
+
+class BadRunFile(BadInput):
+    """A run file that is not a complete attnscope run (truncated, another format, inconsistent): 422."""
+
+    default_code = "bad_run_file"
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"not a usable attnscope run file: {reason}", params={"reason": reason})
 
 
 class AttentionUnavailable(EngineError):

@@ -30,6 +30,8 @@ export default {
  "err.unknown_model": "Unknown model {model}; this server has {available}.",
  "err.run_not_found": "The server does not know this run: run the prompt again.",
  "err.run_expired": "This run is no longer kept on the server: press the button to run the prompt again.",
+ "err.bad_run_file": "This is not a usable attnscope run file: {reason}",
+ "err.run_over_disk": "This run's file is {size}; the run directory holds at most {cap}.",
  "err.empty": "The prompt is empty: type some text first.",
  "err.chat_template_missing": "Model {model} has no chat template: send a plain text prompt instead.",
  "err.chat_template_rejected": "The model's chat template rejected these messages: {reason}",

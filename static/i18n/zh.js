@@ -30,6 +30,8 @@ export default {
  "err.unknown_model": "未知的模型 {model}；这台服务器提供的模型有：{available}。",
  "err.run_not_found": "服务器找不到这次运行：请重新运行提示词。",
  "err.run_expired": "服务器已不再保存这次运行：请再点一次按钮重新运行。",
+ "err.bad_run_file": "这不是可用的 attnscope 运行文件：{reason}",
+ "err.run_over_disk": "这次运行的文件大小为 {size}，而运行目录最多只能容纳 {cap}。",
  "err.empty": "提示词为空：请先输入一些文字。",
  "err.chat_template_missing": "模型 {model} 没有对话模板：请改为发送纯文本提示词。",
  "err.chat_template_rejected": "模型的对话模板拒绝了这些消息：{reason}",
