@@ -10,6 +10,10 @@ sample of rows (both ends of the sequence, around the window's edge, a spread of
 between). Any other mask (padding, chunked or packed sequences, a custom function) returns
 None, and callers fall back to evaluating the mask rows themselves.
 
+A run read back from a file (``model/runs/runfile.py``) keeps no mask function, only each row's
+range: :class:`RangeMask` is that mask, with what the rest of the code asks of a ``LazyMask``
+(rows, the fused kernel's causal test, bytes, spans).
+
 Each recognised function bounds the offset d = q_idx - kv_idx (with the mask's own offsets
 added): causal ``d >= 0``, sliding overlay ``d < w``, bidirectional window ``|d| <= w``,
 bidirectional none. Their intersection is ``d_lo <= d <= d_hi``, i.e. keys
@@ -45,6 +49,71 @@ class Spans:
         """(q1 - q0, k1 - k0) bool, from the ranges (what the mask rows hold)."""
         keys = torch.arange(k0, k1, device=self.lo.device)
         return (keys[None, :] >= self.lo[q0:q1, None]) & (keys[None, :] < self.hi[q0:q1, None])
+
+
+@dataclass(frozen=True)
+class RangeMask:
+    """A mask over a whole run of n positions given as one key range a row: query q sees keys
+    [lo[q], hi[q]). What a stored run keeps of its mask (``model/runs/runfile.py``); it answers what
+    ``LayerAttention`` asks of a ``LazyMask``. Build it with :meth:`of`, which checks the ranges."""
+
+    lo: torch.Tensor  # (n,) int64, 0 <= lo <= hi <= n
+    hi: torch.Tensor  # (n,) int64
+    causal: bool  # lo == 0 and hi == q + 1 on every row: the causal square
+
+    q_offset = 0
+    kv_offset = 0
+
+    @staticmethod
+    def of(lo: torch.Tensor, hi: torch.Tensor) -> RangeMask:
+        """From (n,) integer tensors; ValueError unless 0 <= lo <= hi <= n on every row."""
+        lo, hi = lo.detach().to("cpu", torch.int64).contiguous(), hi.detach().to("cpu", torch.int64).contiguous()
+        n = int(lo.shape[0]) if lo.dim() == 1 else -1
+        if lo.dim() != 1 or hi.shape != lo.shape:
+            raise ValueError(f"key ranges must be two (n,) tensors, not {tuple(lo.shape)} and {tuple(hi.shape)}")
+        if n and not bool(((lo >= 0) & (lo <= hi) & (hi <= n)).all()):
+            raise ValueError(f"a row's key range is not within 0 <= lo <= hi <= {n}")
+        rows = torch.arange(n)
+        causal = bool((lo == 0).all()) and torch.equal(hi, rows + 1)
+        return RangeMask(lo=lo, hi=hi, causal=causal)
+
+    @property
+    def q_length(self) -> int:
+        return int(self.lo.shape[0])
+
+    @property
+    def kv_length(self) -> int:
+        return int(self.lo.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return self.lo.numel() * self.lo.element_size() + self.hi.numel() * self.hi.element_size()
+
+    def rows(self, q0: int, q1: int) -> torch.Tensor:
+        """(1, q1 - q0, n) bool, True where the query may attend."""
+        keys = torch.arange(self.kv_length)
+        return ((keys[None, :] >= self.lo[q0:q1, None]) & (keys[None, :] < self.hi[q0:q1, None]))[None]
+
+    def fused_causal(self) -> bool | None:
+        """True for the causal square (the fused kernel's ``is_causal``), None for anything else."""
+        return True if self.causal else None
+
+    def whole(self, n: int) -> RangeMask:
+        """The mask over the whole run: itself (a stored run is whole already)."""
+        if n != self.q_length:
+            raise ValueError(f"a stored mask covers {self.q_length} positions, not {n}")
+        return self
+
+    def spans(self) -> Spans | None:
+        """The ranges as ``Spans`` when both ends never decrease with q (what tiles rely on), else None."""
+        if self.q_length > 1 and not (bool((self.lo[1:] >= self.lo[:-1]).all())
+                                      and bool((self.hi[1:] >= self.hi[:-1]).all())):
+            return None
+        rows = torch.arange(self.q_length)
+        seen = self.hi > self.lo
+        d_lo = int((rows - self.hi + 1)[seen].min()) if bool(seen.any()) else 0
+        d_hi = int((rows - self.lo)[seen].max()) if bool(seen.any()) else 0
+        return Spans(lo=self.lo, hi=self.hi, d_lo=d_lo, d_hi=d_hi)
 
 
 def _closure(fn: Callable[..., Any]) -> dict[str, Any]:
@@ -88,8 +157,10 @@ def _probe_rows(n: int, d_lo: int, d_hi: int) -> list[int]:
     return sorted(max(0, min(n - PROBE_ROWS, s)) for s in starts)
 
 
-def mask_spans(mask: LazyMask) -> Spans | None:
+def mask_spans(mask: LazyMask | RangeMask) -> Spans | None:
     """The visible key range of every query row of ``mask``, or None when it is not known to be one range."""
+    if isinstance(mask, RangeMask):
+        return mask.spans()
     padding = mask.kwargs.get("attention_mask")
     if isinstance(padding, torch.Tensor) and not bool(padding.all()):
         return None

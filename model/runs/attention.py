@@ -9,7 +9,8 @@ A kept layer holds O(n) per head, never the n x n pattern:
 * ``bias`` (H, n) float32 or None: a per-key additive logit (ALiBi: slope_h x key position, in logit
   units, i.e. already multiplied by the model's scaling where it scales after adding);
 * ``mask`` a :class:`model.capture.LazyMask` over the whole sequence (causal, sliding window,
-  bidirectional, local windows: transformers' own mask functions, rows built on demand).
+  bidirectional, local windows: transformers' own mask functions, rows built on demand), or, for a
+  run read back from its file, a :class:`model.capture.spans.RangeMask` (one key range a row).
 
 Bytes kept per layer: 4 x n x ((H + Hkv) x dh + H (lse) + H (if ALiBi)).
 
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from attnscope.model.capture.interface import LazyMask, visible_span
-from attnscope.model.capture.spans import Spans, mask_spans
+from attnscope.model.capture.spans import RangeMask, Spans, mask_spans
 
 CHUNK_CELLS = 1 << 21  # weights per head x rows x keys block while a whole layer is swept (8 MiB float32)
 
@@ -41,7 +42,7 @@ class LayerAttention:
     softcap: float | None
     groups: int  # query heads per K/V head
     bias: torch.Tensor | None  # (H, n) float32 per-key logit bias (ALiBi), or None
-    mask: LazyMask
+    mask: LazyMask | RangeMask  # RangeMask: a run read back from its file (``model/runs/runfile.py``)
 
     @property
     def n_heads(self) -> int:
@@ -152,7 +153,7 @@ def build(
     softcap: float | None,
     groups: int,
     bias: torch.Tensor | None,  # (H, n)
-    mask: LazyMask,
+    mask: LazyMask | RangeMask,
     lse: torch.Tensor | None = None,  # (H, n) when the forward computed it
     scores: Callable[[int, torch.Tensor], None] | None = None,
     cells: int = CHUNK_CELLS,

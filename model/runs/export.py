@@ -16,7 +16,9 @@ TransformerLens-style names:
 and string metadata: ``format`` ("attnscope-run-tensors/1"), ``run`` (JSON: model, text, tokens,
 head scores, model info) and ``attention`` (JSON: per layer scaling, softcap, groups).
 
-Loading needs only torch and safetensors (``KeptRun.load(path)``); ``KeptRun.pattern(layer, head)``
+A run file (``model/runs/runfile.py``, "attnscope-run/1") holds the same tensors under the same names:
+``KeptRun.load`` reads it too (its ``run`` is then the run header). Loading needs only torch and
+safetensors (``KeptRun.load(path)``); ``KeptRun.pattern(layer, head)``
 rebuilds a head's weights exactly as the server does: softcap(q.k x scaling + bias), masked,
 exp(logit - lse).
 """
@@ -31,27 +33,14 @@ from typing import Any
 import torch
 from safetensors.torch import load, save
 
-from attnscope.model.runs.attention import CHUNK_CELLS, LayerAttention, logits
+from attnscope.model.runs.attention import logits
 from attnscope.model.runs.record import RunRecord
+from attnscope.model.runs.runfile import FORMAT as RUN_FORMAT
+from attnscope.model.runs.runfile import META_KEY, visible_ranges
+
+__all__ = ["FORMAT", "KeptRun", "to_safetensors", "visible_ranges"]
 
 FORMAT = "attnscope-run-tensors/1"
-
-
-def visible_ranges(layer: LayerAttention) -> torch.Tensor:
-    """(2, n) int32: the first visible key and one past the last, per query row."""
-    n = layer.n
-    lo, hi = torch.empty(n, dtype=torch.int32), torch.empty(n, dtype=torch.int32)
-    rows = max(1, CHUNK_CELLS // max(1, n))
-    keys = torch.arange(n)
-    for q0 in range(0, n, rows):
-        q1 = min(n, q0 + rows)
-        seen = layer.visible(q0, q1, 0, n).cpu()  # (r, n)
-        first = torch.where(seen, keys, n).amin(-1)
-        last = torch.where(seen, keys, -1).amax(-1) + 1
-        if bool(((last - first) != seen.sum(-1)).any()):
-            raise ValueError("a row's visible keys are not one range: this mask cannot be exported")
-        lo[q0:q1], hi[q0:q1] = first.to(torch.int32), last.clamp_min(first).to(torch.int32)
-    return torch.stack([lo, hi])
 
 
 def to_safetensors(cache: RunRecord, run: dict[str, Any]) -> bytes:
@@ -91,6 +80,9 @@ class KeptRun:
         raw = Path(path).read_bytes()
         header_len = int.from_bytes(raw[:8], "little")
         meta = json.loads(raw[8 : 8 + header_len]).get("__metadata__", {})
+        if meta.get("format") == RUN_FORMAT:
+            header = json.loads(meta[META_KEY])
+            return KeptRun(tensors=load(raw), run=header, attention=header["layers"])
         if meta.get("format") != FORMAT:
             raise ValueError(f"not an {FORMAT} file (format: {meta.get('format')!r})")
         return KeptRun(tensors=load(raw), run=json.loads(meta["run"]), attention=json.loads(meta["attention"]))
