@@ -125,10 +125,8 @@ class BadInput(EngineError):
 class BadRunFile(BadInput):
     """A run file that is not a complete attnscope run (truncated, another format, inconsistent): 422."""
 
-    default_code = "bad_run_file"
-
     def __init__(self, reason: str) -> None:
-        super().__init__(f"not a usable attnscope run file: {reason}", params={"reason": reason})
+        super().__init__(f"not a usable attnscope run file: {reason}", code="bad_run_file", params={"reason": reason})
 
 
 class AttentionUnavailable(EngineError):
