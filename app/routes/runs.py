@@ -10,8 +10,9 @@ from typing import Annotated, Literal
 import anyio
 import numpy as np
 import torch
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 
+from attnscope.app import standalone
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
 from attnscope.app.encoding import attention_bytes, f32_le, rows, sqrt_u8
 from attnscope.app.errors import ERRORS
@@ -291,10 +292,20 @@ def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                                                   top_k=k), from_attributes=True)
 
 
+def _html_export(request: Request, run_id: str, *, heads: str | None, lang: str, dry_run: bool) -> Response:
+    built = standalone.build_sync(request.app, run_id, heads=heads, lang=lang)  # the app itself, in-process
+    if dry_run:
+        return _json({"bytes": len(built.html), "exact_heads": built.exact_heads, "every_head": built.plan.every_head})
+    return Response(built.html, media_type=standalone.MEDIA_TYPE,
+                    headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.html"',
+                             "X-Attnscope-Exact-Heads": built.exact_heads})
+
+
 @router.get("/runs/{run_id}/export",
             responses={**ERRORS, 200: {"description": "format=json: the run as JSON (attnscope-run/2); "
-                                       "format=safetensors: bytes",
+                                       "format=safetensors: bytes; format=html: one HTML file",
                                        "content": {"application/json": {"schema": {"type": "object"}},
+                                                   "text/html": {"schema": {"type": "string"}},
                                                    "application/octet-stream": {"schema": {"type": "string",
                                                                                            "format": "binary"}}}}},
             summary="The whole run as one file: JSON with every head's rows (short runs), or what the run keeps "
@@ -307,9 +318,23 @@ def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                         "JSON export is refused (422). `format=safetensors`: what the run keeps, O(n·d) — each "
                         "layer's post-rotary Q and K, row normalisers, ALiBi bias, visible key ranges and the "
                         "residual stream, with the summary as metadata; `model.export.KeptRun.load(path)."
-                        "pattern(layer, head)` rebuilds any head exactly (README: What a run keeps).")
-def export_run(run_id: str, engine: EngineDep, settings: SettingsDep,
-               format: Literal["json", "safetensors"] = "json") -> Response:
+                        "pattern(layer, head)` rebuilds any head exactly (README: What a run keeps). "
+                        "`format=html`: one self-contained HTML file of the explorer on this run (plotly.js "
+                        "and the data inlined; opens from file:// with no network): every head's exact cells "
+                        "while they fit (64 tokens on the bundled model), else every head's thumbnail and the "
+                        "exact cells of `heads`; `dry_run=1` answers `{bytes, exact_heads, every_head}` first "
+                        "(the HTML response says its heads in X-Attnscope-Exact-Heads).")
+def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: Request,
+               format: Literal["json", "safetensors", "html"] = "json",
+               heads: Annotated[str | None, Query(max_length=4000, description="format=html: the heads whose exact "
+                                                  "cells the file keeps, LAYER.HEAD,… (default: every head while they "
+                                                  "fit, else the first)")] = None,
+               lang: Literal["en", "zh"] = "en",
+               dry_run: Annotated[bool, Query(description="format=html: answer the file's size and heads as JSON "
+                                              "instead of the file")] = False) -> Response:
+    if format == "html":
+        engine.run(run_id)  # an unknown run: 404 before anything is built
+        return _html_export(request, run_id, heads=heads, lang=lang, dry_run=dry_run)
     cache = engine.run(run_id)
     lm = engine.model(cache.model)
     run = RUN_JSON.dump_python(run_body(run_id, cache), mode="json")

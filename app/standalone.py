@@ -1,0 +1,338 @@
+"""A run as one self-contained HTML file (``GET /api/runs/{id}/export?format=html``, ``run.save_html``):
+the explorer's own page and modules, plotly.js and the run's data, opened from ``file://`` with no
+network at all.
+
+The page runs unchanged: its ``fetch("/api/…")`` is answered by static/js/embed/offline.js from what
+the file holds —
+
+* **recorded answers**: the requests the explorer makes when it opens a run (the model, the run, its
+  head scores and sparsity, each position's next-token distribution, the head grid's thumbnails, a
+  long run's overview tiles), made here to the app itself in-process (ASGI, no socket) and stored as
+  they came, keyed by method, path and sorted query;
+* **exact cells** of the heads it keeps (float32, as ``format=f32`` gives them), from which the page
+  derives what the server would send for them: the head's bytes (``format=bin``, the same
+  sqrt-u8 rounding), one-cell-a-bin tiles (a token's focus row, a short run's thumbnails).
+
+Every head's exact cells are kept while they fit ``EXACT_BUDGET``; above it (long runs) the file keeps
+every head's thumbnail and the exact cells of the heads asked for (``heads="4.0,2.3"``; default the
+first), and a request for anything else answers the client-side code ``offline_file``.
+
+One byte stream holds it all (a JSON manifest, then plotly.js, the stylesheets, the modules and the
+data), gzip-compressed — the page inflates it with ``DecompressionStream`` — and written into the
+document as single bytes: the file is declared windows-1252, whose decoder maps each byte to one
+character, and the four bytes an HTML parser would change or stop at (NUL, CR, ``<``) or that escape
+(``=``) are written as ``=`` and the byte plus 64. That costs about 1.6 % where base64 costs 33 %.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import re
+from collections.abc import Callable, Coroutine, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote, unquote, urlencode
+
+import numpy as np
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from attnscope.app.embed import STATIC, TEMPLATES, modules
+from attnscope.model.errors import BadInput
+
+THUMB = 64  # static/js/views/headgrid.js's THUMB: a head's thumbnail, at most THUMB x THUMB bins
+TILE = 256  # static/js/views/tiled.js's TILE: a long run's overview tile, at most TILE x TILE bins
+EXACT_MAX = 256  # static/js/views/tiled.js's EXACT_MAX: longer runs are drawn from tiles
+SPARSITY_AUTO_MAX = 2048  # static/js/explorer/analyse.js: the page asks for sparsity up to this length
+NEXT_EVERY_MAX = 2048  # next-token distributions at every position up to this length, else the last only
+EXACT_BUDGET = 1 << 20  # float32 bytes of exact cells: every head's while they fit (64 tokens: 400 KB)
+HEADS_CAP = 64 << 20  # the chosen heads' exact cells, at most: past it, 422 export_too_large
+TOP_K = 10  # the page asks for the top 10 (static/js/explorer/analyse.js, api.js's getNext)
+MEDIA_TYPE = "text/html; charset=windows-1252"
+KEPT_HEADERS = ("content-type",)  # with every x-attn-* header
+ESCAPED = re.compile(rb"[\x00\r<=]")  # what an HTML parser changes (NUL, CR) or stops at (<), and the escape
+EXTRA_CSS = "header.top nav{display:none}"  # the server's other pages are not in the file
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+Call = Callable[[str, str, bytes], Coroutine[Any, Any, Answer]]
+
+
+def asgi_caller(app: Any) -> Call:
+    """``call(method, url, body)``: one request to the ASGI ``app`` in-process, its whole answer."""
+
+    async def call(method: str, url: str, body: bytes = b"") -> Answer:
+        path, _, query = url.partition("?")
+        headers = [(b"host", b"localhost")]
+        if body:
+            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
+                 "scheme": "http", "path": unquote(path), "raw_path": path.encode("latin-1"),
+                 "query_string": query.encode("latin-1"), "root_path": "", "headers": headers,
+                 "client": ("127.0.0.1", 0), "server": ("localhost", 80)}
+        sent = False
+        status = 500
+        out_headers: dict[str, str] = {}
+        chunks: list[bytes] = []
+
+        async def receive() -> dict[str, Any]:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                out_headers.update({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message["headers"]})
+            elif message["type"] == "http.response.body":
+                chunks.append(bytes(message.get("body", b"")))
+
+        await app(scope, receive, send)
+        return Answer(status, out_headers, b"".join(chunks))
+
+    return call
+
+
+def canonical(method: str, path: str, params: dict[str, str]) -> str:
+    """The key of a request in the file (offline.js builds the same): the page's long-poll ``wait`` dropped."""
+    query = "&".join(f"{quote(k, safe='')}={quote(v, safe='')}" for k, v in sorted(params.items()) if k != "wait")
+    return f"{method} {path}?{query}"
+
+
+def parse_heads(heads: str, n_layers: int, n_heads: int) -> list[tuple[int, int]]:
+    """``"4.0,2.3"`` -> [(4, 0), (2, 3)], each a head of the run."""
+    out: list[tuple[int, int]] = []
+    for part in (p.strip() for p in heads.split(",") if p.strip()):
+        m = re.fullmatch(r"(\d+)\.(\d+)", part)
+        if not m or int(m[1]) >= n_layers or int(m[2]) >= n_heads:
+            raise BadInput(f"heads: {part!r} is not LAYER.HEAD of this run (layers 0..{n_layers - 1}, "
+                           f"heads 0..{n_heads - 1}), e.g. heads=4.0,2.3")
+        if (int(m[1]), int(m[2])) not in out:
+            out.append((int(m[1]), int(m[2])))
+    if not out:
+        raise BadInput("heads: name at least one head as LAYER.HEAD, e.g. heads=4.0,2.3")
+    return out
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the file keeps of a run."""
+
+    run_id: str
+    n: int
+    n_layers: int
+    n_heads: int
+    causal: bool
+    exact: tuple[tuple[int, int], ...]  # the heads whose exact cells it keeps
+
+    @property
+    def every_head(self) -> bool:
+        return len(self.exact) == self.n_layers * self.n_heads
+
+    @property
+    def cells(self) -> int:  # visible cells of one head
+        return self.n * (self.n + 1) // 2 if self.causal else self.n * self.n
+
+
+def plan(run: dict[str, Any], heads: str | None) -> Plan:
+    n, layers, per_layer = len(run["tokens"]), int(run["n_layers"]), int(run["n_heads"])
+    causal = bool(run["causal"])
+    cells = n * (n + 1) // 2 if causal else n * n
+    if heads is None and 4 * cells * layers * per_layer <= EXACT_BUDGET:
+        chosen = [(layer, head) for layer in range(layers) for head in range(per_layer)]
+    else:
+        chosen = parse_heads(heads or "0.0", layers, per_layer)
+        if 4 * cells * len(chosen) > HEADS_CAP:
+            limit = HEADS_CAP // 4
+            raise BadInput(f"the exact cells of {len(chosen)} heads of this run would be {cells * len(chosen):,} "
+                           f"cells, more than an HTML file's limit of {limit:,}: choose fewer heads (heads=L.H)",
+                           code="export_too_large", params={"cells": cells * len(chosen), "limit": limit})
+    return Plan(str(run["run_id"]), n, layers, per_layer, causal, tuple(chosen))
+
+
+@dataclass
+class Payload:
+    """The byte stream the page inflates: a 4-byte length, the JSON manifest, then the blobs."""
+
+    manifest: dict[str, Any] = field(default_factory=lambda: {"modules": {}, "responses": {}, "exact": {}})
+    blobs: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, data: bytes) -> list[int]:
+        where = [self.size, len(data)]
+        self.blobs.append(data)
+        self.size += len(data)
+        return where
+
+    def answer(self, key: str, answer: Answer, status: int | None = None) -> None:
+        headers = {k: v for k, v in answer.headers.items() if k in KEPT_HEADERS or k.startswith("x-attn-")}
+        shuffled = headers.get("x-attn-encoding", "").startswith("f32")
+        body = shuffle(answer.body) if shuffled else answer.body
+        self.manifest["responses"][key] = {"status": status or answer.status, "headers": headers,
+                                           "body": self.add(body), "shuffled": shuffled}
+
+    def packed(self) -> bytes:
+        head = json.dumps(self.manifest, separators=(",", ":")).encode("utf-8")
+        return len(head).to_bytes(4, "big") + head + b"".join(self.blobs)
+
+
+def shuffle(f32: bytes) -> bytes:
+    """Float32 bytes as four planes (every first byte, then every second, …): the exponent bytes of
+    attention weights then compress well, where interleaved they do not."""
+    return np.frombuffer(f32, dtype=np.uint8).reshape(-1, 4).T.tobytes()
+
+
+class Failed(RuntimeError):
+    pass
+
+
+def _ok(answer: Answer, what: str) -> Answer:
+    if answer.status >= 300:
+        raise Failed(f"{what} answered {answer.status}: {answer.body[:300]!r}")
+    return answer
+
+
+async def record(call: Call, run_id: str, heads: str | None) -> tuple[Plan, Payload, dict[str, Any]]:
+    """Ask the app what the explorer asks when it opens the run; returns the plan, the payload's data
+    part and the run's summary."""
+    base = f"/api/runs/{quote(run_id, safe='')}"
+    payload = Payload()
+    scores = _ok(await call("GET", f"{base}/heads?wait=60", b""), "the run's heads")  # late scores, all in
+    run = json.loads(_ok(await call("GET", base, b""), "the run").body)
+    p = plan(run, heads)
+    models = json.loads(_ok(await call("GET", "/api/models", b""), "the models").body)
+    models["models"] = [{**m, "default": True} for m in models["models"] if m["name"] == run["model"]]
+    payload.answer("GET /api/models?", Answer(200, {"content-type": "application/json"},
+                                               json.dumps(models, separators=(",", ":")).encode()))
+    payload.answer("POST /api/runs?", Answer(201, {"content-type": "application/json"},
+                                             json.dumps(run, separators=(",", ":"), ensure_ascii=False).encode()))
+    payload.answer(canonical("GET", f"{base}/heads", {}), Answer(200, scores.headers, scores.body))
+
+    async def keep(params: dict[str, str], path: str = "attention") -> None:
+        url = f"{base}/{path}?{urlencode(params)}"
+        payload.answer(canonical("GET", f"{base}/{path}", params), _ok(await call("GET", url, b""), url))
+
+    if p.n <= SPARSITY_AUTO_MAX:
+        await keep({}, "sparsity")
+    for pos in range(p.n) if p.n <= NEXT_EVERY_MAX else [p.n - 1]:
+        await keep({"position": str(pos), "temperature": "1", "top_k": str(TOP_K)}, "next")
+    whole = {"q0": "0", "q1": str(p.n), "k0": "0", "k1": str(p.n), "pool": "max"}
+    for layer in range(p.n_layers):
+        if not (p.n <= THUMB and all((layer, h) in p.exact for h in range(p.n_heads))):
+            await keep({"layer": str(layer), "format": "bin", **whole, "size": str(THUMB)})  # else derived
+    for layer, head in p.exact:
+        url = f"{base}/attention?layer={layer}&head={head}&format=f32"
+        cells = _ok(await call("GET", url, b""), url).body
+        payload.manifest["exact"][f"{layer}.{head}"] = payload.add(shuffle(cells))
+        if p.n > EXACT_MAX:  # a long run opens on its overview tile
+            await keep({"layer": str(layer), "head": str(head), "format": "f32", **whole, "size": str(TILE)})
+    payload.manifest["run"] = {"run_id": p.run_id, "n": p.n, "n_layers": p.n_layers, "n_heads": p.n_heads,
+                               "causal": p.causal, "text": run["text"], "model": run["model"],
+                               "every_head": p.every_head}
+    return p, payload, run
+
+
+def _assets(payload: Payload) -> None:
+    from attnscope.app.routes.pages import plotly_js_path
+
+    payload.manifest["plotly"] = payload.add(plotly_js_path().read_bytes())
+    payload.manifest["css"] = [payload.add((STATIC / "css" / name).read_bytes()) for name in ("app.css", "tools.css")]
+    for name, source in explorer_modules().items():
+        payload.manifest["modules"][name] = payload.add(source.encode("utf-8"))
+
+
+BARE = re.compile(r"""(?:\bfrom\s*|\bimport\s*\(\s*|\bimport\s+)["'](attnscope/[^"']+)["']""")
+
+
+def explorer_modules(entry: str = "attnscope/js/main.js") -> dict[str, str]:
+    """The modules the explorer imports, statically or dynamically, from its entry (not Learn's)."""
+    every = modules()
+    out: dict[str, str] = {}
+    todo = [entry]
+    while todo:
+        name = todo.pop()
+        if name not in out:
+            out[name] = every[name]
+            todo += BARE.findall(out[name])
+    return dict(sorted(out.items()))
+
+
+def escape(data: bytes) -> bytes:
+    return ESCAPED.sub(lambda m: b"=" + bytes([(m[0][0] + 64) & 0xFF]), data)
+
+
+def _ascii(html: str) -> str:
+    """The page's text and attributes in ASCII (character references), as a windows-1252 document needs."""
+    return re.sub(r"[^\x00-\x7f]", lambda m: f"&#{ord(m[0])};", html)
+
+
+def _script(source: str) -> str:
+    return "<script>" + source.replace("</script", "<\\/script") + "</script>"
+
+
+def offline_script() -> str:
+    source = (STATIC / "js" / "embed" / "offline.js").read_text(encoding="utf-8")
+    if not source.isascii():
+        raise ValueError("static/js/embed/offline.js must be ASCII: it is inlined into a windows-1252 document")
+    return source
+
+
+def document(payload: bytes, *, search: str) -> bytes:
+    """The explorer page around ``payload`` (gzip-compressed already)."""
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"]))
+    html = env.get_template("index.html").render()
+    html = html.replace('<meta charset="utf-8">', '<meta charset="windows-1252">', 1)
+    for pattern in (r'<link rel="icon"[^>]*>', r'<link rel="stylesheet"[^>]*>',
+                    r'<script src="/vendor/plotly\.min\.js" defer></script>'):
+        html = re.sub(pattern, "", html)
+    entry = '<script type="module" src="/static/js/main.js"></script>'
+    if entry not in html or "windows-1252" not in html:
+        raise ValueError("templates/index.html changed: app/standalone.py no longer finds its entry or charset")
+    embed = json.dumps({"search": search, "offline": True}).replace("<", "\\u003c")
+    head, tail = _ascii(html).split(entry, 1)
+    boot = (f"<style>{EXTRA_CSS}</style>" + _script(f"globalThis.ATTNSCOPE_EMBED = {embed};")
+            + '<script type="application/x-attnscope" id="attnscope-payload">')
+    end = "</script>" + _script(offline_script()) + tail
+    return (head + boot).encode("ascii") + escape(payload) + end.encode("ascii")
+
+
+@dataclass(frozen=True)
+class Built:
+    html: bytes
+    plan: Plan
+
+    @property
+    def exact_heads(self) -> str:
+        """``all``, or the heads kept exactly as ``L.H,…``."""
+        if self.plan.every_head:
+            return "all"
+        return ",".join(f"{layer}.{head}" for layer, head in self.plan.exact)
+
+
+async def build(call: Call, run_id: str, *, heads: str | None = None, lang: str = "en") -> Built:
+    """The standalone document of a run, from the app behind ``call``."""
+    if lang not in ("en", "zh"):
+        raise BadInput(f"lang must be en or zh, not {lang!r}")
+    p, payload, run = await record(call, run_id, heads)
+    _assets(payload)
+    first = p.exact[0]
+    search = "?" + urlencode({"text": run["text"], "model": run["model"], "layer": first[0], "head": first[1],
+                              "lang": lang})
+    return Built(document(gzip.compress(payload.packed(), 9, mtime=0), search=search), p)
+
+
+def build_sync(app: Any, run_id: str, *, heads: str | None = None, lang: str = "en") -> Built:
+    """``build`` on ``app`` in-process, from a thread with no event loop running (a sync route's
+    worker thread, or a script)."""
+    return asyncio.run(build(asgi_caller(app), run_id, heads=heads, lang=lang))
