@@ -15,7 +15,8 @@ the file holds —
 
 Every head's exact cells are kept while they fit ``EXACT_BUDGET``; above it (long runs) the file keeps
 every head's thumbnail and the exact cells of the heads asked for (``heads="4.0,2.3"``; default the
-first), and a request for anything else answers the client-side code ``offline_file``.
+first); a request for a head it does not keep answers the client-side code ``offline_head``, for
+anything else it did not save ``offline_file`` (static/i18n: ``err.<code>``).
 
 One byte stream holds it all (a JSON manifest, then plotly.js, the stylesheets, the modules and the
 data), gzip-compressed — the page inflates it with ``DecompressionStream`` — and written into the
@@ -29,10 +30,13 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import logging
 import re
 from collections.abc import Callable, Coroutine, MutableMapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlencode
 
 import numpy as np
@@ -40,6 +44,11 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from attnscope.app.embed import STATIC, TEMPLATES, modules
 from attnscope.model.errors import BadInput
+
+if TYPE_CHECKING:
+    from attnscope.model.services.scope import Run
+
+log = logging.getLogger(__name__)
 
 THUMB = 64  # static/js/views/headgrid.js's THUMB: a head's thumbnail, at most THUMB x THUMB bins
 TILE = 256  # static/js/views/tiled.js's TILE: a long run's overview tile, at most TILE x TILE bins
@@ -333,6 +342,31 @@ async def build(call: Call, run_id: str, *, heads: str | None = None, lang: str 
 
 
 def build_sync(app: Any, run_id: str, *, heads: str | None = None, lang: str = "en") -> Built:
-    """``build`` on ``app`` in-process, from a thread with no event loop running (a sync route's
-    worker thread, or a script)."""
-    return asyncio.run(build(asgi_caller(app), run_id, heads=heads, lang=lang))
+    """``build`` on ``app`` in-process: in this thread (a sync route's worker thread, a script), or in
+    one of its own where an event loop already runs here (a notebook)."""
+    def work() -> Built:
+        return asyncio.run(build(asgi_caller(app), run_id, heads=heads, lang=lang))
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return work()
+    with ThreadPoolExecutor(1, thread_name_prefix="attnscope-html") as pool:
+        return pool.submit(work).result()
+
+
+def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:
+    """``run.save_html(path)``: the run's standalone HTML file, written whole or not at all."""
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    scope = run.scope
+    app = create_app(Settings(models={}, default_model=scope.model.info.name), scope.engine)
+    with scope.borrowed():
+        built = build_sync(app, run.run_id, heads=heads, lang=lang)
+    target = Path(path)
+    partial = target.with_name(f".{target.name}.partial")
+    partial.write_bytes(built.html)
+    partial.replace(target)
+    log.info("saved %s (%s bytes; exact cells of %s heads)", target, f"{len(built.html):,}", built.exact_heads)
+    return target

@@ -13,10 +13,11 @@ use so that ``attnscope --help`` loads no torch.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Run", "Scope", "__version__", "show"]
+__all__ = ["Run", "Scope", "__version__", "save_html", "show"]
 
 if TYPE_CHECKING:
     from attnscope.model.services.scope import Run, Scope
@@ -54,6 +55,16 @@ def show(what: Any, tokenizer: Any = None, text: str | None = None, *, lang: str
     except ImportError as exc:
         raise ImportError("the notebook widget needs anywidget: pip install 'attnscope[notebook]'") from exc
     return Explorer(scope, text=text, lang=lang, height=height)
+
+
+def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:
+    """The run as one self-contained HTML file at ``path`` (``run.save_html``): the explorer on it,
+    opened from disk with no server and no network. Every head's exact cells while they fit (a
+    64-token run of the bundled model: under 2 MB with plotly.js), else every head's thumbnail and
+    the exact cells of ``heads`` (``"4.0,2.3"``; default the first). ``lang``: ``"en"`` or ``"zh"``."""
+    from attnscope.app.standalone import save_html as write
+
+    return write(run, path, heads=heads, lang=lang)
 
 
 def __getattr__(name: str) -> Any:

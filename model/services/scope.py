@@ -225,6 +225,13 @@ class Run:
             raise BadInput(f"the run's head scores could not be computed: {result.error}")
         return result.heads
 
+    def save_html(self, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:
+        """This run as one self-contained HTML file: the explorer on it, opened from disk with no server
+        and no network (``attnscope.save_html``: what it keeps, ``heads``, ``lang``)."""
+        import attnscope  # the package's front: the HTML file is made by the HTTP door's app
+
+        return attnscope.save_html(self, path, heads=heads, lang=lang)
+
     def ablate(self, heads: list[tuple[int, int]], *, mode: str = "zero", top_k: int = 5) -> Ablation:
         """The prompt again with ``heads`` zeroed (or replaced by their mean): per position the KL
         divergence from the original, the new top tokens and the actual next token before and after."""

@@ -22,6 +22,8 @@ export default {
  // server errors by their code (app/error_codes.py): err.<code>, filled from the error's params and its message
  "err.server": "The server answered: {message}",
  "err.network": "The server cannot be reached: is attnscope still running?",
+ "err.offline_file": "This file holds only what was saved with it: {request} needs the attnscope server and the model.",
+ "err.offline_head": "This file keeps the exact attention of {kept} only: L{layer}H{head} shows in its head-grid thumbnail; open the run on an attnscope server to see its cells.",
  "err.engine_error": "The server refused: {message}",
  "err.bad_input": "The server cannot answer this request: {message}",
  "err.too_large": "This request is more than the server allows: {message}",

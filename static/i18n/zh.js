@@ -22,6 +22,8 @@ export default {
  // server errors by their code (app/error_codes.py): err.<code>, filled from the error's params and its message
  "err.server": "服务器返回：{message}",
  "err.network": "无法连接服务器：attnscope 还在运行吗？",
+ "err.offline_file": "此文件只包含保存时的内容：{request} 需要 attnscope 服务器和模型。",
+ "err.offline_head": "此文件只保存了 {kept} 的精确注意力：L{layer}H{head} 只有注意力头面板中的缩略图；要查看它的每个单元，请在 attnscope 服务器上打开此运行。",
  "err.engine_error": "服务器拒绝了请求：{message}",
  "err.bad_input": "服务器无法处理这个请求：{message}",
  "err.too_large": "这个请求超出了服务器的上限：{message}",

@@ -200,3 +200,8 @@ def test_every_code_has_its_params_and_its_text_in_both_catalogues() -> None:
         assert key == f"err.{code}", code  # the browser says it in English and in Chinese
         assert placeholders(key) <= set(PARAMS[code]) | {"message"}, code
     assert error_key("network") == "err.network"  # said when no answer came (static/js/api.js)
+    # a standalone HTML file's answers to what it did not save (static/js/embed/offline.js)
+    assert error_key("offline_file") == "err.offline_file"
+    assert placeholders("err.offline_file") == {"request"}
+    assert error_key("offline_head") == "err.offline_head"
+    assert placeholders("err.offline_head") == {"kept", "layer", "head"}

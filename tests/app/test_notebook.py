@@ -116,7 +116,7 @@ def test_the_page_is_the_web_apps_own_modules_inlined() -> None:
     for name, source in sources.items():  # the same file, only its import specifiers rewritten: no fork
         original = (embed.STATIC / name.removeprefix("attnscope/")).read_text(encoding="utf-8")
         assert spec.sub("''", source) == spec.sub("''", original), name
-    assert sorted(p.name for p in (embed.STATIC / "js" / "embed").iterdir()) == ["transport.js"]
+    assert sorted(p.name for p in (embed.STATIC / "js" / "embed").iterdir()) == ["offline.js", "transport.js"]
 
 
 def test_show_outside_a_notebook_says_what_to_do(edited: tuple[Any, Any], caplog: pytest.LogCaptureFixture) -> None:

@@ -3,8 +3,8 @@
 // starts the page from it, and answers the page's fetch("/api/...") from what the file holds:
 // the answers recorded when it was saved, and what follows exactly from the exact cells of the
 // heads it keeps (a head's bytes, one-cell-a-bin tiles: a token's focus row, small thumbnails).
-// Anything else answers the error code "offline_file" (err.offline_file in static/i18n), which the
-// page shows in the reader's language. No request leaves the page. A classic script, ASCII only.
+// Anything else answers the error code "offline_head" (a head whose cells it does not keep) or
+// "offline_file" (err.<code> in static/i18n), which the page shows in the reader's language. No request leaves the page. A classic script, ASCII only.
 (() => {
   const realFetch = window.fetch.bind(window);
 
@@ -77,10 +77,22 @@
     return `${method} ${url.pathname}?${params.map(([k, v]) => `${enc(k)}=${enc(v)}`).join("&")}`;
   }
 
+  const refusal = (body) => new Response(JSON.stringify(body), { status: 404, statusText: "Not in this file", headers: { "content-type": "application/json" } });
+
   function offline(method, url) {
     const request = `${method} ${url.pathname}`;
-    const body = { code: "offline_file", message: `this file holds only what was saved with it: ${request} needs the attnscope server and the model`, params: { request } };
-    return new Response(JSON.stringify(body), { status: 404, statusText: "Not in this file", headers: { "content-type": "application/json" } });
+    return refusal({ code: "offline_file", message: `this file holds only what was saved with it: ${request} needs the attnscope server and the model`, params: { request } });
+  }
+
+  // a head whose exact cells the file does not keep (a long run's file keeps the heads asked for)
+  function notKept(data, url) {
+    const p = url.searchParams, layer = integer(p.get("layer")), head = p.has("head") ? integer(p.get("head")) : 0;
+    if (url.pathname !== `/api/runs/${encodeURIComponent(data.run.run_id)}/attention` || layer === null || head === null) return null;
+    const kept = [...data.exact.keys()].map((k) => `L${k.replace(".", "H")}`).join(", ");
+    return refusal({
+      code: "offline_head", params: { layer, head, kept },
+      message: `this file keeps the exact attention of ${kept} only: L${layer}H${head} shows in its head-grid thumbnail; open the run on an attnscope server for its cells`,
+    });
   }
 
   function recorded(data, k) {
@@ -155,7 +167,7 @@
       return same ? recorded(data, "POST /api/runs?") : offline(method, url);
     }
     if (method === "GET") {
-      const hit = recorded(data, key(method, url)) || derive(data, url.pathname, url.searchParams);
+      const hit = recorded(data, key(method, url)) || derive(data, url.pathname, url.searchParams) || notKept(data, url);
       if (hit) return hit;
     }
     return offline(method, url);
