@@ -15,7 +15,7 @@ import threading
 import weakref
 from collections.abc import MutableMapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import unquote, urlencode
 
 import anywidget
@@ -111,30 +111,61 @@ class Bridge:
 
 
 class Explorer(anywidget.AnyWidget):
-    """The explorer on a Scope's model, in the output cell."""
+    """The explorer on a Scope's model, in the output cell.
+
+    The page (5 MB with plotly.js) is sent when a view asks for it, as a binary message, not as a
+    synced trait: a saved notebook keeps only ``query`` and ``height``. Re-executing a cell closes the
+    widget it showed before (its worker thread ends); a kernel restart ends the process, threads and all.
+    """
 
     _esm = STATIC / "js" / "widget.js"
-    html = traitlets.Unicode("").tag(sync=True)
+    query = traitlets.Unicode("").tag(sync=True)  # the page's search string: ?lang=..&text=..
     height = traitlets.Int(780).tag(sync=True)
+    _shown: ClassVar[dict[str, weakref.ref[Explorer]]] = {}  # cell id -> the widget it showed last
+    _shown_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(self, scope: Scope, *, text: str | None = None, lang: str = "en", height: int = 780) -> None:
         if lang not in ("en", "zh"):
             raise ValueError(f"lang must be 'en' or 'zh', not {lang!r}")
-        query = {"lang": lang, **({"text": text} if text else {})}
-        super().__init__(html=explorer_document(embed={"search": "?" + urlencode(query)},
-                                                transport=transport_script(), extra_css=EMBED_CSS),
-                         height=height)
+        query = "?" + urlencode({"lang": lang, **({"text": text} if text else {})})
+        super().__init__(query=query, height=height)
         self.scope = scope
+        self._page: tuple[str, bytes] | None = None  # (query, the document for it)
         self._bridge = Bridge(scope)
         self.on_msg(self._on_msg)
-        # a re-executed cell drops the old widget: its worker thread ends with it (and at exit)
+        # a dropped widget's worker thread ends with it (and at exit)
         self._finalizer = weakref.finalize(self, self._bridge.close)
+        self._replace_in_cell()
 
-    def _on_msg(self, _widget: Any, content: dict[str, Any], buffers: list[Any]) -> None:
-        if not isinstance(content, dict) or content.get("type") != "request":
+    def _replace_in_cell(self) -> None:
+        """Close the widget this cell showed before, if it is re-executed (JupyterLab, VS Code and nbclient
+        name the cell in each request's metadata; elsewhere nothing is replaced)."""
+        cell = current_cell()
+        if cell is None:
             return
-        body = bytes(buffers[0]) if buffers else b""
-        self._bridge.submit(content, body, self.reply)
+        with Explorer._shown_lock:
+            before = Explorer._shown.get(cell)
+            Explorer._shown[cell] = weakref.ref(self)
+        old = before() if before is not None else None
+        if old is not None and old is not self:
+            old.close()
+
+    def page(self) -> bytes:
+        """The explorer's document for the current query, built once per widget and query."""
+        if self._page is None or self._page[0] != self.query:
+            document = explorer_document(embed={"search": self.query}, transport=transport_script(),
+                                         extra_css=EMBED_CSS)
+            self._page = (self.query, document.encode("utf-8"))
+        return self._page[1]
+
+    def _on_msg(self, _widget: Any, content: Any, buffers: list[Any]) -> None:
+        if not isinstance(content, dict):
+            return
+        if content.get("type") == "page":
+            self.reply({"type": "page"}, [self.page()])
+        elif content.get("type") == "request":
+            body = bytes(buffers[0]) if buffers else b""
+            self._bridge.submit(content, body, self.reply)
 
     def reply(self, content: dict[str, Any], buffers: list[bytes]) -> None:
         self.send(content, buffers)
@@ -142,3 +173,16 @@ class Explorer(anywidget.AnyWidget):
     def close(self) -> None:
         self._bridge.close()
         super().close()
+
+
+def current_cell() -> str | None:
+    """The id of the notebook cell being executed, from the request's metadata (None outside a kernel)."""
+    try:
+        from IPython import get_ipython
+
+        kernel = getattr(get_ipython(), "kernel", None)
+        parent = kernel.get_parent() if kernel is not None else None
+    except Exception:  # noqa: BLE001 - no IPython, or an old kernel: nothing to replace
+        return None
+    cell = (parent or {}).get("metadata", {}).get("cellId")
+    return str(cell) if cell else None

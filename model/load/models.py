@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -354,18 +355,33 @@ def borrowed(lm: LoadedModel) -> Iterator[None]:
     module's training flag are as they were. Parameters and ``requires_grad`` are never touched:
     everything inside runs under ``torch.inference_mode``."""
     model = lm.model
-    implementation = model.config._attn_implementation
-    training = [(module, module.training) for module in model.modules()]
-    try:
-        switch_attention(lm)
-        model.eval()
-        with torch.inference_mode():
-            yield
-    finally:
-        if model.config._attn_implementation != implementation and implementation is not None:
-            model.set_attn_implementation(implementation)
-        for module, flag in training:
-            module.training = flag
+    with lock_of(model):  # one borrower at a time, whichever Scope or widget holds this model object
+        implementation = model.config._attn_implementation
+        training = [(module, module.training) for module in model.modules()]
+        try:
+            switch_attention(lm)
+            model.eval()
+            with torch.inference_mode():
+                yield
+        finally:
+            if model.config._attn_implementation != implementation and implementation is not None:
+                model.set_attn_implementation(implementation)
+            for module, flag in training:
+                module.training = flag
+
+
+_BORROW_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_BORROW_LOCKS_LOCK = threading.Lock()
+
+
+def lock_of(model: nn.Module) -> threading.RLock:
+    """The one lock of a model object: two Scopes (or two widgets) over the same model must not switch
+    its attention implementation at once (the second would take the first's switch for the model's own)."""
+    with _BORROW_LOCKS_LOCK:
+        lock = _BORROW_LOCKS.get(model)
+        if lock is None:
+            lock = _BORROW_LOCKS[model] = threading.RLock()
+        return lock
 
 
 def describe(name: str, model: PreTrainedModel, spec: ArchSpec,

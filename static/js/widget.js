@@ -18,21 +18,29 @@ function render({ model, el }) {
   };
   // the kernel's answer -> the frame (status and headers first, then the body in chunks)
   const onAnswer = (msg, buffers) => {
-    if (!msg || msg.type !== "response" || !frame.contentWindow) return;
     const view = buffers && buffers.length ? buffers[0] : null;
+    if (msg && msg.type === "page" && view) {  // the page itself, asked for below
+      frame.srcdoc = new TextDecoder().decode(view);
+      return;
+    }
+    if (!msg || msg.type !== "response" || !frame.contentWindow) return;
     const chunk = view ? view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength) : null;
     frame.contentWindow.postMessage({ type: "attnscope-response", id: msg.id, start: msg.start, status: msg.status,
                                       headers: msg.headers, done: msg.done, chunk }, "*", chunk ? [chunk] : []);
   };
   window.addEventListener("message", onRequest);
   model.on("msg:custom", onAnswer);
-  const load = () => { frame.srcdoc = model.get("html"); };
-  model.on("change:html", load);
+  // the page (the web app's own, 5 MB with plotly.js) comes from the kernel when a view is drawn: it is
+  // not a synced trait, so a saved notebook does not carry it
+  const load = () => { frame.style.height = `${model.get("height")}px`; model.send({ type: "page" }); };
+  model.on("change:query", load);
+  model.on("change:height", load);
   load();
   return () => {
     window.removeEventListener("message", onRequest);
     model.off("msg:custom", onAnswer);
-    model.off("change:html", load);
+    model.off("change:query", load);
+    model.off("change:height", load);
   };
 }
 

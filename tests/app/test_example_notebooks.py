@@ -40,9 +40,8 @@ def test_the_quickstart_runs_and_finds_ablates_and_patches_the_induction_head(la
     assert "induction head: L4H0" in printed  # the bundled model's induction head (its model card)
 
     state = explorer_state(nb)  # the widget view is displayed, on the analysed text, in the notebook's language
-    embed = re.search(r"ATTNSCOPE_EMBED = (\{.*?\});", str(state["html"]))
-    assert embed is not None
-    search = json.loads(embed.group(1))["search"]
+    search = str(state["query"])  # the page itself is not in the state: the view asks the kernel for it
+    assert "html" not in state
     assert search.startswith(f"?lang={lang}&text=Nine+violet+lanterns")
 
     reads = re.findall(r"'(.+?)' at (\d+) reads '(.+?)' at (\d+)", printed)

@@ -125,3 +125,51 @@ def test_show_outside_a_notebook_says_what_to_do(edited: tuple[Any, Any], caplog
         assert attnscope.show(model, tokenizer, TEXT) is None
     (line,) = [r.getMessage() for r in caplog.records if r.name == "attnscope"]
     assert "attnscope serve" in line and "\n" not in line
+
+
+def test_the_page_travels_as_a_message_and_a_reexecuted_cell_replaces_its_widget(
+        edited: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    model, tokenizer = edited
+    scope = attnscope.Scope(model, tokenizer, name="edited")
+    monkeypatch.setattr("attnscope.app.notebook.current_cell", lambda: "cell-7")
+    first = Explorer(scope, text=TEXT, lang="zh")
+    assert "html" not in first.get_state()  # the 5 MB page is not widget state a notebook would save
+    assert first.get_state()["query"] == "?lang=zh&text=the+cat+sat+on+the+mat%3B+the+cat+sat."
+    pages: list[bytes] = []
+    first.reply = lambda content, buffers: pages.extend(buffers)  # type: ignore[method-assign]
+    first._on_msg(first, {"type": "page"}, [])
+    (page,) = pages
+    assert page.startswith(b"<!doctype html") and b"?lang=zh&text=the+cat+sat" in page and len(page) > 1_000_000
+    thread = first._bridge._thread
+    second = Explorer(scope, text=TEXT)  # the same cell, executed again
+    thread.join(timeout=10)
+    assert not thread.is_alive() and first.comm is None  # the old widget is closed, its worker gone
+    assert second.comm is not None and second._bridge._thread.is_alive()
+    monkeypatch.setattr("attnscope.app.notebook.current_cell", lambda: "cell-8")
+    third = Explorer(scope, text=TEXT)  # another cell: both stay
+    assert second.comm is not None and third.comm is not None
+    second.close()
+    third.close()
+
+
+def test_two_scopes_on_one_model_take_turns(edited: tuple[Any, Any]) -> None:
+    """Two widgets (two Scopes) over the same model object, asked at once: each borrow sees the model's
+    own attention implementation, and it is restored at the end."""
+    model, tokenizer = edited
+    scopes = [attnscope.Scope(model, tokenizer, name=f"s{i}") for i in range(2)]
+    failures: list[BaseException] = []
+
+    def work(scope: attnscope.Scope) -> None:
+        try:
+            for _ in range(4):
+                run = scope.run(TEXT)
+                assert run.attention(layer=1, head=2).shape[0] == len(run.tokens)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in scopes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert failures == [] and model.config._attn_implementation == "sdpa"
