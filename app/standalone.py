@@ -32,6 +32,8 @@ import gzip
 import json
 import logging
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Coroutine, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -341,18 +343,50 @@ async def build(call: Call, run_id: str, *, heads: str | None = None, lang: str 
     return Built(document(gzip.compress(payload.packed(), 9, mtime=0), search=search), p)
 
 
+class Recent:
+    """The last few files built, so that a download after its ``dry_run`` is not built twice (a run
+    does not change once its late scores are in, and the file waits for them)."""
+
+    def __init__(self, keep: int = 2, max_bytes: int = 8 << 20) -> None:
+        self.keep, self.max_bytes = keep, max_bytes
+        self.lock = threading.Lock()
+        self.files: OrderedDict[tuple[int, str, str | None, str], Built] = OrderedDict()
+
+    def get(self, key: tuple[int, str, str | None, str]) -> Built | None:
+        with self.lock:
+            return self.files.get(key)
+
+    def put(self, key: tuple[int, str, str | None, str], built: Built) -> None:
+        if len(built.html) > self.max_bytes:
+            return
+        with self.lock:
+            self.files[key] = built
+            while len(self.files) > self.keep:
+                self.files.popitem(last=False)
+
+
+RECENT = Recent()
+
+
 def build_sync(app: Any, run_id: str, *, heads: str | None = None, lang: str = "en") -> Built:
     """``build`` on ``app`` in-process: in this thread (a sync route's worker thread, a script), or in
     one of its own where an event loop already runs here (a notebook)."""
+    key = (id(app), run_id, heads, lang)
+    if (kept := RECENT.get(key)) is not None:
+        return kept
+
     def work() -> Built:
         return asyncio.run(build(asgi_caller(app), run_id, heads=heads, lang=lang))
 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return work()
-    with ThreadPoolExecutor(1, thread_name_prefix="attnscope-html") as pool:
-        return pool.submit(work).result()
+        built = work()
+    else:
+        with ThreadPoolExecutor(1, thread_name_prefix="attnscope-html") as pool:
+            built = pool.submit(work).result()
+    RECENT.put(key, built)
+    return built
 
 
 def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:

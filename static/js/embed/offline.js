@@ -41,8 +41,12 @@
     return btoa(s);
   }
 
+  // each step is marked ("attnscope:offline-<step>") for the Performance panel and the benchmarks
   async function open() {
-    const all = await inflate(payloadBytes());
+    const bytes = payloadBytes();
+    performance.mark("attnscope:offline-read");
+    const all = await inflate(bytes);
+    performance.mark("attnscope:offline-inflated");
     const length = new DataView(all.buffer, all.byteOffset).getUint32(0);
     const manifest = JSON.parse(new TextDecoder().decode(all.subarray(4, 4 + length)));
     const blob = ([offset, size]) => all.subarray(4 + length + offset, 4 + length + offset + size);
@@ -62,6 +66,7 @@
     map.type = "importmap";
     map.textContent = JSON.stringify({ imports });
     document.head.append(map);
+    performance.mark("attnscope:offline-started");
     const main = document.createElement("script");
     main.type = "module";
     main.textContent = 'import "attnscope/js/main.js";';
