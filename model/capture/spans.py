@@ -101,7 +101,7 @@ class RangeMask:
     def whole(self, n: int) -> RangeMask:
         """The mask over the whole run: itself (a stored run is whole already)."""
         if n != self.q_length:
-            raise ValueError(f"a stored mask covers {self.q_length} positions, not {n}")
+            raise ValueError(f"a stored mask covers its whole run, {self.q_length} positions, not {n}")
         return self
 
     def spans(self) -> Spans | None:

@@ -226,6 +226,15 @@ def _show(v: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are all different (a duplicate could mean one thing here, another to
+    safetensors' own parser)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError(f"a key appears twice in one object: {sorted(k for k, _ in pairs)[:3]}")
+    return out
+
+
 def _safetensors_header(data: bytes, max_bytes: int) -> tuple[dict[str, Any], int]:
     """The safetensors header (parsed JSON) and where the tensor data starts, checked against the file."""
     _need(len(data) <= max_bytes, f"the file is {len(data):,} bytes, more than the {max_bytes:,} allowed")
@@ -235,8 +244,8 @@ def _safetensors_header(data: bytes, max_bytes: int) -> tuple[dict[str, Any], in
     _need(8 + length <= len(data), f"the header declares {length:,} bytes but the file holds {len(data) - 8:,} "
                                    "after its length (truncated?)")
     try:
-        parsed = json.loads(data[8 : 8 + length].decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as err:
+        parsed = json.loads(data[8 : 8 + length].decode("utf-8"), object_pairs_hook=_unique)
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise BadRunFile(f"the header is not JSON ({type(err).__name__}: {str(err)[:80]})") from None
     return _dict(parsed, "the header"), 8 + length
 
@@ -252,8 +261,8 @@ def _run_header(st: dict[str, Any]) -> dict[str, Any]:
     raw = meta.get(META_KEY)
     _need(isinstance(raw, str), f"the file has no run header ({META_KEY!r} metadata)")
     try:
-        header = json.loads(str(raw))
-    except ValueError as err:
+        header = json.loads(str(raw), object_pairs_hook=_unique)
+    except (ValueError, RecursionError) as err:
         raise BadRunFile(f"the run header is not JSON ({str(err)[:80]})") from None
     header = _dict(header, "the run header")
     version = _int(header.get("version"), "version", 1, 1 << 30)
@@ -410,6 +419,9 @@ def read(data: bytes, *, max_bytes: int) -> StoredRun:
         t = load(data)
     except (SafetensorError, ValueError, RuntimeError) as err:  # checked above: safetensors disagreeing
         raise BadRunFile(f"the tensors cannot be read ({type(err).__name__}: {str(err)[:80]})") from None
+    for name, (kind, shape) in expected.items():  # what was loaded is what was checked
+        _need(name in t and t[name].dtype == DTYPES[kind][0] and tuple(t[name].shape) == shape,
+              f"tensor {name} was not read as the header declares it")
     ids = t["input_ids"]
     _need(bool((ids >= 0).all()), "input_ids holds a negative id")
     attention = []

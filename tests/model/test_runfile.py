@@ -14,13 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
+from attnscope.model.capture.spans import RangeMask, mask_spans
 from attnscope.model.errors import BadRunFile, EngineError
 from attnscope.model.load.models import LoadedModel, wrap_model
 from attnscope.model.runs.export import KeptRun, to_safetensors
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.runfile import FORMAT, HEADER_CAP, META_KEY, StoredRun, dump, read
 from attnscope.model.runs.tiles import TileSpec, head_tile
-from attnscope.model.scores.late import PendingScores
+from attnscope.model.scores.analysis import SCORE_FIELDS, SCORE_NAMES
+from attnscope.model.scores.late import PendingScores, layer_scores
 from attnscope.model.services.engine import Engine
 from tests.support.families import FAMILIES
 from tests.support.tiny import make_engine
@@ -123,6 +125,20 @@ def test_pending_scores_travel_with_the_run() -> None:
     assert stored.record.summary.heads == heads and stored.record.pending is None
 
 
+@pytest.mark.parametrize("family_id", ["llama", "mistral"])
+def test_late_scores_computed_from_a_read_run_are_the_runs(family_id: str) -> None:
+    """What a worker that did not make the run computes from its file (fused path: llama; blocks: mistral)."""
+    rec = run_of(family_id)
+    got = roundtrip(rec).record
+    for layer, kept in enumerate(got.attention):
+        late = layer_scores(kept, got.input_ids, frozenset(SCORE_FIELDS), layer)
+        for head, score in enumerate(late):
+            want = rec.summary.heads[layer * rec.n_heads + head]
+            for name in SCORE_NAMES.values():
+                a, b = getattr(score, name), getattr(want, name)
+                assert (a is None) == (b is None) and (a is None or abs(a - b) < 1e-5), (layer, head, name, a, b)
+
+
 def test_an_encoder_keeps_no_predictions() -> None:
     rec = run_of("bert")
     assert rec.summary.predictions == [] and roundtrip(rec).record.summary.predictions == []
@@ -142,6 +158,20 @@ def _split(data: bytes) -> tuple[dict[str, Any], bytes]:
 def _join(header: dict[str, Any], body: bytes) -> bytes:
     raw = json.dumps(header).encode()
     return len(raw).to_bytes(8, "little") + raw + body
+
+
+def _join_raw(raw: bytes) -> bytes:
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def _twice() -> bytes:
+    """lse declared twice, the second time as q (json.dumps cannot write it: the text is edited)."""
+    header, body = _split(_good())
+    lse = json.dumps(header["blocks.0.attn.lse"])
+    raw = json.dumps(header).replace('"blocks.0.attn.lse": ' + lse,
+                                     '"blocks.0.attn.lse": ' + lse + ', "blocks.0.attn.lse": '
+                                     + json.dumps(header["blocks.0.attn.hook_rot_q"]))
+    return _join_raw(raw.encode()) + body
 
 
 def _raw_edit(edit: Callable[[dict[str, Any]], None]) -> bytes:
@@ -224,6 +254,8 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
     "header over the cap": (lambda: (HEADER_CAP + 1).to_bytes(8, "little") + b"\0" * 64, "more than the"),
     "header not JSON": (lambda: (12).to_bytes(8, "little") + b"{not json!!}" + b"\0" * 8, "not JSON"),
     "header not UTF-8": (lambda: (4).to_bytes(8, "little") + b"\xff\xfe{}", "not JSON"),
+    "header nested deeply": (lambda: _join_raw(b"[" * 100_000 + b"]" * 100_000), "not JSON"),
+    "a tensor named twice": (lambda: _twice(), "twice"),
     "a model's weights": (_model_file, "format is 'pt', not 'attnscope-run/1'"),
     "the old export": (lambda: to_safetensors(run_of("llama"), {"model": "x"}), "format=attnscope"),
     "a tensor missing": (lambda: _resaved(tensors=lambda t: t.pop("blocks.1.hook_mlp_out")), "missing"),
@@ -277,3 +309,23 @@ def test_mangled_headers_give_bad_run_file_or_a_run_never_a_crash() -> None:
         except EngineError as err:  # anything else fails the test
             codes.append(err.code)
     assert set(codes) == {"bad_run_file"} and len(codes) > 200  # most of them break the JSON, a name or an offset
+
+
+# ---- the mask of a read run -------------------------------------------------------------------------
+
+def test_a_range_mask_answers_what_a_lazy_mask_does() -> None:
+    n = 6
+    rows = torch.arange(n)
+    causal = RangeMask.of(torch.zeros(n, dtype=torch.int32), rows + 1)
+    assert causal.fused_causal() is True and causal.whole(n) is causal and causal.kv_offset == 0
+    assert torch.equal(causal.rows(0, n)[0], torch.ones(n, n, dtype=torch.bool).tril())
+    window = RangeMask.of((rows - 2).clamp_min(0), rows + 1)
+    assert window.fused_causal() is None
+    spans = mask_spans(window)
+    assert spans is not None and torch.equal(spans.visible(0, n, 0, n), window.rows(0, n)[0])
+    odd = RangeMask.of(torch.tensor([0, 3, 0, 0, 0, 0]), torch.tensor([1, 6, 3, 4, 5, 6]))  # not monotone
+    assert mask_spans(odd) is None and odd.rows(1, 2)[0].tolist() == [[False, False, False, True, True, True]]
+    with pytest.raises(ValueError, match="within"):
+        RangeMask.of(torch.tensor([0, 2]), torch.tensor([1, 1]))
+    with pytest.raises(ValueError, match="whole run"):
+        causal.whole(n + 1)
