@@ -144,7 +144,7 @@ def test_binary_and_stream_content_types_are_documented(limited_spec: dict[str, 
     assert attention["application/octet-stream"]["schema"] == {"type": "string", "format": "binary"}
     assert "application/json" in attention
     export = paths["/api/runs/{run_id}/export"]["get"]["responses"]["200"]["content"]
-    assert set(export) == {"application/json", "application/octet-stream"}
+    assert set(export) == {"application/json", "application/octet-stream", "text/html"}  # html: the standalone file
     assert "text/event-stream" in paths["/api/generate"]["post"]["responses"]["200"]["content"]
 
 
