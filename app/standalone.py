@@ -59,6 +59,7 @@ SPARSITY_AUTO_MAX = 2048  # static/js/explorer/analyse.js: the page asks for spa
 NEXT_EVERY_MAX = 2048  # next-token distributions at every position up to this length, else the last only
 EXACT_BUDGET = 1 << 20  # float32 bytes of exact cells: every head's while they fit (64 tokens: 400 KB)
 HEADS_CAP = 64 << 20  # the chosen heads' exact cells, at most: past it, 422 export_too_large
+SCORES_WAITS = 5  # a minute each: a long run's late head scores
 TOP_K = 10  # the page asks for the top 10 (static/js/explorer/analyse.js, api.js's getNext)
 MEDIA_TYPE = "text/html; charset=windows-1252"
 KEPT_HEADERS = ("content-type",)  # with every x-attn-* header
@@ -219,7 +220,12 @@ async def record(call: Call, run_id: str, heads: str | None) -> tuple[Plan, Payl
     part and the run's summary."""
     base = f"/api/runs/{quote(run_id, safe='')}"
     payload = Payload()
-    scores = _ok(await call("GET", f"{base}/heads?wait=60", b""), "the run's heads")  # late scores, all in
+    for _ in range(SCORES_WAITS):  # the late head scores, all in: the page's own wait would never end
+        scores = _ok(await call("GET", f"{base}/heads?wait=60", b""), "the run's heads")
+        if scores.status != 202:
+            break
+    else:
+        raise BadInput("the run's head scores are still being computed: save it as HTML once they are in")
     run = json.loads(_ok(await call("GET", base, b""), "the run").body)
     p = plan(run, heads)
     models = json.loads(_ok(await call("GET", "/api/models", b""), "the models").body)
@@ -232,12 +238,16 @@ async def record(call: Call, run_id: str, heads: str | None) -> tuple[Plan, Payl
 
     async def keep(params: dict[str, str], path: str = "attention") -> None:
         url = f"{base}/{path}?{urlencode(params)}"
-        payload.answer(canonical("GET", f"{base}/{path}", params), _ok(await call("GET", url, b""), url))
+        answer = await call("GET", url, b"")
+        if answer.status >= 500:
+            raise Failed(f"{url} answered {answer.status}: {answer.body[:300]!r}")
+        payload.answer(canonical("GET", f"{base}/{path}", params), answer)  # a refusal too, as the server says it
 
     if p.n <= SPARSITY_AUTO_MAX:
         await keep({}, "sparsity")
-    for pos in range(p.n) if p.n <= NEXT_EVERY_MAX else [p.n - 1]:
-        await keep({"position": str(pos), "temperature": "1", "top_k": str(TOP_K)}, "next")
+    if any(m.get("has_lm_head") for m in models["models"]):  # the page asks an encoder for none
+        for pos in range(p.n) if p.n <= NEXT_EVERY_MAX else [p.n - 1]:
+            await keep({"position": str(pos), "temperature": "1", "top_k": str(TOP_K)}, "next")
     whole = {"q0": "0", "q1": str(p.n), "k0": "0", "k1": str(p.n), "pool": "max"}
     for layer in range(p.n_layers):
         if not (p.n <= THUMB and all((layer, h) in p.exact for h in range(p.n_heads))):

@@ -21,7 +21,7 @@ import attnscope
 from attnscope.app import standalone
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
-from attnscope.model.load.models import BUNDLED_DIR, load_model
+from attnscope.model.load.models import BUNDLED_DIR, LoadedModel, load_model
 from tests.support.tiny import make_engine
 
 TWO_MB = 2_000_000
@@ -154,3 +154,14 @@ def test_save_html_through_the_python_door(tmp_path: Path) -> None:
     other = attnscope.save_html(run, tmp_path / "two-heads.html", heads="1.2,5.7", lang="zh")
     manifest, _ = decoded(other.read_bytes())
     assert set(manifest["exact"]) == {"1.2", "5.7"}
+
+
+def test_an_encoders_file_keeps_its_full_attention_and_asks_no_next_token(encoder: LoadedModel) -> None:
+    app = create_app(Settings(models={}, default_model="minilm-l6"), make_engine({"minilm-l6": encoder}, "minilm-l6"))
+    with TestClient(app, base_url="http://localhost") as c:
+        run = c.post("/api/runs", json={"text": "The cat sat on the mat."}).json()
+        manifest, _ = decoded(c.get(f"/api/runs/{run['run_id']}/export?format=html").content)
+    n = len(run["tokens"])
+    assert manifest["run"]["causal"] is False and manifest["run"]["every_head"]
+    assert {size for _, size in manifest["exact"].values()} == {4 * n * n}  # every key of every row
+    assert not [k for k in manifest["responses"] if "/next?" in k]  # an encoder has no next-token chart
