@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import weakref
 from collections.abc import MutableMapping
+from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any, ClassVar
 from urllib.parse import unquote, urlencode
@@ -32,45 +32,87 @@ EMBED_CSS = "header.top nav{display:none} body{margin:0}"  # no links to the ser
 
 
 class Bridge:
-    """The HTTP door's app, called in-process (ASGI, no socket) from one worker thread, one request at a
-    time, with the Scope's model borrowed for each."""
+    """The HTTP door's app, called in-process (ASGI, no socket) on one event loop in its own thread.
+
+    Requests run concurrently, as on the server (a thumbnail waits on no heatmap); the Scope's model is
+    borrowed while at least one is in flight and given back as soon as none is, so the notebook's own
+    code finds its model as it left it between the widget's bursts of requests."""
 
     def __init__(self, scope: Scope) -> None:
         name = scope.model.info.name
         self.scope = scope
         self.app = create_app(Settings(models={}, default_model=name), scope.engine)
-        self._jobs: queue.Queue[tuple[dict[str, Any], bytes, Any] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._work, name="attnscope-widget", daemon=True)
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._active = 0  # requests in flight (on the loop's thread only)
+        self._borrow: ExitStack | None = None
+        self._pending = 0  # submitted and not yet answered (any thread, under _idle)
+        self._idle = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="attnscope-widget", daemon=True)
         self._thread.start()
 
     def submit(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
         """Answer ``request`` ({id, method, url, headers}) by calling ``reply(content, buffers)`` as the
         response starts, for each chunk of its body, and when it is done."""
-        self._jobs.put((request, body, reply))
+        with self._idle:
+            self._pending += 1
+        try:
+            self._loop.call_soon_threadsafe(self._start, request, body, reply)
+        except RuntimeError:  # closed: nobody will answer
+            self._done()
 
     def close(self) -> None:
-        self._jobs.put(None)
+        if not self._loop.is_closed():
+            with suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stop.set)
 
     def wait(self) -> None:
         """Until every request submitted so far is answered and the model given back."""
-        self._jobs.join()
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0)
 
-    def _work(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            request, body, reply = job
-            self._answer(request, body, reply)
-            self._jobs.task_done()
-        self._jobs.task_done()
-
-    def _answer(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
         try:
-            with self.scope.borrowed():
-                asyncio.run(self.call(request, body, reply))
+            self._loop.run_until_complete(self._stop.wait())
+            for task in list(self._tasks):  # closed mid-request: the frame is gone; give the model back
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*self._tasks, return_exceptions=True))
+        finally:
+            self._loop.close()
+
+    def _start(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
+        task = self._loop.create_task(self._answer(request, body, reply))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _done(self) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+
+    async def _answer(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
+        try:
+            if self._active == 0:  # the first request in flight borrows the model
+                stack = ExitStack()
+                stack.enter_context(self.scope.borrowed())
+                self._borrow = stack
+            self._active += 1
+            try:
+                await self.call(request, body, reply)
+            finally:
+                self._active -= 1
+                if self._active == 0 and self._borrow is not None:  # the last one gives it back
+                    self._borrow.close()
+                    self._borrow = None
         except Exception:  # the frame must hear back, whatever failed
             log.exception("the widget's request %s %s failed", request.get("method"), request.get("url"))
             reply({"type": "response", "id": request["id"], "start": True, "status": 500,
                    "headers": {"content-type": "application/json"}, "done": True},
                   [b'{"code":"internal_error","message":"the kernel failed to answer: see its log","params":{}}'])
+        finally:
+            self._done()
 
     async def call(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
         path, _, query = str(request["url"]).partition("?")
