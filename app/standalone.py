@@ -21,8 +21,9 @@ anything else it did not save ``offline_file`` (static/i18n: ``err.<code>``).
 One byte stream holds it all (a JSON manifest, then plotly.js, the stylesheets, the modules and the
 data), gzip-compressed — the page inflates it with ``DecompressionStream`` — and written into the
 document as single bytes: the file is declared windows-1252, whose decoder maps each byte to one
-character, and the four bytes an HTML parser would change or stop at (NUL, CR, ``<``) or that escape
-(``=``) are written as ``=`` and the byte plus 64. That costs about 1.6 % where base64 costs 33 %.
+character, and what an HTML parser would lose or stop at in a script (CR; ``<`` before ``/`` or
+``!``) and the escape (``=``) are written as ``=`` and the byte plus 64. That costs about 0.8 % where
+base64 costs 33 %.
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ SCORES_WAITS = 5  # a minute each: a long run's late head scores
 TOP_K = 10  # the page asks for the top 10 (static/js/explorer/analyse.js, api.js's getNext)
 MEDIA_TYPE = "text/html; charset=windows-1252"
 KEPT_HEADERS = ("content-type",)  # with every x-attn-* header
-ESCAPED = re.compile(rb"[\x00\r<=]")  # what an HTML parser changes (NUL, CR) or stops at (<), and the escape
+# what an HTML parser would lose (CR: CR LF and CR become LF) or stop at in a script ("</", "<!--"), and
+# the escape itself; NUL it turns into U+FFFD, which no other byte decodes to: the page maps it back
+ESCAPED = re.compile(rb"[\r=]|<(?=[/!])")
 EXTRA_CSS = "header.top nav{display:none}"  # the server's other pages are not in the file
 
 
@@ -234,7 +237,8 @@ async def record(call: Call, run_id: str, heads: str | None) -> tuple[Plan, Payl
                                                json.dumps(models, separators=(",", ":")).encode()))
     payload.answer("POST /api/runs?", Answer(201, {"content-type": "application/json"},
                                              json.dumps(run, separators=(",", ":"), ensure_ascii=False).encode()))
-    payload.answer(canonical("GET", f"{base}/heads", {}), Answer(200, scores.headers, scores.body))
+    if run["scores_pending"]:  # scores that could not be computed: the page asks, and hears why
+        payload.answer(canonical("GET", f"{base}/heads", {}), Answer(200, scores.headers, scores.body))
 
     async def keep(params: dict[str, str], path: str = "attention") -> None:
         url = f"{base}/{path}?{urlencode(params)}"

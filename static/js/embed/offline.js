@@ -8,12 +8,14 @@
 (() => {
   const realFetch = window.fetch.bind(window);
 
-  // The payload: single bytes of a windows-1252 document, "=" escaping the bytes an HTML parser
-  // would change (NUL, CR), stop at (<), and "=" itself (app/standalone.py's escape).
+  // The payload: single bytes of a windows-1252 document, "=" escaping what an HTML parser would
+  // lose (CR) or stop at ("<" before "/" or "!"), and "=" itself (app/standalone.py's escape); the
+  // parser reads NUL as U+FFFD, which no byte decodes to.
   function payloadBytes() {
     const text = document.getElementById("attnscope-payload").textContent;
     const decoded = new TextDecoder("windows-1252").decode(Uint8Array.from({ length: 256 }, (_, i) => i));
     const byteOf = new Map([...decoded].map((c, i) => [c.charCodeAt(0), i]));
+    byteOf.set(0xfffd, 0);
     const out = new Uint8Array(text.length);
     let n = 0;
     for (let i = 0; i < text.length; i++) {
