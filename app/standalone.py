@@ -59,7 +59,7 @@ EXACT_MAX = 256  # static/js/views/tiled.js's EXACT_MAX: longer runs are drawn f
 SPARSITY_AUTO_MAX = 2048  # static/js/explorer/analyse.js: the page asks for sparsity up to this length
 NEXT_EVERY_MAX = 2048  # next-token distributions at every position up to this length, else the last only
 EXACT_BUDGET = 1 << 20  # float32 bytes of exact cells: every head's while they fit (64 tokens: 400 KB)
-HEADS_CAP = 64 << 20  # the chosen heads' exact cells, at most: past it, 422 export_too_large
+HEADS_CAP = 64 << 20  # float32 bytes of the chosen heads' exact cells, and of their overview tiles, at most
 SCORES_WAITS = 5  # a minute each: a long run's late head scores
 TOP_K = 10  # the page asks for the top 10 (static/js/explorer/analyse.js, api.js's getNext)
 MEDIA_TYPE = "text/html; charset=windows-1252"
@@ -149,11 +149,17 @@ class Plan:
     n_layers: int
     n_heads: int
     causal: bool
-    exact: tuple[tuple[int, int], ...]  # the heads whose exact cells it keeps
+    chosen: tuple[tuple[int, int], ...]  # the heads asked for (every head under the budget): it opens on the first
+    exact: tuple[tuple[int, int], ...]  # those whose exact cells it keeps: as many as fit HEADS_CAP, in order
 
     @property
     def every_head(self) -> bool:
         return len(self.exact) == self.n_layers * self.n_heads
+
+    @property
+    def overview(self) -> tuple[tuple[int, int], ...]:
+        """A long run's heads whose overview tile it keeps (what the page opens on): the chosen ones."""
+        return self.chosen[: max(1, HEADS_CAP // (4 * TILE * TILE))] if self.n > EXACT_MAX else ()
 
     @property
     def cells(self) -> int:  # visible cells of one head
@@ -168,12 +174,8 @@ def plan(run: dict[str, Any], heads: str | None) -> Plan:
         chosen = [(layer, head) for layer in range(layers) for head in range(per_layer)]
     else:
         chosen = parse_heads(heads or "0.0", layers, per_layer)
-        if 4 * cells * len(chosen) > HEADS_CAP:
-            limit = HEADS_CAP // 4
-            raise BadInput(f"the exact cells of {len(chosen)} heads of this run would be {cells * len(chosen):,} "
-                           f"cells, more than an HTML file's limit of {limit:,}: choose fewer heads (heads=L.H)",
-                           code="export_too_large", params={"cells": cells * len(chosen), "limit": limit})
-    return Plan(str(run["run_id"]), n, layers, per_layer, causal, tuple(chosen))
+    exact = chosen[: HEADS_CAP // (4 * cells)]  # a 16k-token head alone is 537 MB: then overviews only
+    return Plan(str(run["run_id"]), n, layers, per_layer, causal, tuple(chosen), tuple(exact))
 
 
 @dataclass
@@ -260,11 +262,15 @@ async def record(call: Call, run_id: str, heads: str | None) -> tuple[Plan, Payl
         url = f"{base}/attention?layer={layer}&head={head}&format=f32"
         cells = _ok(await call("GET", url, b""), url).body
         payload.manifest["exact"][f"{layer}.{head}"] = payload.add(shuffle(cells))
-        if p.n > EXACT_MAX:  # a long run opens on its overview tile
-            await keep({"layer": str(layer), "head": str(head), "format": "f32", **whole, "size": str(TILE)})
+    for layer, head in p.overview:  # a long run opens on its overview tile, and the last query's row
+        await keep({"layer": str(layer), "head": str(head), "format": "f32", **whole, "size": str(TILE)})
+        if (layer, head) not in p.exact:
+            last = p.n - 1
+            await keep({"layer": str(layer), "head": str(head), "format": "f32", "pool": "max", "q0": str(last),
+                        "q1": str(p.n), "k0": "0", "k1": str(p.n if not p.causal else last + 1)})
     payload.manifest["run"] = {"run_id": p.run_id, "n": p.n, "n_layers": p.n_layers, "n_heads": p.n_heads,
                                "causal": p.causal, "text": run["text"], "model": run["model"],
-                               "every_head": p.every_head}
+                               "every_head": p.every_head, "overview": [f"{h[0]}.{h[1]}" for h in p.overview]}
     return p, payload, run
 
 
@@ -339,10 +345,17 @@ class Built:
 
     @property
     def exact_heads(self) -> str:
-        """``all``, or the heads kept exactly as ``L.H,…``."""
-        if self.plan.every_head:
-            return "all"
-        return ",".join(f"{layer}.{head}" for layer, head in self.plan.exact)
+        """``all``, or the heads whose exact cells it keeps as ``L.H,…`` (empty: none)."""
+        return "all" if self.plan.every_head else names(self.plan.exact)
+
+    @property
+    def overview_heads(self) -> str:
+        """A long run's heads whose overview tile it keeps, ``L.H,…`` (empty for a short run)."""
+        return names(self.plan.overview)
+
+
+def names(heads: tuple[tuple[int, int], ...]) -> str:
+    return ",".join(f"{layer}.{head}" for layer, head in heads)
 
 
 async def build(call: Call, run_id: str, *, heads: str | None = None, lang: str = "en") -> Built:
@@ -351,7 +364,7 @@ async def build(call: Call, run_id: str, *, heads: str | None = None, lang: str 
         raise BadInput(f"lang must be en or zh, not {lang!r}")
     p, payload, run = await record(call, run_id, heads)
     _assets(payload)
-    first = p.exact[0]
+    first = p.chosen[0]
     search = "?" + urlencode({"text": run["text"], "model": run["model"], "layer": first[0], "head": first[1],
                               "lang": lang})
     return Built(document(gzip.compress(payload.packed(), 9, mtime=0), search=search), p)

@@ -11,11 +11,12 @@ import anyio
 import numpy as np
 import torch
 from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from attnscope.app import standalone
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
 from attnscope.app.encoding import attention_bytes, f32_le, rows, sqrt_u8
-from attnscope.app.errors import ERRORS
+from attnscope.app.errors import ERRORS, ErrorOut
 from attnscope.app.runjson import EXPORT_FORMAT, LENS_JSON, RUN_JSON, attention_cells, attention_json, run_body
 from attnscope.app.schemas import (
     MAX_TOP_K_SETTING,
@@ -39,7 +40,7 @@ from attnscope.model.runs.export import to_safetensors
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.tile_store import OVERVIEW, Tiles
 from attnscope.model.runs.tiles import MASKED_U8, TileSpec, u8_tile
-from attnscope.model.services import runs
+from attnscope.model.services import files, runs
 
 router = APIRouter(tags=["runs"])
 
@@ -278,6 +279,24 @@ def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
                               for h in runs.sparsity(engine, run_id=run_id)])
 
 
+@router.post("/runs/import", status_code=201, response_model=RunOut,
+             responses={**ERRORS, 413: {"model": ErrorOut}},
+             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                 "schema": {"type": "string", "format": "binary"}}}}},
+             summary="Store a run file (format=attnscope) as a run here",
+             description="The body is a run file as `GET /api/runs/{id}/export?format=attnscope` gives it "
+                         "(at most ATTNSCOPE_MAX_BODY_BYTES: 413). Every part is checked before it is stored; a "
+                         "file that is not a complete run (truncated, another format, inconsistent shapes or "
+                         "sizes) answers 422 `bad_run_file` and nothing is kept. 201 with the run, under a new "
+                         "id. Its attention is served from what it keeps whatever model made it; a tool that "
+                         "runs the model answers 409 (`run_model_missing`, `run_model_changed`) unless that "
+                         "model is loaded here as it was.")
+async def import_run(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
+    data = await request.body()
+    result = await run_in_threadpool(files.import_run, engine, data=data, max_bytes=settings.max_body_bytes)
+    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
+
+
 @router.get("/runs/{run_id}/next", response_model=NextOut, responses=ERRORS,
             summary="Next-token distribution at one position, re-scaled by a temperature")
 def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
@@ -295,7 +314,8 @@ def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
 def _html_export(request: Request, run_id: str, *, heads: str | None, lang: str, dry_run: bool) -> Response:
     built = standalone.build_sync(request.app, run_id, heads=heads, lang=lang)  # the app itself, in-process
     if dry_run:
-        return _json({"bytes": len(built.html), "exact_heads": built.exact_heads, "every_head": built.plan.every_head})
+        return _json({"bytes": len(built.html), "exact_heads": built.exact_heads,
+                      "overview_heads": built.overview_heads, "every_head": built.plan.every_head})
     return Response(built.html, media_type=standalone.MEDIA_TYPE,
                     headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.html"',
                              "X-Attnscope-Exact-Heads": built.exact_heads})
@@ -308,8 +328,8 @@ def _html_export(request: Request, run_id: str, *, heads: str | None, lang: str,
                                                    "text/html": {"schema": {"type": "string"}},
                                                    "application/octet-stream": {"schema": {"type": "string",
                                                                                            "format": "binary"}}}}},
-            summary="The whole run as one file: JSON with every head's rows (short runs), or what the run keeps "
-                    "(safetensors)",
+            summary="The whole run as one file: JSON with every head's rows (short runs), what the run keeps "
+                    "(safetensors), the run file (attnscope) or a standalone page (html)",
             description="`format=json` (default): summary, model, text and every head's attention; attention "
                         "keeps full float32 precision: `attention[layer][head]` is base64 of the head's visible "
                         "cells as little-endian float32, row-major as in the attention endpoint's binary form "
@@ -321,11 +341,16 @@ def _html_export(request: Request, run_id: str, *, heads: str | None, lang: str,
                         "pattern(layer, head)` rebuilds any head exactly (README: What a run keeps). "
                         "`format=html`: one self-contained HTML file of the explorer on this run (plotly.js "
                         "and the data inlined; opens from file:// with no network): every head's exact cells "
-                        "while they fit (64 tokens on the bundled model), else every head's thumbnail and the "
-                        "exact cells of `heads`; `dry_run=1` answers `{bytes, exact_heads, every_head}` first "
-                        "(the HTML response says its heads in X-Attnscope-Exact-Heads).")
+                        "while they fit (64 tokens on the bundled model), else every head's thumbnail, the "
+                        "overview tile of each of `heads` (a long run) and their exact cells as far as 64 MB "
+                        "holds them; `dry_run=1` answers `{bytes, exact_heads, overview_heads, every_head}` "
+                        "first (the HTML response says its exact heads in X-Attnscope-Exact-Heads). "
+                        "`format=attnscope`: the run file (`attnscope-run/1`: safetensors tensors and a JSON header "
+                        "with the text, tokens, head scores, timings and the fingerprints of the model and "
+                        "tokenizer) that `POST /api/runs/import` (here or on another server), `attnscope open "
+                        "FILE` and `attnscope.load(path)` read back.")
 def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: Request,
-               format: Literal["json", "safetensors", "html"] = "json",
+               format: Literal["json", "safetensors", "html", "attnscope"] = "json",
                heads: Annotated[str | None, Query(max_length=4000, description="format=html: the heads whose exact "
                                                   "cells the file keeps, LAYER.HEAD,… (default: every head while they "
                                                   "fit, else the first)")] = None,
@@ -335,11 +360,14 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: R
     if format == "html":
         engine.run(run_id)  # an unknown run: 404 before anything is built
         return _html_export(request, run_id, heads=heads, lang=lang, dry_run=dry_run)
+    if format == "attnscope":
+        return Response(files.run_file(engine, run_id=run_id), media_type="application/octet-stream",
+                        headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.attnscope"'})
     cache = engine.run(run_id)
-    lm = engine.model(cache.model)
+    lm = engine.models.get(cache.model)  # a run read back from its file may name a model not loaded here
     run = RUN_JSON.dump_python(run_body(run_id, cache), mode="json")
     summary = {"format": EXPORT_FORMAT, "run_id": run_id, "text": cache.text,
-               "model_info": asdict(lm.info), "causal": cache.causal,
+               "model_info": asdict(lm.info) if lm is not None else {"name": cache.model}, "causal": cache.causal,
                **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms", "scores_pending")}}
     if format == "safetensors":
         body = to_safetensors(cache, {k: v for k, v in summary.items() if k != "predictions"})

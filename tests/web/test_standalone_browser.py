@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from attnscope.app import standalone
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.model.load.models import load_model
@@ -172,7 +173,26 @@ def test_a_long_runs_file_draws_its_kept_head_and_says_what_it_lacks(browser: An
         page.get_by_test_id("lang-switch").click()
         page.locator("[data-testid=head-cell][data-layer='5'][data-head='3']").click()
         page.wait_for_function("() => document.querySelector('#error').textContent.includes('L5H3')")
-        assert "此文件只保存了 L2H1 的精确注意力" in error_text(page)
+        assert "此文件只保存了 L2H1 的注意力" in error_text(page)
+        assert tried == [] and watch.errors == []
+    finally:
+        ctx.close()
+
+
+def test_a_file_whose_head_is_over_the_cap_opens_on_its_overview(browser: Any, files: Files,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(standalone, "HEADS_CAP", 100_000)  # as a 16k-token head (537 MB) is over 64 MB
+    run = files.run(300)
+    path = files.saved(run, "&heads=3.2")
+    ctx, page, tried, watch = offline_page(browser, path)
+    try:
+        heat = page.evaluate(HEAT)
+        assert (heat["layer"], heat["head"], heat["tileRows"]) == ("3", "2", "256")
+        page.wait_for_function("() => document.querySelector('#focus-chart').dataset.keys === '300'")  # the last row
+        assert error_text(page) == ""
+        page.locator("#tokens [data-index='20']").click()  # a row it did not keep
+        page.wait_for_function("() => document.querySelector('#error').textContent.includes('L3H2')")
+        assert "keeps the attention of L3H2" in error_text(page)
         assert tried == [] and watch.errors == []
     finally:
         ctx.close()

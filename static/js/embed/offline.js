@@ -95,10 +95,11 @@
   function notKept(data, url) {
     const p = url.searchParams, layer = integer(p.get("layer")), head = p.has("head") ? integer(p.get("head")) : 0;
     if (url.pathname !== `/api/runs/${encodeURIComponent(data.run.run_id)}/attention` || layer === null || head === null) return null;
-    const kept = [...data.exact.keys()].map((k) => `L${k.replace(".", "H")}`).join(", ");
+    const heads = data.exact.size ? [...data.exact.keys()] : data.run.overview; // exact cells, else overviews
+    const kept = heads.map((k) => `L${k.replace(".", "H")}`).join(", ");
     return refusal({
       code: "offline_head", params: { layer, head, kept },
-      message: `this file keeps the exact attention of ${kept} only: L${layer}H${head} shows in its head-grid thumbnail; open the run on an attnscope server for its cells`,
+      message: `this file keeps the attention of ${kept} (and every head's thumbnail): this view of L${layer}H${head} needs the run on an attnscope server`,
     });
   }
 
