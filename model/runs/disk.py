@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnscope.model.errors import TooLarge
-from attnscope.model.runs.budget import mib_over
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +170,9 @@ class RunDir:
         cap; an ``OSError`` of the disk (full, gone) is raised after the temporary is removed."""
         final = self.file(run_id)
         if len(data) > self.max_bytes:
+            # imported here: this module moves bytes and needs neither torch nor transformers (budget does)
+            from attnscope.model.runs.budget import mib_over
+
             size, cap = mib_over(len(data), self.max_bytes)
             raise TooLarge(f"this run's file is {size}; the run directory holds at most {cap} "
                            "(ATTNSCOPE_RUN_DIR_BYTES)", code="run_over_disk", params={"size": size, "cap": cap})

@@ -93,7 +93,6 @@ def test_a_file_set_aside_is_kept_with_its_reason(tmp_path: Path, caplog: pytest
 WRITER = """
 import sys
 from pathlib import Path
-from attnscope.model.runs.budget import mib_over
 from attnscope.model.runs.disk import RunDir
 runs = RunDir.open(Path(sys.argv[1]), 1 << 30)
 size = int(sys.argv[2])
@@ -111,7 +110,7 @@ def _whole(data: bytes, size: int) -> bool:
 
 
 def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -> None:
-    size = 16 << 20
+    size = 8 << 20
     leftovers = 0
     for round_ in range(4):
         proc = _python(WRITER, str(tmp_path), str(size))
@@ -135,22 +134,23 @@ def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -
 CLAIMER = """
 import sys, time
 from pathlib import Path
-from attnscope.model.runs.budget import mib_over
 from attnscope.model.runs.disk import RunDir
 runs = RunDir.open(Path(sys.argv[1]), 1 << 20)
 go = Path(sys.argv[2])
+print("ready", flush=True)
 while not go.exists():
     time.sleep(0.001)
 with runs.claim("shared") as mine:
     print("got" if mine else "not", flush=True)
-    time.sleep(1.0)
+    time.sleep(2.0)
 """
 
 
 def test_two_processes_claiming_one_run_exactly_one_gets_it(tmp_path: Path) -> None:
     go = tmp_path / "go"
     procs = [_python(CLAIMER, str(tmp_path / "runs"), str(go)) for _ in range(3)]
-    time.sleep(1.0)  # every process is waiting for the start
+    for p in procs:  # every process is waiting for the start
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
     go.touch()
     answers = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
     assert answers == ["got", "not", "not"], [p.returncode for p in procs]
@@ -164,10 +164,9 @@ def test_two_processes_claiming_one_run_exactly_one_gets_it(tmp_path: Path) -> N
 WRITERS = """
 import sys
 from pathlib import Path
-from attnscope.model.runs.budget import mib_over
 from attnscope.model.runs.disk import RunDir
 runs = RunDir.open(Path(sys.argv[1]), 20_000)
-for i in range(200):
+for i in range(150):
     runs.put(f"{sys.argv[2]}{i}", bytes(1000))
     runs.get(f"{sys.argv[2]}{i // 2}")
 print("done", flush=True)
