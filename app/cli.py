@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
     from attnscope.app.memory import tune_malloc
     from attnscope.app.settings import Settings
     from attnscope.model.errors import EngineError
+    from attnscope.model.runs.disk import RunDirError
     from attnscope.model.scores import probes
 
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
@@ -65,7 +66,7 @@ def _serve(args: argparse.Namespace) -> int:
         tune_malloc()  # before any thread or tensor: see app/memory.py
     try:
         engine = build_engine(settings)  # load before binding, so a bad model fails fast
-    except EngineError as exc:
+    except (EngineError, RunDirError) as exc:
         sys.stderr.write(f"attnscope: {exc}\n".splitlines()[0] + "\n")
         return 1
     for lm in engine.models.values():

@@ -20,6 +20,7 @@ from attnscope.model.errors import (
     EngineError,
     ModelLoadError,
     Param,
+    RunDetached,
     RunNotFound,
     TooLarge,
     UnknownModel,
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[EngineError], int] = {
     UnknownModel: 404,
     RunNotFound: 404,
+    RunDetached: 409,
     BadInput: 422,
     AttentionUnavailable: 422,
     ModelLoadError: 503,

@@ -19,6 +19,9 @@ from attnscope.app.gate import Gate
 from attnscope.app.middleware import AllowedHosts, BodyLimit, Cors, SecurityHeaders, Utf8Json
 from attnscope.app.settings import Settings
 from attnscope.model.load.models import load_model
+from attnscope.model.runs.budget import mib
+from attnscope.model.runs.disk import RunDir
+from attnscope.model.runs.persist import RunFiles
 from attnscope.model.runs.record import RunStore
 from attnscope.model.runs.tile_store import Tiles
 from attnscope.model.services.engine import Engine
@@ -84,6 +87,8 @@ def state_limits(schema: dict[str, Any], settings: Settings) -> None:
 
 
 def build_engine(settings: Settings) -> Engine:
+    # the run directory first: one that cannot be used stops the start before any model loads (RunDirError)
+    folder = RunDir.open(settings.run_dir, settings.run_dir_bytes) if settings.run_dir else None
     placement = settings.placement()
     loaded = {}
     for i, (name, source) in enumerate(settings.models.items(), start=1):
@@ -93,8 +98,11 @@ def build_engine(settings: Settings) -> Engine:
         info = loaded[name].info
         log.info("loaded %s in %.1f s: %s, %s on %s", name, time.perf_counter() - start, info.architecture,
                  info.dtype, info.device)
-    engine = Engine(loaded, settings.default_model, RunStore(settings.cache_bytes), settings.max_tokens,
-                    forward_bytes=settings.forward_bytes)
+    store = RunStore(settings.cache_bytes)
+    engine = Engine(loaded, settings.default_model, store, settings.max_tokens, forward_bytes=settings.forward_bytes)
+    if folder is not None:
+        store.backing = RunFiles(folder, engine.origin)
+        log.info("runs are kept in %s (at most %s)", folder.path, mib(settings.run_dir_bytes))
     engine.warm_up()  # the Learn views' once-per-model sweeps, in the background
     return engine
 

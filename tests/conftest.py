@@ -22,6 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # (app.middleware.AllowedHosts: loopback names, the bound address, ATTNSCOPE_ALLOWED_HOSTS), so the tests
 # name theirs as a deployment would. Servers on sockets (tests/support/servers.py) are reached as 127.0.0.1.
 os.environ["ATTNSCOPE_ALLOWED_HOSTS"] = "testserver"
+# runs in memory only unless a test names a run directory (the default is the user's cache directory)
+os.environ.setdefault("ATTNSCOPE_RUN_DIR", "")
 torch.manual_seed(0)
 
 

@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -68,6 +68,9 @@ class RunRecord:
     # what was attached after the run was stored (sparsity), counted by RunStore.grow
     extra_bytes: int = 0
     pending: PendingScores | None = None
+    # the fingerprint of the model that made it, once known ("": not computed; a run read from its file
+    # has the file's): a tool that needs the model refuses when the model here has another
+    model_fingerprint: str = ""
 
     @property
     def n(self) -> int:
@@ -138,6 +141,14 @@ def pack_pattern(pattern: torch.Tensor, causal: bool) -> torch.Tensor:
     return pattern.reshape(pattern.shape[0], -1).contiguous()
 
 
+class Backing(Protocol):
+    """Where runs live beyond the memory (``model.runs.persist.RunFiles``: a run directory)."""
+
+    def saved(self, run_id: str, record: RunRecord) -> None: ...
+
+    def load(self, run_id: str) -> RunRecord | None: ...
+
+
 class RunStore:
     """Runs by id, least recently used first out, with the total size capped in bytes.
 
@@ -145,8 +156,10 @@ class RunStore:
     so that a client is told its run *expired* rather than that it never existed.
     """
 
-    def __init__(self, max_bytes: int, remember_evicted: int = 10_000) -> None:
+    def __init__(self, max_bytes: int, remember_evicted: int = 10_000, backing: Backing | None = None) -> None:
         self.max_bytes = max_bytes
+        self.backing = backing  # a run directory behind the memory (``model.runs.persist.RunFiles``), or None
+        self.on_load: Callable[[str, RunRecord], None] | None = None  # told of each run read back
         self._runs: OrderedDict[str, RunRecord] = OrderedDict()
         self._evicted: OrderedDict[str, None] = OrderedDict()
         self._remember = remember_evicted
@@ -162,19 +175,28 @@ class RunStore:
         with self._lock:
             return self._bytes
 
-    def add(self, cache: RunRecord) -> str:
-        """Keep a run (older ones go to make room); a run larger than the whole cap is never kept."""
-        run_id = secrets.token_urlsafe(12)
+    def add(self, cache: RunRecord, run_id: str | None = None) -> str:
+        """Keep a run (older ones go to make room; with a backing, written to its file too); a run larger
+        than the whole cap is never kept. ``run_id``: an id already given (a run read back), else a new one."""
+        run_id = run_id or secrets.token_urlsafe(12)
+        self._keep(run_id, cache)
+        if self.backing is not None:
+            self.backing.saved(run_id, cache)
+        return run_id
+
+    def _keep(self, run_id: str, cache: RunRecord) -> None:
         size = cache.nbytes
         if size > self.max_bytes:
             keep, cap = mib_over(size, self.max_bytes)
             raise TooLarge(f"this run keeps {keep}; the run cache holds at most {cap} "
                            "(ATTNSCOPE_CACHE_BYTES)", code="run_over_cache", params={"keep": keep, "cap": cap})
         with self._lock:
+            old = self._runs.pop(run_id, None)
+            if old is not None:
+                self._bytes -= old.nbytes
             self._runs[run_id] = cache
             self._bytes += size
             self._evict()
-        return run_id
 
     def grow(self, run_id: str, cache: RunRecord, nbytes: int, attach: Callable[[], bool]) -> None:
         """Attach something derived to a stored run, its ``nbytes`` counted against the cap.
@@ -203,7 +225,9 @@ class RunStore:
             if self._runs.get(run_id) is not cache:
                 return False
             cache.summary = summary
-            return True
+        if self.backing is not None:  # the file gets the late scores too
+            self.backing.saved(run_id, cache)
+        return True
 
     def _evict(self) -> None:
         """Oldest first until under the cap (the newest run fits alone: ``add`` checked). Caller holds the lock."""
@@ -225,7 +249,18 @@ class RunStore:
     def get(self, run_id: str) -> RunRecord:
         with self._lock:
             cache = self._runs.get(run_id)
-            if cache is None:
-                raise RunNotFound(run_id, expired=run_id in self._evicted)
-            self._runs.move_to_end(run_id)
-            return cache
+            if cache is not None:
+                self._runs.move_to_end(run_id)
+                return cache
+            expired = run_id in self._evicted
+        loaded = self.backing.load(run_id) if self.backing is not None else None  # outside the lock: disk
+        if loaded is None:
+            raise RunNotFound(run_id, expired=expired)
+        with self._lock:
+            cache = self._runs.get(run_id)
+            if cache is not None:  # another request read it meanwhile
+                return cache
+        self._keep(run_id, loaded)
+        if self.on_load is not None:
+            self.on_load(run_id, loaded)
+        return loaded

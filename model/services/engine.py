@@ -22,8 +22,9 @@ import torch
 from attnscope.model.capture.forward import RESIDUAL, Captures, run_with_cache
 from attnscope.model.capture.generation import tempered_logits
 from attnscope.model.capture.names import act_name
-from attnscope.model.errors import BadInput, Param, UnknownModel
+from attnscope.model.errors import BadInput, Param, RunDetached, UnknownModel
 from attnscope.model.learn import embedding
+from attnscope.model.load.fingerprint import model_fingerprint, tokenizer_fingerprint
 from attnscope.model.load.models import LMHead, LoadedModel
 from attnscope.model.load.tokens import (
     TextAssembler,
@@ -47,6 +48,7 @@ from attnscope.model.results import (
     TokenProb,
 )
 from attnscope.model.runs.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
+from attnscope.model.runs.persist import Origin, RunFiles, detached
 from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores import analysis, probes
 from attnscope.model.scores.late import PendingScores, ScoreWorker
@@ -77,6 +79,9 @@ class Engine:
         self.scores = ScoreWorker(store, self.budget)  # the head scores runs still owe, after they answered
         self._warm_stop = threading.Event()
         self._warm_thread: threading.Thread | None = None
+        self._origins: dict[str, Origin] = {}  # model name -> its fingerprints, computed once (run files)
+        self._origins_lock = threading.Lock()
+        store.on_load = self._loaded  # a run read back from its file may still owe head scores
         for lm in self.models.values():
             probes.check_attention(lm)  # a model whose attention returns no weights never serves
 
@@ -120,6 +125,43 @@ class Engine:
         if key not in self.models:
             raise UnknownModel(key, list(self.models))
         return self.models[key]
+
+    def model_of(self, cache: RunRecord) -> LoadedModel:
+        """The model that made this run, as it was: a run read back from its file whose model is not
+        loaded here, or has changed since, is refused (409) by every tool that runs the model."""
+        fingerprints = {name: (self.origin_of(name).model_fingerprint if cache.model_fingerprint else None)
+                        for name in self.models}
+        why = detached(cache, fingerprints)
+        if why is not None:
+            code, params = why
+            if code == "run_model_missing":
+                raise RunDetached(f"this run was made with the model {cache.model!r}, which is not loaded here "
+                                  f"(loaded: {', '.join(sorted(self.models))}): its attention is read from the run, "
+                                  "but this needs the model", code="run_model_missing", params=params)
+            raise RunDetached(f"the model {cache.model!r} has changed since this run was made (its weights or "
+                              "configuration differ): its attention is read from the run, but this needs the "
+                              "model as it was", code="run_model_changed", params=params)
+        return self.models[cache.model]
+
+    def origin_of(self, name: str) -> Origin:
+        """A loaded model's fingerprints and dtype, computed once (O(parameters))."""
+        with self._origins_lock:
+            origin = self._origins.get(name)
+            if origin is None:
+                lm = self.models[name]
+                origin = self._origins[name] = Origin(model_fingerprint(lm.model), tokenizer_fingerprint(lm.tokenizer),
+                                                      lm.info.dtype)
+            return origin
+
+    def origin(self, record: RunRecord) -> Origin | None:
+        """Who made a run, for its file: None when its model is not loaded here (a run read back)."""
+        if record.model_fingerprint or record.model not in self.models:
+            return None
+        return self.origin_of(record.model)
+
+    def _loaded(self, run_id: str, record: RunRecord) -> None:
+        if record.pending is not None:
+            self.scores.submit(run_id, record)
 
     def token_limit(self, lm: LoadedModel) -> int:
         """ATTNSCOPE_MAX_TOKENS, bounded only by the model's positions (ALiBi models have no bound)."""
@@ -273,6 +315,9 @@ class Engine:
         if self._warm_thread is not None:
             self._warm_thread.join(timeout=60)
         self.scores.close()
+        backing = self.store.backing
+        if isinstance(backing, RunFiles):  # the runs still being written are written
+            backing.close()
 
     def check_layer_head(self, cache: RunRecord, layer: int, head: int | None) -> None:
         if not 0 <= layer < cache.n_layers:
@@ -284,7 +329,7 @@ class Engine:
 
     # ---- views of a run -------------------------------------------------------------
     def _decoder(self, cache: RunRecord, what: str) -> tuple[LoadedModel, LMHead]:
-        lm = self.model(cache.model)
+        lm = self.model_of(cache)
         head = lm.lm_head()
         if head is None:
             raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}",

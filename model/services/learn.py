@@ -85,7 +85,7 @@ def contributions(engine: Engine, *, run_id: str, layer: int, head: int, positio
     cache = engine.run(run_id)
     engine.check_layer_head(cache, layer, head)
     check_position(cache, position)
-    lm = engine.model(cache.model)
+    lm = engine.model_of(cache)
     held = forward_bytes(lm, cache.n) + 4 * cache.n * lm.info.d_model + 2 * 4 * values.PROJECT_CELLS
     with engine.budget.reserve(held), lm.lock:
         return values.contributions(lm, cache, layer, head, position)
@@ -96,7 +96,7 @@ def contribution_gaps(engine: Engine, *, run_id: str, position: int) -> Contribu
     share of what the head adds (0: the weights tell the whole story)."""
     cache = engine.run(run_id)
     check_position(cache, position)
-    lm = engine.model(cache.model)
+    lm = engine.model_of(cache)
     info = lm.info
     held = (forward_bytes(lm, cache.n) + 4 * info.n_layers * cache.n * info.n_heads * info.d_head
             + 2 * 4 * values.PROJECT_CELLS)

@@ -112,7 +112,7 @@ def next_token(engine: Engine, *, run_id: str, position: int, temperature: float
         raise BadInput("temperature must be a finite number in (0, 100]", code="temperature_invalid",
                        params={"temperature": temperature})
     if top_k < 1:
-        vocab = engine.model(engine.run(run_id).model).info.vocab_size  # more is allowed: it gives them all
+        vocab = engine.model_of(engine.run(run_id)).info.vocab_size  # more is allowed: it gives them all
         raise BadInput(f"top_k {top_k} is out of range: at least 1", code="value_out_of_range",
                        params={"name": "top_k", "value": top_k, "min": 1, "max": vocab})
     return engine.next_distribution(engine.run(run_id), position, temperature, top_k)

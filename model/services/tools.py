@@ -132,7 +132,7 @@ def _mode(mode: str) -> Mode:
 def attribute(engine: Engine, *, run_id: str, position: int, token: int | None = None,
               token_b: int | None = None) -> Attribution:
     cache = engine.run(run_id)
-    lm = engine.model(cache.model)
+    lm = engine.model_of(cache)
     check_position(cache, position)
     with engine.budget.reserve(batch_bytes(lm, position + 1, position + 1)), lm.lock:
         chosen = ablation.default_token(cache, lm, position) if token is None else token
@@ -146,7 +146,7 @@ def attribute(engine: Engine, *, run_id: str, position: int, token: int | None =
 def ablate(engine: Engine, *, run_id: str, heads: list[tuple[int, int]], mode: str = "zero",
            top_k: int = 5) -> Ablation:
     cache = engine.run(run_id)
-    lm = engine.model(cache.model)
+    lm = engine.model_of(cache)
     checked = _mode(mode)
     check_top_k(top_k)
     pairs = [(int(layer), int(head)) for layer, head in heads]
@@ -167,7 +167,7 @@ def ablate(engine: Engine, *, run_id: str, heads: list[tuple[int, int]], mode: s
 def ablate_scan(engine: Engine, *, run_id: str, position: int, token: int | None = None,
                 mode: str = "zero") -> Scan:
     cache = engine.run(run_id)
-    lm = engine.model(cache.model)
+    lm = engine.model_of(cache)
     checked = _mode(mode)
     check_position(cache, position)
     with engine.budget.reserve(batch_bytes(lm, position + 1, 1)), lm.lock:

@@ -1,0 +1,123 @@
+"""Runs kept on disk behind the in-memory store: every run stored is written (in the background, so the
+analyse answers first) to the run directory as one run file, again when its late head scores arrive;
+a run the memory no longer holds — evicted, or made before a restart — is read back from its file.
+
+``RunFiles`` is the store's backing (``RunStore(..., backing=RunFiles(...))``). What it needs of the
+models is ``describe(record)``: the fingerprints and dtype of the model that made it (None when that
+model is not loaded here: the run is then written without them)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attnscope.model.errors import BadRunFile, EngineError, Param
+from attnscope.model.runs import runfile
+from attnscope.model.runs.disk import RunDir
+from attnscope.model.runs.jobthread import JobThread
+from attnscope.model.runs.record import RunRecord
+from attnscope.model.scores.late import PendingScores
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Who made a run: its model's fingerprint, its tokenizer's, and the parameters' dtype."""
+
+    model_fingerprint: str
+    tokenizer_fingerprint: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class _Write:
+    run_id: str
+    record: RunRecord
+
+
+class RunFiles(JobThread[_Write]):
+    """A run directory as the store's backing: writes queued to one background thread (the newest state of
+    a run wins), reads on demand."""
+
+    def __init__(self, folder: RunDir, describe: Callable[[RunRecord], Origin | None]) -> None:
+        super().__init__("attnscope-run-writer")
+        self.folder = folder
+        self.describe = describe
+        self.written = 0  # files written (tests, logs)
+
+    # ---- the store's side ------------------------------------------------------------------------
+    def saved(self, run_id: str, record: RunRecord) -> None:
+        """Write the run's file soon (after an add, or when its late head scores were settled)."""
+        with self._cond:
+            self._closed = False
+            self._jobs = type(self._jobs)(j for j in self._jobs if j.run_id != run_id)  # only the newest state
+            self._jobs.append(_Write(run_id, record))
+            self._start()
+
+    def load(self, run_id: str) -> RunRecord | None:
+        """The run read back from its file (None: no file). A file that is not a usable run is set aside
+        and refused (``BadRunFile``, 422)."""
+        data = self.folder.get(run_id)
+        if data is None:
+            return None
+        try:
+            record = record_of(data, max_bytes=max(self.folder.max_bytes, len(data)))
+        except BadRunFile as err:
+            self.folder.set_aside(run_id, err.message)
+            raise
+        log.info("run %s read back from %s (%d tokens, %s)", run_id, self.folder.path, record.n, record.model)
+        return record
+
+    # ---- the writer thread -----------------------------------------------------------------------
+    def _run(self, job: _Write) -> None:
+        record = job.record
+        origin = self.describe(record)
+        if origin is None:
+            origin = Origin(record.model_fingerprint, "", "")
+        try:
+            data = runfile.dump(record, model_fingerprint=origin.model_fingerprint,
+                                tokenizer_fingerprint=origin.tokenizer_fingerprint, dtype=origin.dtype)
+            self.folder.put(job.run_id, data)
+            self.written += 1
+        except EngineError as err:  # over the directory's cap: the run stays in memory only
+            log.warning("run %s is not kept on disk: %s", job.run_id, err.message)
+        except OSError as err:  # a full disk, a directory removed under us: memory only, said once a run
+            log.warning("run %s could not be written to %s: %s", job.run_id, self.folder.path, err)
+
+    def file(self, run_id: str) -> bytes | None:
+        """The run's file as stored (after the writes queued so far)."""
+        self.wait_idle(60)
+        return self.folder.get(run_id)
+
+    def close(self) -> None:
+        """Finish the writes queued (a minute at most), then stop."""
+        self.wait_idle(60)
+        _left, thread = self._stop()
+        if thread is not None:
+            thread.join(timeout=30)
+
+
+def record_of(data: bytes, *, max_bytes: int) -> RunRecord:
+    """A run file's run, checked (``BadRunFile``: 422), with the head scores it still owed owed again."""
+    read = runfile.read(data, max_bytes=max_bytes)
+    record = read.record
+    record.model_fingerprint = read.model_fingerprint
+    if read.pending_fields and record.summary.scores_pending:
+        record.pending = PendingScores(fields=dict(read.pending_fields), started=time.perf_counter())
+    return record
+
+
+def detached(record: RunRecord, loaded: dict[str, str | None]) -> tuple[str, dict[str, Param]] | None:
+    """Why a run cannot use a model here: ("run_model_missing" | "run_model_changed", params), or None.
+    ``loaded``: model name -> its fingerprint (None: not computed, taken as the same)."""
+    if record.model not in loaded:
+        return "run_model_missing", {"model": record.model, "available": sorted(loaded)}
+    now = loaded[record.model]
+    if record.model_fingerprint and now is not None and now != record.model_fingerprint:
+        return "run_model_changed", {"model": record.model}
+    return None
+
+
