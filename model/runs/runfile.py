@@ -183,42 +183,50 @@ def _need(ok: bool, reason: str) -> None:
 
 
 def _int(v: Any, what: str, lo: int = 0, hi: int = 1 << 62) -> int:
-    _need(type(v) is int and lo <= v <= hi, f"{what} must be an integer in [{lo}, {hi}], not {_show(v)}")
-    return int(v)
+    if type(v) is not int or not lo <= v <= hi:
+        raise BadRunFile(f"{what} must be an integer in [{lo}, {hi}], not {_show(v)}")
+    return v
 
 
 def _str(v: Any, what: str) -> str:
-    _need(isinstance(v, str), f"{what} must be a string, not {_show(v)}")
-    return str(v)
+    if not isinstance(v, str):
+        raise BadRunFile(f"{what} must be a string, not {_show(v)}")
+    return v
 
 
 def _bool(v: Any, what: str) -> bool:
-    _need(isinstance(v, bool), f"{what} must be true or false, not {_show(v)}")
-    return bool(v)
+    if not isinstance(v, bool):
+        raise BadRunFile(f"{what} must be true or false, not {_show(v)}")
+    return v
 
 
 def _num(v: Any, what: str, none: bool = False) -> float | None:
     if v is None and none:
         return None
-    _need(type(v) in (int, float), f"{what} must be a number, not {_show(v)}")
+    if type(v) not in (int, float):
+        raise BadRunFile(f"{what} must be a number, not {_show(v)}")
     return float(v)
 
 
 def _finite(v: Any, what: str) -> float:
     x = _num(v, what)
-    _need(x is not None and math.isfinite(x), f"{what} must be a finite number, not {_show(v)}")
-    return float(v)
+    if x is None or not math.isfinite(x):
+        raise BadRunFile(f"{what} must be a finite number, not {_show(v)}")
+    return x
 
 
 def _list(v: Any, what: str, length: int | None = None) -> list[Any]:
-    _need(isinstance(v, list), f"{what} must be a list, not {_show(v)}")
-    _need(length is None or len(v) == length, f"{what} must have {length} entries, not {len(v)}")
-    return list(v)
+    if not isinstance(v, list):
+        raise BadRunFile(f"{what} must be a list, not {_show(v)}")
+    if length is not None and len(v) != length:
+        raise BadRunFile(f"{what} must have {length} entries, not {len(v)}")
+    return v
 
 
 def _dict(v: Any, what: str) -> dict[str, Any]:
-    _need(isinstance(v, dict), f"{what} must be an object, not {_show(v)}")
-    return dict(v)
+    if not isinstance(v, dict):
+        raise BadRunFile(f"{what} must be an object, not {_show(v)}")
+    return v
 
 
 def _show(v: Any) -> str:
@@ -350,8 +358,10 @@ def _predictions(header: dict[str, Any], t: dict[str, torch.Tensor]) -> list[Pos
     strings = _dict(_dict(header["predictions"], "predictions").get("strings"), "predictions.strings")
 
     def name(tid: int) -> str:
-        _need(str(tid) in strings, f"predictions.strings has no string for token id {tid}")
-        return _str(strings[str(tid)], f"predictions.strings[{tid}]")
+        text = strings.get(str(tid))
+        if not isinstance(text, str):
+            raise BadRunFile(f"predictions.strings has no string for token id {tid}")
+        return text
 
     positions, top_ids = t["predictions.position"].tolist(), t["predictions.top_ids"].tolist()
     top_probs, nxt = t["predictions.top_probs"].tolist(), t["predictions.next"].tolist()
