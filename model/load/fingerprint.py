@@ -1,7 +1,7 @@
 """Fingerprints that say whether a stored run's model and tokenizer are the ones loaded now.
 
 ``model_fingerprint``: sha256 over the model's config (JSON, keys sorted; what only says where it was
-loaded from or how its attention is dispatched is left out) and, per parameter and buffer in name order,
+loaded from or how its attention is dispatched is left out) and, per parameter and persistent buffer in name order,
 its name, shape, dtype and statistics of its bits. The statistics are integer sums over the elements'
 bit patterns read as integers (an element's exact bits, not its value: a changed element always changes
 its term) — the sum, the sum of squares and the sum weighted by position, each modulo 2^64 (int64
@@ -44,10 +44,14 @@ def _config_json(model: nn.Module) -> str:
 
 
 def _tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """Parameters and buffers, each once (a tied weight under its first name), by name."""
-    seen: dict[str, torch.Tensor] = dict(model.named_parameters())
-    seen.update(model.named_buffers())
-    return iter(sorted(seen.items()))
+    """What the model's checkpoint holds: parameters and persistent buffers, by name, each tensor once (a
+    tied weight under its first name). Non-persistent buffers (rotary frequencies, which dynamic rope
+    scaling rewrites during a forward) are derived from the config, which is hashed already."""
+    seen: set[int] = set()
+    for name, t in sorted(model.state_dict(keep_vars=True).items()):
+        if id(t) not in seen:
+            seen.add(id(t))
+            yield name, t
 
 
 def bit_statistics(t: torch.Tensor) -> tuple[int, int, int, bytes]:
@@ -74,7 +78,7 @@ def bit_statistics(t: torch.Tensor) -> tuple[int, int, int, bytes]:
 
 
 def model_fingerprint(model: nn.Module) -> str:
-    """sha256 (hex) of the model's config and every parameter's and buffer's name, shape, dtype and bit
+    """sha256 (hex) of the model's config and every parameter's and persistent buffer's name, shape, dtype and bit
     statistics (``bit_statistics``). ValueError for a model with parameters on the meta device."""
     h = hashlib.sha256()
     h.update(b"attnscope-model/1\0")

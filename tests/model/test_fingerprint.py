@@ -65,6 +65,17 @@ def test_a_config_change_changes_it() -> None:
     assert model_fingerprint(a) == model_fingerprint(b)
 
 
+def test_a_forward_and_derived_buffers_leave_it_alone() -> None:
+    """Rotary frequencies are derived from the config (dynamic rope rewrites them during a forward)."""
+    model = _llama()
+    before = model_fingerprint(model)
+    with torch.inference_mode():
+        model(input_ids=torch.arange(6, 30)[None])
+    with torch.no_grad():
+        model.model.rotary_emb.inv_freq.mul_(0.5)
+    assert model_fingerprint(model) == before
+
+
 def test_a_model_on_the_meta_device_is_refused() -> None:
     with torch.device("meta"):
         model = torch.nn.Linear(4, 4)
