@@ -14,13 +14,14 @@
   function payloadBytes() {
     const text = document.getElementById("attnscope-payload").textContent;
     const decoded = new TextDecoder("windows-1252").decode(Uint8Array.from({ length: 256 }, (_, i) => i));
-    const byteOf = new Map([...decoded].map((c, i) => [c.charCodeAt(0), i]));
-    byteOf.set(0xfffd, 0);
+    const byteOf = new Uint8Array(65536); // a character's code -> the byte it decodes from
+    for (let i = 0; i < 256; i++) byteOf[decoded.charCodeAt(i)] = i;
+    byteOf[0xfffd] = 0;
     const out = new Uint8Array(text.length);
     let n = 0;
     for (let i = 0; i < text.length; i++) {
-      let b = byteOf.get(text.charCodeAt(i));
-      if (b === 61 && i + 1 < text.length) b = (byteOf.get(text.charCodeAt(++i)) + 192) & 255; // "=" x: x - 64
+      let b = byteOf[text.charCodeAt(i)];
+      if (b === 61 && i + 1 < text.length) b = (byteOf[text.charCodeAt(++i)] + 192) & 255; // "=" x: x - 64
       out[n++] = b;
     }
     return out.subarray(0, n);
@@ -68,6 +69,9 @@
     map.type = "importmap";
     map.textContent = JSON.stringify({ imports });
     document.head.append(map);
+    if (document.readyState === "loading") { // the page's elements, all parsed, as a module script expects
+      await new Promise((resolve) => document.addEventListener("DOMContentLoaded", resolve, { once: true }));
+    }
     performance.mark("attnscope:offline-started");
     const main = document.createElement("script");
     main.type = "module";
