@@ -5,18 +5,21 @@ network at all.
 The page runs unchanged: its ``fetch("/api/…")`` is answered by static/js/embed/offline.js from what
 the file holds —
 
-* **recorded answers**: the requests the explorer makes when it opens a run (the model, the run, its
-  head scores and sparsity, each position's next-token distribution, the head grid's thumbnails, a
-  long run's overview tiles), made here to the app itself in-process (ASGI, no socket) and stored as
-  they came, keyed by method, path and sorted query;
+* **recorded answers**: the requests the explorer makes when it opens a run (the model, the run with
+  its late head scores, sparsity, each position's next-token distribution; the head grid's thumbnails
+  and a long run's overview tile where the cells are not kept), made here to the app itself
+  in-process (ASGI, no socket) and stored as they came, keyed by method, path and sorted query;
 * **exact cells** of the heads it keeps (float32, as ``format=f32`` gives them), from which the page
-  derives what the server would send for them: the head's bytes (``format=bin``, the same
-  sqrt-u8 rounding), one-cell-a-bin tiles (a token's focus row, a short run's thumbnails).
+  derives what the server would send for them: the head's bytes (``format=bin``: the same bytes) and
+  any tile, exact or pooled (thumbnails, a token's focus row, a long run's overview and zooms: the
+  server computes tiles from the run's Q and K, so these agree with it within float32 rounding).
 
-Every head's exact cells are kept while they fit ``EXACT_BUDGET``; above it (long runs) the file keeps
-every head's thumbnail and the exact cells of the heads asked for (``heads="4.0,2.3"``; default the
-first); a request for a head it does not keep answers the client-side code ``offline_head``, for
-anything else it did not save ``offline_file`` (static/i18n: ``err.<code>``).
+Every head's exact cells are kept while they fit ``EXACT_BUDGET`` (a 64-token run of the bundled
+model); above it, every head's thumbnail and the exact cells of the heads asked for
+(``heads="4.0,2.3"``, default the first) as far as ``HEADS_CAP`` holds them — a head over it (16k
+tokens: 537 MB) keeps its overview tile and the last query's row. A request for a head it does not
+keep answers the client-side code ``offline_head``, for anything else it did not save
+``offline_file`` (static/i18n: ``err.<code>``). ``dry_run`` (the route) says the size first.
 
 One byte stream holds it all (a JSON manifest, then plotly.js, the stylesheets, the modules and the
 data), gzip-compressed — the page inflates it with ``DecompressionStream`` — and written into the
@@ -158,7 +161,8 @@ class Plan:
 
     @property
     def overview(self) -> tuple[tuple[int, int], ...]:
-        """A long run's heads whose overview tile it keeps (what the page opens on): the chosen ones."""
+        """A long run's chosen heads, whose overview tile the page opens on (derived from the exact
+        cells where it keeps them, else recorded with the last query's row)."""
         return self.chosen[: max(1, HEADS_CAP // (4 * TILE * TILE))] if self.n > EXACT_MAX else ()
 
     @property
@@ -255,16 +259,16 @@ async def record(call: Call, run_id: str, heads: str | None) -> tuple[Plan, Payl
         for pos in range(p.n) if p.n <= NEXT_EVERY_MAX else [p.n - 1]:
             await keep({"position": str(pos), "temperature": "1", "top_k": str(TOP_K)}, "next")
     whole = {"q0": "0", "q1": str(p.n), "k0": "0", "k1": str(p.n), "pool": "max"}
-    for layer in range(p.n_layers):
-        if not (p.n <= THUMB and all((layer, h) in p.exact for h in range(p.n_heads))):
-            await keep({"layer": str(layer), "format": "bin", **whole, "size": str(THUMB)})  # else derived
+    for layer in range(p.n_layers):  # the head grid's thumbnails: derived in the page where it keeps every head
+        if not all((layer, h) in p.exact for h in range(p.n_heads)):
+            await keep({"layer": str(layer), "format": "bin", **whole, "size": str(THUMB)})
     for layer, head in p.exact:
         url = f"{base}/attention?layer={layer}&head={head}&format=f32"
         cells = _ok(await call("GET", url, b""), url).body
         payload.manifest["exact"][f"{layer}.{head}"] = payload.add(shuffle(cells))
-    for layer, head in p.overview:  # a long run opens on its overview tile, and the last query's row
-        await keep({"layer": str(layer), "head": str(head), "format": "f32", **whole, "size": str(TILE)})
-        if (layer, head) not in p.exact:
+    for layer, head in p.overview:
+        if (layer, head) not in p.exact:  # a long run opens on its overview tile and the last query's row
+            await keep({"layer": str(layer), "head": str(head), "format": "f32", **whole, "size": str(TILE)})
             last = p.n - 1
             await keep({"layer": str(layer), "head": str(head), "format": "f32", "pool": "max", "q0": str(last),
                         "q1": str(p.n), "k0": "0", "k1": str(p.n if not p.causal else last + 1)})

@@ -132,11 +132,8 @@ def test_above_the_budget_every_heads_thumbnail_and_the_chosen_heads_exact_cells
     manifest, _ = decoded(r.content)
     assert set(manifest["exact"]) == {"4.0", "2.3"}
     tiles = sorted(k for k in manifest["responses"] if "/attention?" in k)
-    thumbs = [k for k in tiles if "size=64" in k]
-    overviews = [k for k in tiles if "size=256" in k]
-    assert len(thumbs) == 6 and all("format=bin" in k and "head=" not in k for k in thumbs)  # every head's, by layer
-    asked = [dict(parse_qsl(k.partition("?")[2])) for k in overviews]  # a long run opens on its overview tile
-    assert sorted((a["layer"], a["head"], a["format"]) for a in asked) == [("2", "3", "f32"), ("4", "0", "f32")]
+    assert len(tiles) == 6 and all("format=bin" in k and "head=" not in k and "size=64" in k for k in tiles)
+    # every head's thumbnails, by layer; the kept heads' overview tiles and zooms the page derives from their cells
     assert len(r.content) < len(client.get(url + "&heads=" + ",".join(f"{h}.0" for h in range(6))).content)
 
 

@@ -87,6 +87,26 @@ def offline_page(browser: Any, path: Path, **context: Any) -> tuple[Any, Any, li
     return ctx, page, tried, watch
 
 
+def same_answer(page: Any, client: TestClient, url: str, whole: bool) -> None:
+    """The file's answer to ``url`` is the server's: a whole head byte for byte, a tile within float32
+    rounding (the server computes tiles from the run's Q and K; one step of 8 bits)."""
+    got = page.evaluate(FETCH, url)
+    want = client.get(url)
+    assert got["status"] == 200 == want.status_code, url
+    assert {k: v for k, v in got["headers"].items() if k.startswith("x-attn-")} == \
+        {k: v for k, v in want.headers.items() if k.startswith("x-attn-")}, url
+    body = base64.b64decode(got["body"])
+    if whole:
+        assert body == want.content, url
+    elif "format=f32" in url:
+        np.testing.assert_allclose(np.frombuffer(body, "<f4"), np.frombuffer(want.content, "<f4"),
+                                   rtol=1e-4, atol=1e-7, err_msg=url)  # NaN where both are masked
+    else:
+        mine, theirs = np.frombuffer(body, np.uint8).astype(int), np.frombuffer(want.content, np.uint8).astype(int)
+        assert mine.shape == theirs.shape and np.abs(mine - theirs).max() <= 1, url
+        assert ((mine == 255) == (theirs == 255)).all(), url  # the same masked bins
+
+
 def error_text(page: Any) -> str:
     return str(page.evaluate("() => { const e = document.querySelector('#error'); return e.hidden ? '' : e.textContent; }"))
 
@@ -115,22 +135,10 @@ def test_the_file_draws_redraws_focuses_and_speaks_chinese_with_the_network_bloc
         for query, whole in (("layer=4&head=0&format=bin", True), ("layer=2&head=5&format=f32", True),
                              ("layer=3&format=bin&pool=max&q0=0&q1=64&k0=0&k1=64&size=64", False),  # thumbnails
                              ("layer=1&head=7&format=f32&pool=max&q0=10&q1=11&k0=0&k1=11", False),  # a focus row
-                             ("layer=5&head=2&format=bin&q0=3&q1=40&k0=0&k1=64&pool=mean", False)):
-            got = page.evaluate(FETCH, f"{base}?{query}")
-            want = files.client.get(f"{base}?{query}")
-            assert got["status"] == 200, query
-            assert {k: v for k, v in got["headers"].items() if k.startswith("x-attn-")} == \
-                {k: v for k, v in want.headers.items() if k.startswith("x-attn-")}, query
-            body = base64.b64decode(got["body"])
-            if whole:
-                assert body == want.content, query
-            elif "format=f32" in query:
-                np.testing.assert_allclose(np.frombuffer(body, "<f4"), np.frombuffer(want.content, "<f4"),
-                                           rtol=1e-5, atol=1e-7, err_msg=query)
-            else:
-                mine, theirs = np.frombuffer(body, np.uint8).astype(int), np.frombuffer(want.content, np.uint8).astype(int)
-                assert mine.shape == theirs.shape and np.abs(mine - theirs).max() <= 1, query
-                assert ((mine == 255) == (theirs == 255)).all(), query  # the same masked bins
+                             ("layer=5&head=2&format=bin&q0=3&q1=40&k0=0&k1=64&pool=mean", False),
+                             ("layer=0&head=1&format=f32&pool=max&q0=5&q1=64&k0=2&k1=50&size=16", False),  # pooled
+                             ("layer=0&format=f32&pool=mean&q0=0&q1=64&k0=0&k1=64&size=7", False)):
+            same_answer(page, files.client, f"{base}?{query}", whole)
 
         page.get_by_test_id("lang-switch").click()
         page.wait_for_function("() => document.documentElement.lang.startsWith('zh')")
@@ -169,6 +177,18 @@ def test_a_long_runs_file_draws_its_kept_head_and_says_what_it_lacks(browser: An
         page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell]').length === 48")
         page.locator("#tokens [data-index='20']").click()  # the exact row, from the kept cells
         page.wait_for_function("() => document.querySelector('#focus-chart').dataset.keys === '21'")
+        assert error_text(page) == ""
+        base = f"/api/runs/{run['run_id']}/attention?layer=2&head=1"
+        for query in ("&format=f32&pool=max&q0=0&q1=300&k0=0&k1=300&size=256",  # the overview, from the kept cells
+                      "&format=f32&pool=mean&q0=40&q1=290&k0=10&k1=200&size=256",  # a zoom
+                      "&format=bin&pool=max&q0=0&q1=300&k0=0&k1=300&size=64"):
+            same_answer(page, files.client, base + query, whole=False)
+        page.fill("#zoom-q0", "100")  # a zoom the page asks of the file: its tile, drawn
+        page.fill("#zoom-q1", "180")
+        page.fill("#zoom-k0", "60")
+        page.fill("#zoom-k1", "180")
+        page.click("#zoom-apply")
+        page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.tileRows === '81'")
         assert error_text(page) == ""
         page.get_by_test_id("lang-switch").click()
         page.locator("[data-testid=head-cell][data-layer='5'][data-head='3']").click()

@@ -1,8 +1,8 @@
 // Runs inside a run's standalone HTML file (app/standalone.py), before anything else: it inflates
 // the file's one payload (plotly.js, the stylesheets, the explorer's modules and the run's data),
 // starts the page from it, and answers the page's fetch("/api/...") from what the file holds:
-// the answers recorded when it was saved, and what follows exactly from the exact cells of the
-// heads it keeps (a head's bytes, one-cell-a-bin tiles: a token's focus row, small thumbnails).
+// the answers recorded when it was saved, and what follows from the exact cells of the heads it
+// keeps (a head's bytes, any tile of them: thumbnails, a token's focus row, a long run's zooms).
 // Anything else answers the error code "offline_head" (a head whose cells it does not keep) or
 // "offline_file" (err.<code> in static/i18n), which the page shows in the reader's language. No request leaves the page. A classic script, ASCII only.
 (() => {
@@ -124,8 +124,10 @@
 
   const integer = (v) => (v !== null && /^-?\d+$/.test(v) ? Number(v) : null);
 
-  // What the server would answer for the attention of kept heads: whole heads (format=bin / f32)
-  // and tiles of one cell a bin. null: not derivable here (a pooled tile, a head not kept).
+  // What the server would answer for the attention of kept heads: whole heads (format=bin / f32,
+  // the same bytes) and tiles, exact or pooled (a focus row, thumbnails, a long run's overview and
+  // zooms: the server computes tiles from the run's Q and K, so they agree within float32 rounding).
+  // null: not derivable here (a head not kept).
   function derive(data, path, p) {
     const run = data.run;
     if (path !== `/api/runs/${encodeURIComponent(run.run_id)}/attention`) return null;
@@ -153,19 +155,33 @@
     const [q0, q1] = span("q0", "q1"), [k0, k1] = span("k0", "k1");
     const pool = p.get("pool") || "max";
     if ([q0, q1, k0, k1].some((v) => v === null) || !(q0 >= 0 && q0 < q1 && q1 <= n && k0 >= 0 && k0 < k1 && k1 <= n)) return null;
-    if ((size !== null && (size < q1 - q0 || size < k1 - k0)) || (pool !== "max" && pool !== "mean")) return null; // pooled
-    const rows = q1 - q0, cols = k1 - k0, values = new Float32Array(heads.length * rows * cols);
+    if ((size !== null && size < 2) || (pool !== "max" && pool !== "mean")) return null;
+    // bins as the server cuts them: bin i of [a, b) covers [a + floor(i*R/S), a + floor((i+1)*R/S))
+    const binOf = (a, b) => {
+      const r = b - a, s = size === null ? r : Math.min(size, r), of = new Int32Array(r);
+      for (let i = 0; i < s; i++) of.fill(i, Math.floor((i * r) / s), Math.floor(((i + 1) * r) / s));
+      return [of, s];
+    };
+    const [qBin, rows] = binOf(q0, q1), [kBin, cols] = binOf(k0, k1);
+    const exactTile = rows === q1 - q0 && cols === k1 - k0;
+    // each bin pools its visible cells: the max, or the mean; NaN where none is visible
+    const values = new Float32Array(heads.length * rows * cols).fill(NaN);
+    const sums = pool === "mean" ? new Float64Array(values.length) : null, counts = sums && new Int32Array(values.length);
     const start = (q) => (run.causal ? (q * (q + 1)) / 2 : q * n);
-    let i = 0;
-    for (const c of cells) {
+    cells.forEach((c, h) => {
       for (let q = q0; q < q1; q++) {
-        for (let k = k0; k < k1; k++) values[i++] = run.causal && k > q ? NaN : c[start(q) + k];
+        const row = start(q), at = (h * rows + qBin[q - q0]) * cols, end = run.causal ? Math.min(k1, q + 1) : k1;
+        for (let k = k0; k < end; k++) {
+          const v = c[row + k], i = at + kBin[k - k0];
+          if (sums) { sums[i] += v; counts[i] += 1; } else if (!(values[i] >= v)) values[i] = v;
+        }
       }
-    }
+    });
+    if (sums) for (let i = 0; i < values.length; i++) if (counts[i]) values[i] = sums[i] / counts[i];
     Object.assign(headers, {
       "x-attn-encoding": format === "bin" ? "sqrt-u8-tile" : "f32-tile", "x-attn-q0": String(q0), "x-attn-q1": String(q1),
       "x-attn-k0": String(k0), "x-attn-k1": String(k1), "x-attn-rows": String(rows), "x-attn-cols": String(cols),
-      "x-attn-pool": pool, "x-attn-exact": "1", "x-attn-masked": format === "bin" ? "255" : "NaN",
+      "x-attn-pool": pool, "x-attn-exact": exactTile ? "1" : "0", "x-attn-masked": format === "bin" ? "255" : "NaN",
     });
     const body = format === "bin" ? Uint8Array.from(values, (w) => (Number.isNaN(w) ? 255 : u8(w, 254))) : new Uint8Array(values.buffer);
     return new Response(body, { status: 200, headers });
