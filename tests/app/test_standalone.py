@@ -6,6 +6,7 @@ tests/web/test_standalone_browser.py."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import re
@@ -176,6 +177,11 @@ def test_save_html_through_the_python_door(tmp_path: Path) -> None:
     other = attnscope.save_html(run, tmp_path / "two-heads.html", heads="1.2,5.7", lang="zh")
     manifest, _ = decoded(other.read_bytes())
     assert set(manifest["exact"]) == {"1.2", "5.7"}
+
+    async def in_a_notebook() -> Path:  # a cell runs inside the kernel's event loop
+        return run.save_html(tmp_path / "from-a-loop.html", heads="0.0")
+
+    assert decoded(asyncio.run(in_a_notebook()).read_bytes())[0]["exact"].keys() == {"0.0"}
 
 
 def test_an_encoders_file_keeps_its_full_attention_and_asks_no_next_token(encoder: LoadedModel) -> None:
