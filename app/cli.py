@@ -1,17 +1,20 @@
-"""``attnscope serve``, ``attnscope analyze`` and ``attnscope export``."""
+"""``attnscope serve``, ``attnscope open``, ``attnscope analyze`` and ``attnscope export``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from attnscope.app.schemas import RunOut
+    from attnscope.app.settings import Settings
     from attnscope.model.runs.record import RunRecord
 
 log = logging.getLogger("attnscope")
@@ -42,25 +45,43 @@ def model_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from attnscope.app.main import build_engine, create_app
-    from attnscope.app.memory import tune_malloc
+def _settings(args: argparse.Namespace) -> Settings | None:
+    """The settings of ``serve`` and ``open``: the environment, then the command line (None: said why)."""
     from attnscope.app.settings import Settings
-    from attnscope.model.errors import EngineError
-    from attnscope.model.runs.disk import RunDirError
-    from attnscope.model.scores import probes
 
     overrides: dict[str, Any] = {"host": args.host, "port": args.port}
     try:
         overrides.update(model_overrides(args.model or []))
     except ValueError as exc:
         sys.stderr.write(f"attnscope: {exc}\n")
-        return 2
+        return None
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     if "models" in overrides:  # exactly these: pydantic-settings would merge them into ATTNSCOPE_MODELS
         settings = settings.model_copy(update={"models": overrides["models"]})
+    return settings
+
+
+def _serve(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    if args.workers > 1:
+        return _serve_workers(settings, args.workers)
+    return _serve_one(settings, opened=getattr(args, "file", None), browser=not getattr(args, "no_browser", True))
+
+
+def _serve_one(settings: Settings, opened: Path | None = None, browser: bool = False) -> int:
+    """One process: load the models before binding (a bad model fails fast), then serve; with ``opened``, a
+    run file stored first and the explorer opened on it."""
+    import uvicorn
+
+    from attnscope.app.main import build_engine, create_app
+    from attnscope.app.memory import tune_malloc
+    from attnscope.model.errors import EngineError
+    from attnscope.model.runs.disk import RunDirError
+    from attnscope.model.scores import probes
+    from attnscope.model.services import files
+
     logging.getLogger().setLevel(settings.log_level)
     if settings.tune_malloc:
         tune_malloc()  # before any thread or tensor: see app/memory.py
@@ -71,17 +92,76 @@ def _serve(args: argparse.Namespace) -> int:
         return 1
     for lm in engine.models.values():
         probes.induction(lm)  # measured before binding: GET /api/models answers at once
-    app = create_app(settings, engine)
     url = f"http://{settings.host}:{settings.port}/"
+    if opened is not None:
+        try:
+            data = opened.read_bytes()
+            run_id = files.import_run(engine, data=data, max_bytes=len(data)).run_id
+        except OSError as exc:
+            sys.stderr.write(f"attnscope: cannot read {opened}: {exc.strerror or exc}\n")
+            return 1
+        except EngineError as exc:
+            sys.stderr.write(f"attnscope: {opened}: {exc}\n".splitlines()[0] + "\n")
+            return 1
+        url += f"?run={run_id}"
+    app = create_app(settings, engine)
     sys.stdout.write(f"attnscope: serving {engine.default} at {url}\n")
     sys.stdout.flush()
-    if settings.host.strip("[]") in ("0.0.0.0", "::") and not settings.allowed_hosts:
-        log.warning("listening on every interface, but answering only to localhost, 127.0.0.1 and [::1]: set "
-                    "ATTNSCOPE_ALLOWED_HOSTS to the names clients use to reach this machine")
+    _warn_every_interface(settings)
+    if browser:
+        import webbrowser
+
+        threading.Timer(1.0, webbrowser.open, args=(url,)).start()  # once the server listens
     # no "server: uvicorn" header: nothing tells a client which server software (and version) answers
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
                 server_header=False)
     return 0
+
+
+def _serve_workers(settings: Settings, workers: int) -> int:
+    """N processes on one port, each loading the models, sharing the run directory: any worker serves any
+    run (read from its file), and a run's late head scores are computed once (a claim on its file)."""
+    import uvicorn
+
+    from attnscope.model.runs.disk import RunDir, RunDirError
+
+    if not settings.run_dir:
+        sys.stderr.write("attnscope: --workers needs a run directory (ATTNSCOPE_RUN_DIR) for the workers to share\n")
+        return 2
+    try:
+        RunDir.open(settings.run_dir, settings.run_dir_bytes)
+    except RunDirError as exc:
+        sys.stderr.write(f"attnscope: {exc}\n")
+        return 1
+    # the workers read their settings from the environment: the command line's go there
+    os.environ["ATTNSCOPE_MODELS"] = json.dumps(settings.models)
+    os.environ["ATTNSCOPE_DEFAULT_MODEL"] = settings.default_model
+    os.environ["ATTNSCOPE_RUN_DIR"] = settings.run_dir
+    os.environ["ATTNSCOPE_HOST"], os.environ["ATTNSCOPE_PORT"] = settings.host, str(settings.port)
+    url = f"http://{settings.host}:{settings.port}/"
+    sys.stdout.write(f"attnscope: serving {settings.default_model} at {url} with {workers} workers "
+                     f"sharing {settings.run_dir}\n")
+    sys.stdout.flush()
+    _warn_every_interface(settings)
+    uvicorn.run("attnscope.app.main:worker_app", factory=True, workers=workers, host=settings.host,
+                port=settings.port, log_level=settings.log_level.lower(), server_header=False)
+    return 0
+
+
+def _warn_every_interface(settings: Settings) -> None:
+    if settings.host.strip("[]") in ("0.0.0.0", "::") and not settings.allowed_hosts:
+        log.warning("listening on every interface, but answering only to localhost, 127.0.0.1 and [::1]: set "
+                    "ATTNSCOPE_ALLOWED_HOSTS to the names clients use to reach this machine")
+
+
+def _open(args: argparse.Namespace) -> int:
+    settings = _settings(args)
+    if settings is None:
+        return 2
+    if not args.file.is_file():
+        sys.stderr.write(f"attnscope: {args.file} is not a file\n")
+        return 1
+    return _serve_one(settings, opened=args.file, browser=not args.no_browser)
 
 
 def run_file(out: RunOut, cache: RunRecord, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
@@ -179,12 +259,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="attnscope", description="see inside a transformer")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the web app")
-    serve.add_argument("--host", default=None, help="default 127.0.0.1")
-    serve.add_argument("--port", type=int, default=None, help="default 8000")
-    serve.add_argument("--model", action="append", default=None, metavar="NAME[=SOURCE]",
-                       help="NAME=SOURCE serves exactly the models given (repeatable; the first is the default; "
-                            "SOURCE is a local folder, bundled:NAME, package:MODULE or a hub id such as "
-                            "Qwen/Qwen2.5-0.5B-Instruct); NAME alone picks the default among ATTNSCOPE_MODELS")
+    opener = sub.add_parser("open", help="serve a run file (Download run) and open the explorer on it")
+    opener.add_argument("file", type=Path)
+    opener.add_argument("--no-browser", action="store_true", help="only print the URL")
+    for command in (serve, opener):
+        command.add_argument("--host", default=None, help="default 127.0.0.1")
+        command.add_argument("--port", type=int, default=None, help="default 8000")
+        command.add_argument("--model", action="append", default=None, metavar="NAME[=SOURCE]",
+                             help="NAME=SOURCE serves exactly the models given (repeatable; the first is the default; "
+                                  "SOURCE is a local folder, bundled:NAME, package:MODULE or a hub id such as "
+                                  "Qwen/Qwen2.5-0.5B-Instruct); NAME alone picks the default among ATTNSCOPE_MODELS")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="processes on one port sharing ATTNSCOPE_RUN_DIR (each loads the models)")
     analyze = sub.add_parser("analyze", help="analyse one prompt and print the run")
     analyze.add_argument("text")
     analyze.add_argument("--model", default=None)
@@ -200,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--svg", type=Path, required=True, help="where to write the figure")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    return {"serve": _serve, "analyze": _analyze, "export": _export}[args.command](args)
+    return {"serve": _serve, "open": _open, "analyze": _analyze, "export": _export}[args.command](args)
 
 
 if __name__ == "__main__":

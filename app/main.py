@@ -148,3 +148,10 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(AllowedHosts, bound=settings.host, allowed=settings.allowed_hosts)  # before anything else
     app.add_middleware(SecurityHeaders)  # outermost: every answer has the headers, refusals too
     return app
+
+
+def worker_app() -> FastAPI:
+    """One worker of ``attnscope serve --workers N`` (uvicorn's factory): its settings from the environment,
+    its models loaded in its lifespan, its runs shared with the other workers through the run directory."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return create_app(Settings())

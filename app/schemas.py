@@ -66,6 +66,11 @@ class HealthOut(BaseModel):
                                   "zoom tiles), apart from the runs")
     tile_cache_max_bytes: int = Field(0, description="its cap (ATTNSCOPE_TILE_CACHE_BYTES)")
     rss_bytes: int | None = Field(description="the server process's resident memory; null where unknown")
+    worker: int = Field(0, description="which process answered (its id): with `serve --workers N`, requests "
+                                       "are spread over N")
+    run_dir: str | None = Field(None, description="the run directory behind the memory (ATTNSCOPE_RUN_DIR), or "
+                                                  "null: runs in memory only")
+    run_dir_bytes: int = Field(0, description="bytes of run files there")
 
 
 def _text_not_blank(value: str) -> str:

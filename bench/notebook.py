@@ -175,8 +175,8 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in lengths:
         r = {k: statistics.median(v) for k, v in rows[n].items()}
-        table.append(f"| {n:,} | {r['widget']:.0f} ms | {r['open']:.0f} ms | **{r['widget'] / r['open']:.2f}×** | "
-                     f"{r['widget_click']:.0f} ms | {r['click']:.0f} ms | **{r['widget_click'] / r['click']:.2f}×** | "
+        table.append(f"| {n:,} | {r['widget']:.0f} ms | {r['open']:.0f} ms | **{r['widget'] / r['open']:.2f}×** | "  # noqa: RUF001
+                     f"{r['widget_click']:.0f} ms | {r['click']:.0f} ms | **{r['widget_click'] / r['click']:.2f}×** | "  # noqa: RUF001
                      f"{r['received'] / 1e6:.2f} MB / {r['sent'] / 1e3:.1f} kB | {r['open_bytes'] / 1e6:.2f} MB | "
                      f"{r['click_wire'] / 1e3:.1f} kB | {r['click_bytes'] / 1e3:.1f} kB |")
     text = "\n".join(table)

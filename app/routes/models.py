@@ -1,13 +1,17 @@
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
+from typing import Any
 
 from fastapi import APIRouter
 
 from attnscope.app.deps import EngineDep, TilesDep
 from attnscope.app.memory import rss_bytes
 from attnscope.app.schemas import HealthOut, ModelOut, ModelsOut
+from attnscope.model.runs.persist import RunFiles
 from attnscope.model.scores import probes
+from attnscope.model.services.engine import Engine
 
 router = APIRouter(tags=["models"])
 
@@ -27,4 +31,11 @@ def health(engine: EngineDep, tiles: TilesDep) -> HealthOut:
     return HealthOut(status="ok", models=list(engine.models), runs=len(engine.store),
                      run_cache_bytes=engine.store.nbytes, run_cache_max_bytes=engine.store.max_bytes,
                      tile_cache_bytes=tiles.cache.nbytes, tile_cache_max_bytes=tiles.cache.max_bytes,
-                     rss_bytes=rss_bytes())
+                     rss_bytes=rss_bytes(), worker=os.getpid(), **run_dir_of(engine))
+
+
+def run_dir_of(engine: Engine) -> dict[str, Any]:
+    backing = engine.store.backing
+    if not isinstance(backing, RunFiles):
+        return {}
+    return {"run_dir": str(backing.folder.path), "run_dir_bytes": backing.folder.nbytes}

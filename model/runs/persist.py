@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from attnscope.model.errors import BadRunFile, EngineError, Param
@@ -86,6 +87,29 @@ class RunFiles(JobThread[_Write]):
             log.warning("run %s is not kept on disk: %s", job.run_id, err.message)
         except OSError as err:  # a full disk, a directory removed under us: memory only, said once a run
             log.warning("run %s could not be written to %s: %s", job.run_id, self.folder.path, err)
+
+    def claim(self, run_id: str) -> AbstractContextManager[bool]:
+        """Across processes sharing the directory: whether this one computes the run's late scores now."""
+        return self.folder.claim(run_id)
+
+    def scores(self, run_id: str) -> runfile.FileScores | None:
+        """The head scores the run's file holds now (another worker may have written them); None: no file,
+        or one that cannot be read (the run's next full read sets it aside)."""
+        try:
+            with self.folder.file(run_id).open("rb") as f:  # the header only: the tensors may be large
+                start = f.read(8)
+                length = int.from_bytes(start, "little") if len(start) == 8 else 0
+                data = start + f.read(min(length, runfile.HEADER_CAP))
+        except (FileNotFoundError, ValueError):
+            return None
+        try:
+            return runfile.scores(data, max_bytes=max(self.folder.max_bytes, len(data)))
+        except BadRunFile:
+            return None
+
+    def flush(self) -> None:
+        """Until the writes queued so far are on disk (a minute at most)."""
+        self.wait_idle(60)
 
     def file(self, run_id: str) -> bytes | None:
         """The run's file as stored (after the writes queued so far)."""

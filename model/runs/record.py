@@ -6,6 +6,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -19,6 +20,7 @@ from attnscope.model.runs.budget import mib_over
 from attnscope.model.scores.analysis import HeadSparsity
 
 if TYPE_CHECKING:
+    from attnscope.model.runs.runfile import FileScores
     from attnscope.model.scores.late import PendingScores
 
 
@@ -148,6 +150,12 @@ class Backing(Protocol):
 
     def load(self, run_id: str) -> RunRecord | None: ...
 
+    def claim(self, run_id: str) -> AbstractContextManager[bool]: ...
+
+    def scores(self, run_id: str) -> FileScores | None: ...
+
+    def flush(self) -> None: ...
+
 
 class RunStore:
     """Runs by id, least recently used first out, with the total size capped in bytes.
@@ -212,12 +220,28 @@ class RunStore:
             self._runs.move_to_end(run_id)
             self._evict()
 
+    def claim(self, run_id: str) -> AbstractContextManager[bool]:
+        """Whether this process does the run's once-per-run work (its late head scores) now: always, without
+        a backing; with a run directory shared by workers, only the one holding the run's claim."""
+        return self.backing.claim(run_id) if self.backing is not None else nullcontext(True)
+
+    def scores_elsewhere(self, run_id: str) -> FileScores | None:
+        """The run's head scores as its file holds them (written by another worker), if complete there."""
+        if self.backing is None:
+            return None
+        found = self.backing.scores(run_id)
+        return found if found is not None and not found.scores_pending else None
+
+    def flush(self) -> None:
+        if self.backing is not None:
+            self.backing.flush()
+
     def holds(self, run_id: str, cache: RunRecord) -> bool:
         """Is this run (this very object) still stored? Touches nothing."""
         with self._lock:
             return self._runs.get(run_id) is cache
 
-    def settle(self, run_id: str, cache: RunRecord, summary: RunSummary) -> bool:
+    def settle(self, run_id: str, cache: RunRecord, summary: RunSummary, write: bool = True) -> bool:
         """Swap a stored run's summary for its completed one (the late head scores: the same heads,
         counted when the run was added, so the byte count does not change, nor the run's place in the
         LRU). False, and nothing changed, if the run was evicted meanwhile."""
@@ -225,7 +249,7 @@ class RunStore:
             if self._runs.get(run_id) is not cache:
                 return False
             cache.summary = summary
-        if self.backing is not None:  # the file gets the late scores too
+        if write and self.backing is not None:  # the file gets the late scores too (unless they came from it)
             self.backing.saved(run_id, cache)
         return True
 

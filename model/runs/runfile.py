@@ -463,3 +463,25 @@ def read(data: bytes, *, max_bytes: int) -> StoredRun:
     return StoredRun(record=record, version=int(header["version"]), model_fingerprint=fingerprints[0],
                      tokenizer_fingerprint=fingerprints[1], dtype=dtype, created=created,
                      pending_fields=pending_fields)
+
+
+@dataclass(frozen=True)
+class FileScores:
+    """A run file's head scores as its header holds them (read without its tensors)."""
+
+    heads: list[HeadScore]
+    scores_pending: tuple[str, ...]
+    timing_ms: dict[str, float]
+
+
+def scores(data: bytes, *, max_bytes: int) -> FileScores:
+    """The head scores of a run file, its header only (another worker may have written its late scores)."""
+    st, _start = _safetensors_header(data, max_bytes)
+    header = _run_header(st)
+    layers = [_dict(lay, "layers[]") for lay in _list(header.get("layers"), "layers")]
+    _need(len(layers) > 0, "the run has no layers")
+    n_heads = _int(layers[0].get("heads"), "layers[0].heads", 1, 1 << 16)
+    timing = {_str(k, "timing_ms key"): _finite(v, f"timing_ms[{k}]")
+              for k, v in _dict(header.get("timing_ms", {}), "timing_ms").items()}
+    pending, _fields = _pending(header, len(layers))
+    return FileScores(heads=_heads(header, len(layers), n_heads), scores_pending=pending, timing_ms=timing)

@@ -106,6 +106,9 @@ class _Job:
     cache: weakref.ref[RunRecord]
 
 
+ELSEWHERE_S = 600.0  # the longest a worker waits for another to write a run's head scores
+
+
 class ScoreWorker(JobThread[_Job]):
     """One background thread that computes the scores stored runs still owe, oldest run first.
 
@@ -145,12 +148,41 @@ class ScoreWorker(JobThread[_Job]):
         if cache is None or cache.pending is None:
             return
         try:
-            self._sweep(job.run_id, cache, cache.pending)
+            self._once(job.run_id, cache, cache.pending)
         except Exception as err:  # a failed sweep is reported on the run, never taken down the server
             log.exception("late head scores of run %s failed", job.run_id)
             cache.pending.error = f"the head scores could not be computed: {err}"
         finally:
             cache.pending.done.set()
+
+    def _once(self, run_id: str, cache: RunRecord, pending: PendingScores) -> None:
+        """The scores computed once across the workers sharing a run directory: the worker holding the run's
+        claim computes them and writes them before letting go; another takes them from the file (or takes
+        the claim over if its holder died)."""
+        deadline = time.monotonic() + ELSEWHERE_S
+        while True:
+            with self.store.claim(run_id) as mine:
+                if mine:
+                    if not self._from_file(run_id, cache):
+                        self._sweep(run_id, cache, pending)
+                        self.store.flush()  # on disk before the claim is let go
+                    return
+            if self._from_file(run_id, cache) or self._closed or not self.store.holds(run_id, cache):
+                return
+            if time.monotonic() > deadline:
+                pending.error = "another worker holds this run's head scores and has not written them"
+                return
+            time.sleep(0.1)
+
+    def _from_file(self, run_id: str, cache: RunRecord) -> bool:
+        """Settle the run with the scores another worker wrote to its file, if they are complete there."""
+        found = self.store.scores_elsewhere(run_id)
+        if found is None:
+            return False
+        done = dataclasses.replace(cache.summary, heads=found.heads, scores_pending=(), timing_ms=found.timing_ms)
+        if self.store.settle(run_id, cache, done, write=False):
+            log.info("run %s: head scores read from the file another worker wrote", run_id)
+        return True
 
     def _sweep(self, run_id: str, cache: RunRecord, pending: PendingScores) -> None:
         t0 = time.perf_counter()

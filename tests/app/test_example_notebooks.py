@@ -5,7 +5,6 @@ edited model's own ``output_attentions``. The committed notebooks carry no outpu
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 
