@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Run", "Scope", "__version__", "save_html", "show"]
+__all__ = ["Run", "Scope", "__version__", "load", "save_html", "show"]
 
 if TYPE_CHECKING:
+    from attnscope.model.services.files import RunFile
     from attnscope.model.services.scope import Run, Scope
 
 
@@ -65,6 +66,15 @@ def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str
     from attnscope.app.standalone import save_html as write
 
     return write(run, path, heads=heads, lang=lang)
+
+
+def load(path: str | Path) -> RunFile:
+    """A run file (``run.save``, the explorer's "Download run", format=attnscope) read without a model: its
+    text, tokens, predictions, head scores and any head's exact attention. ``scope.load(path)`` reads it
+    onto a model, with its tools."""
+    from attnscope.model.services.files import RunFile
+
+    return RunFile.read(path)
 
 
 def __getattr__(name: str) -> Any:

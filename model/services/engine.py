@@ -153,6 +153,11 @@ class Engine:
                                                       lm.info.dtype)
             return origin
 
+    def forget_origins(self) -> None:
+        """The models may have changed (a Scope's model is the user's, edited at will): fingerprint again."""
+        with self._origins_lock:
+            self._origins.clear()
+
     def origin(self, record: RunRecord) -> Origin | None:
         """Who made a run, for its file: None when its model is not loaded here (a run read back)."""
         if record.model_fingerprint or record.model not in self.models:

@@ -3,10 +3,19 @@ as a run again — on this server or another, with its own run directory."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from attnscope.model.errors import BadInput
+from attnscope.model.load.tokens import Token
+from attnscope.model.results import PositionPrediction
 from attnscope.model.runs import runfile
 from attnscope.model.runs.persist import Origin, record_of
+from attnscope.model.runs.record import RunRecord
+from attnscope.model.runs.runfile import StoredRun
+from attnscope.model.scores.analysis import HeadScore
 from attnscope.model.services.engine import Engine, RunResult
 
 
@@ -28,6 +37,59 @@ def import_run(engine: Engine, *, data: bytes, max_bytes: int) -> RunResult:
     if record.pending is not None:
         engine.scores.submit(run_id, record)
     return RunResult(run_id=run_id, cache=record)
+
+
+@dataclass(frozen=True)
+class RunFile:
+    """A run file read without a model (``attnscope.load``): its text, tokens, predictions, head scores and
+    any head's exact attention, rebuilt from the kept Q and K. The tools need the model: ``scope.load``."""
+
+    stored: StoredRun
+
+    @staticmethod
+    def read(path: str | Path) -> RunFile:
+        data = Path(path).read_bytes()
+        return RunFile(runfile.read(data, max_bytes=len(data)))
+
+    @property
+    def record(self) -> RunRecord:
+        return self.stored.record
+
+    @property
+    def text(self) -> str:
+        return self.record.text
+
+    @property
+    def model(self) -> str:
+        return self.record.model
+
+    @property
+    def tokens(self) -> list[Token]:
+        return list(self.record.summary.tokens)
+
+    @property
+    def predictions(self) -> list[PositionPrediction]:
+        return list(self.record.summary.predictions)
+
+    def heads(self) -> list[HeadScore]:
+        """Every head's scores as the file holds them (a file saved before its late scores came has None
+        for those: ``scores_pending``)."""
+        return list(self.record.summary.heads)
+
+    @property
+    def scores_pending(self) -> tuple[str, ...]:
+        return self.record.summary.scores_pending
+
+    def attention(self, layer: int, head: int) -> torch.Tensor:
+        """(n, n) float32: one head's exact weights (masked cells 0)."""
+        record = self.record
+        if not 0 <= layer < record.n_layers:
+            raise BadInput(f"layer {layer} is out of range: this run has layers 0..{record.n_layers - 1}",
+                           code="layer_out_of_range", params={"layer": layer, "max": record.n_layers - 1})
+        if not 0 <= head < record.n_heads:
+            raise BadInput(f"head {head} is out of range: this run has heads 0..{record.n_heads - 1}",
+                           code="head_out_of_range", params={"head": head, "max": record.n_heads - 1})
+        return record.head_pattern(layer, head)
 
 
 def save(engine: Engine, *, run_id: str, path: str | Path) -> Path:

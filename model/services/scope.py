@@ -38,10 +38,11 @@ from attnscope.model.learn.values import Contributions
 from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspect_model, load_model
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import LogitLens, NextDistribution, PositionPrediction
+from attnscope.model.runs.persist import record_of
 from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
+from attnscope.model.services import files, learn, runs, tools
 from attnscope.model.services import generate as generate_service
-from attnscope.model.services import learn, runs, tools
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.learn import Comparison, ContributionGaps, Timing
 from attnscope.model.services.runs import Heads, Residual
@@ -110,6 +111,8 @@ class Scope:
     def borrowed(self) -> Iterator[None]:
         """The model switched for inspection for the ``with`` only (one caller at a time)."""
         with self._lock, borrowed(self._lm):
+            if hasattr(self, "_engine"):
+                self._engine.forget_origins()  # the model is the user's: edited at will between calls
             yield
 
 
@@ -124,6 +127,22 @@ class Scope:
         """Any service of ``model.services`` on this Scope's engine, with the model borrowed."""
         with self.borrowed():
             return service(self._engine, **kwargs)
+
+    def load(self, path: str | Path) -> Run:
+        """A run file (``run.save``, the explorer's "Download run") as a run on this Scope. Made by this
+        model as it is now (the same fingerprint, whatever its name was), its tools work; otherwise its
+        attention and scores are read from the file and a tool refuses (``run_model_changed`` or
+        ``run_model_missing``)."""
+        data = Path(path).read_bytes()
+        with self.borrowed():
+            record = record_of(data, max_bytes=len(data))
+            label = self._lm.info.name
+            if record.model_fingerprint == self._engine.origin_of(label).model_fingerprint:
+                record.model = label  # this very model, under the name this Scope gives it
+            run_id = self._engine.store.add(record)
+            if record.pending is not None:
+                self._engine.scores.submit(run_id, record)
+        return Run(self, run_id)
 
     def run(self, text: str, *, top_k: int = 10, truncate: bool = False) -> Run:
         """One forward over ``text``, everything captured: the run to read."""
@@ -224,6 +243,12 @@ class Run:
         if result.error is not None:
             raise BadInput(f"the run's head scores could not be computed: {result.error}")
         return result.heads
+
+    def save(self, path: str | Path) -> Path:
+        """The run's file (``attnscope-run/1``, what the API's format=attnscope gives), written whole or not at
+        all: ``scope.load(path)`` reads it back with its tools, ``attnscope.load(path)`` without a model,
+        ``attnscope open FILE`` or the explorer's "Open run" on a server."""
+        return self.scope.call(files.save, run_id=self.run_id, path=path)
 
     def save_html(self, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:
         """This run as one self-contained HTML file: the explorer on it, opened from disk with no server
