@@ -173,3 +173,25 @@ def test_two_scopes_on_one_model_take_turns(edited: tuple[Any, Any]) -> None:
     for t in threads:
         t.join(timeout=120)
     assert failures == [] and model.config._attn_implementation == "sdpa"
+
+
+def test_a_bf16_model_is_inspected_as_it_stands() -> None:
+    """The user's model in bfloat16, as it is: the widget's answers are that model's (no float32 copy)."""
+    model = build_edited("sdpa").to(torch.bfloat16)
+    scope = attnscope.Scope(model, tiny_tokenizer(), name="bf16")
+    explorer = Explorer(scope, text=TEXT)
+    frame = Frame(explorer)
+    try:
+        info = json.loads(frame.request("GET", "/api/models")["body"])["models"][0]
+        assert info["dtype"] == "bfloat16"
+        run = json.loads(frame.request("POST", "/api/runs", {"text": TEXT})["body"])
+        n = len(run["tokens"])
+        got = frame.request("GET", f"/api/runs/{run['run_id']}/attention?layer=1&head=2&format=f32")
+        sent = np.zeros((n, n), dtype=np.float32)
+        sent[np.tril_indices(n)] = np.frombuffer(got["body"], dtype="<f4")
+        np.testing.assert_allclose(sent.sum(-1), 1.0, atol=1e-3)  # each row a distribution
+        direct = scope.run(TEXT).attention(layer=1, head=2).float().numpy()  # the Python door, same model
+        np.testing.assert_allclose(sent, direct, atol=1e-6)
+        assert next(model.parameters()).dtype == torch.bfloat16  # nothing converted in place
+    finally:
+        explorer.close()
