@@ -8,6 +8,7 @@
 //   explorer/timeline.js   the generate form's state and a recorded generation's timeline
 //   explorer/export.js     PNG / SVG / JSON / safetensors exports
 //   explorer/analyse.js    analyse, load a run, late scores, sparsity
+//   explorer/runfiles.js   download a run's file, open one (picker, drop, run=ID), save as HTML
 //   explorer/generate.js   generate and record, with the live view
 import { $, el } from "./dom.js";
 import { getJSON } from "./api.js";
@@ -22,6 +23,7 @@ import { recount, repaintGenerateForm, showStep, updateGenerate } from "./explor
 import { exportGrid, exportHeatmap, exportKept, exportRunJSON, exporting, showExportProblem } from "./explorer/export.js";
 import { analyse, repaintRun, sortGrid, updateChatForm } from "./explorer/analyse.js";
 import { continueGeneration, generateAndRecord } from "./explorer/generate.js";
+import { linkedRun, openStored, repaintRunFiles, wireRunFiles } from "./explorer/runfiles.js";
 
 const DEFAULT_PROMPT = "I love artificial intelligence";
 
@@ -44,6 +46,7 @@ async function repaint(fillModels) {
   showBusy();
   repaintGenerateForm();
   showExportProblem();
+  repaintRunFiles();
   tools.labels();
   if (!state.run) return;
   await repaintRun();
@@ -108,13 +111,15 @@ async function init() {
   $("#heatmap").addEventListener("keydown", heatmapKeys);
   $("#export-json").addEventListener("click", exporting(exportRunJSON));
   $("#export-kept").addEventListener("click", exporting(exportKept));
+  wireRunFiles(exporting);
   window.addEventListener("unhandledrejection", (ev) => { report(ev.reason); ev.preventDefault(); });
   updateGenerate();
 
   // a shared link reopens the same view; a first visit analyses the prefilled example at once
   const want = fromURL();
+  const stored = linkedRun(); // an opened run file's id: the run itself, whatever its model
   if (want.model && models.some((m) => m.name === want.model)) picker.value = want.model;
-  else if (want.model) { // a link to a model this server lacks: say so, rather than quietly show another
+  else if (want.model && !stored) { // a link to a model this server lacks: say so, rather than quietly show another
     unknownModel = want.model;
     showModelNote();
     picker.addEventListener("change", () => { unknownModel = null; showModelNote(); }, { once: true });
@@ -130,7 +135,7 @@ async function init() {
   $("#temperature-value").textContent = state.temperature.toFixed(2);
   $("#prompt").value = want.text || $("#prompt").value || DEFAULT_PROMPT; // keep what was typed while the page loaded
   updateGenerate();
-  await analyse(want);
+  await (stored ? openStored(stored, want) : analyse(want));
 }
 
 function start() {

@@ -48,7 +48,7 @@ ALLOWED = {
     "Causal", "Mask", "d_model", "d_head", "hidden", "representation", "residual", "stream", "Residual", "Stream", "Hidden", "Representation", "LM", "Head",
     "logit", "logits", "softmax", "Transformer", "Block", "Blocks", "Encoder", "Decoder", "only", "RNN", "RoPE", "GPT", "Llama",
     "QK", "KV", "Q", "K", "V", "W_O", "v", "x", "h", "h_t", "x_t", "t", "n", "k", "i", "p", "cos", "tanh", "E", "X",
-    "attnscope", "PNG", "SVG", "JSON", "OpenAPI", "ALiBi", "KL", "ln", "safetensors",
+    "attnscope", "PNG", "SVG", "JSON", "OpenAPI", "ALiBi", "KL", "ln", "safetensors", "HTML", "MB", "KB",
     "Ctrl", "Enter",  # key names on the keyboard, as printed on its keys
 }
 

@@ -12,6 +12,7 @@ import { grid, selectPos, tools } from "./selection.js";
 import { isLong, tiles } from "./zoom.js";
 import { hideStatus, showStep, updateGenerate } from "./timeline.js";
 import { showExportProblem } from "./export.js";
+import { forgetOffer } from "./runfiles.js";
 
 // ---- the prompt ------------------------------------------------------------------------------
 
@@ -77,7 +78,10 @@ function maskLegend(run) {
   $("#legend-swatch").hidden = !run.causal;
 }
 
-function describeModel(m) {
+// a run opened from a file may come from a model this server has not loaded (m undefined): its
+// attention is shown from what the run keeps
+function describeModel(m, run = state.run) {
+  if (!m) return t("x.model.not_loaded", { name: run.model });
   const kv = m.n_kv_heads !== m.n_heads ? t("x.model.kv", { kv: m.n_kv_heads }) : "";
   return t("x.model.summary", {
     name: m.name, arch: m.architecture, layers: m.n_layers, heads: m.n_heads, kv, d: m.d_model, dh: m.d_head, vocab: m.vocab_size,
@@ -103,6 +107,7 @@ export async function loadRun(run, initial = {}) {
   tiles.reset();
   $("#zoom-note").hidden = true; // a note about the last run's zoom boxes
   showExportProblem(null); // about the last run's export
+  forgetOffer(); // the last run's HTML file
   grid.widen(run); // the columns' widths before anything is drawn in them
   $("#explorer").hidden = false;
   // a long run's overview tile is asked for before the token strip and pickers are built, and
@@ -113,8 +118,8 @@ export async function loadRun(run, initial = {}) {
   fillSelect($("#layer-picker"), run.n_layers, "common.layer", layer);
   fillSelect($("#head-picker"), run.n_heads, "common.head", head);
   maskLegend(run);
-  $("#model-summary").textContent = describeModel(model);
-  $("#model-summary").title = describeModel(model);
+  $("#model-summary").textContent = describeModel(model, run);
+  $("#model-summary").title = describeModel(model, run);
   $("#timeline-box").hidden = true;
   updateGenerate();
   await (drawing ?? drawHead());

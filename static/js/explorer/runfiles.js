@@ -1,0 +1,253 @@
+// Run files (issue 30): "Download run" saves the run as one file (format=attnscope), "Open run"
+// (the file picker, or a file dropped anywhere on the page) stores such a file on this server and
+// shows it as if it had been analysed, and "Save as HTML" says the size of the run's standalone page
+// before it downloads it. An opened run keeps its id in the URL (run=…), so that a reload or a shared
+// link opens it again (GET /api/runs/{id}); an id the server does not know says so and analyses the
+// link's text instead. A file's name and its bytes are untrusted: only ever text, never markup.
+import { $, el, isAbort } from "../dom.js";
+import { ApiError, getJSON, request } from "../api.js";
+import { state, toURL, urlExtras } from "../state.js";
+import { search } from "../page.js";
+import { lang, t } from "../i18n.js";
+import { report, showCut, showError } from "./errors.js";
+import { begin, end, latest } from "./requests.js";
+import { hideStatus } from "./timeline.js";
+import { analyse, loadRun } from "./analyse.js";
+
+// an exported HTML file answers the page's requests from what it holds: it has no server to send a run to
+const offline = Boolean(globalThis.ATTNSCOPE_EMBED && globalThis.ATTNSCOPE_EMBED.offline);
+
+// the runs opened from a file or by their id: the URL names them by id (a run analysed here by its text)
+const opened = new WeakSet();
+urlExtras.push(() => (state.run && opened.has(state.run) ? { run: state.run.run_id } : {}));
+
+const runURL = (run, tail = "") => `/api/runs/${encodeURIComponent(run.run_id)}${tail}`;
+
+// A refusal read as the JSON API's (api.js's check): {code, message, params}, else the status line.
+async function refused(r) {
+  let message = `${r.status} ${r.statusText}`, code = null, params = {};
+  try {
+    const body = await r.json();
+    message = body.message || (typeof body.detail === "string" ? body.detail : message);
+    code = body.code;
+    params = body.params;
+  } catch (_) { /* not JSON */ }
+  return new ApiError(r.status, message, code, params);
+}
+
+// the file name the server gives (Content-Disposition), without any path, else `fallback`
+function fileName(r, fallback) {
+  const m = /filename="?([^";]+)"?/i.exec(r.headers.get("content-disposition") || "");
+  const name = m ? m[1].split(/[\\/]/).pop().trim() : "";
+  return name || fallback;
+}
+
+async function fetchFile(url, fallback) {
+  const r = await request(url);
+  if (!r.ok) throw await refused(r);
+  return { name: fileName(r, fallback), blob: await r.blob() };
+}
+
+function save({ name, blob }) {
+  const url = URL.createObjectURL(blob);
+  const a = el("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+// ---- Download run ---------------------------------------------------------------------------------
+
+export async function downloadRun() {
+  const run = state.run;
+  if (!run) return;
+  save(await fetchFile(runURL(run, "/export?format=attnscope"), `attnscope-run-${run.run_id}.attnscope`));
+}
+
+// ---- Open run ---------------------------------------------------------------------------------------
+
+// A run the server answered with (POST /api/runs/import, GET /api/runs/{id}), shown as an analysed one.
+async function show(run, initial = {}) {
+  opened.add(run);
+  $("#prompt").value = run.text;
+  const picker = $("#model-picker");
+  if ([...picker.options].some((o) => o.value === run.model)) picker.value = run.model;
+  await loadRun(run, initial);
+  toURL();
+}
+
+// Store `file` (a File or Blob) on this server and show it; a refusal is said in the error box.
+export async function openRunFile(file) {
+  if (!file) return;
+  showError("");
+  const req = begin("analyse");
+  try {
+    const body = await file.arrayBuffer(); // bytes, not a Blob: the notebook widget's frame posts them on
+    const r = await request("/api/runs/import", { method: "POST", headers: { "content-type": "application/octet-stream" },
+                                                  body, signal: req.controller.signal });
+    if (!r.ok) throw await refused(r);
+    const run = await r.json();
+    if (!latest(req)) return;
+    showCut(null);
+    hideStatus();
+    await show(run);
+  } catch (err) {
+    if (latest(req)) report(err);
+  } finally {
+    end(req);
+  }
+}
+
+// A link's run=ID: the stored run, else (an id this server does not know) the link's text, and why.
+export async function openStored(runId, initial) {
+  const req = begin("analyse");
+  let run = null, failure = null;
+  try {
+    run = await getJSON(`/api/runs/${encodeURIComponent(runId)}`, { signal: req.controller.signal });
+  } catch (err) {
+    failure = err;
+  } finally {
+    end(req);
+  }
+  if (isAbort(failure)) return;
+  if (run) {
+    await show(run, initial);
+    return;
+  }
+  await analyse(initial);
+  // a link to a run this server does not keep (another server's, or one gone since): said in the
+  // page's words, which a language switch redraws; anything else as the server said it
+  const gone = failure && (failure.code === "run_not_found" || failure.code === "run_expired");
+  report(gone ? new ApiError(failure.status, "", "run_link_unknown", { run_id: runId }) : failure);
+}
+
+// the run id a link asks for, or null
+export const linkedRun = () => new URLSearchParams(search()).get("run") || null;
+
+// Files dragged over the page: a hint while they hover, the first one opened on drop. Text dragged
+// into the prompt is left to the browser.
+function wireDrop() {
+  const hint = $("#drop-hint");
+  const carriesFile = (ev) => Boolean(ev.dataTransfer) && [...ev.dataTransfer.types].includes("Files");
+  let depth = 0; // dragenter/dragleave pairs, one for every element crossed
+  document.addEventListener("dragenter", (ev) => {
+    if (!carriesFile(ev)) return;
+    depth += 1;
+    hint.hidden = false;
+  });
+  document.addEventListener("dragleave", (ev) => {
+    if (!carriesFile(ev)) return;
+    depth = Math.max(0, depth - 1);
+    if (!depth) hint.hidden = true;
+  });
+  document.addEventListener("dragover", (ev) => {
+    if (!carriesFile(ev)) return;
+    ev.preventDefault(); // else the browser navigates to the dropped file
+    ev.dataTransfer.dropEffect = "copy";
+  });
+  document.addEventListener("drop", (ev) => {
+    if (!carriesFile(ev)) return;
+    ev.preventDefault();
+    depth = 0;
+    hint.hidden = true;
+    openRunFile(ev.dataTransfer.files[0]);
+  });
+}
+
+// ---- Save as HTML -----------------------------------------------------------------------------------
+
+const MB = 1 << 20;
+const sizeText = (bytes) => (bytes >= MB / 10 ? `${(bytes / MB).toFixed(1)} MB` : `${Math.max(1, Math.round(bytes / 1024))} KB`);
+const headNames = (list) => list.split(",").filter(Boolean).map((h) => `L${h.replace(".", "H")}`).join(", ");
+
+// what the HTML file would hold: {run, heads, size: {bytes, exact_heads, overview_heads, every_head}}, or null
+let offer = null;
+
+function showOffer() {
+  const box = $("#html-offer");
+  box.hidden = !offer;
+  if (!offer) return;
+  const { bytes, exact_heads: exact, overview_heads: overview, every_head: all } = offer.size;
+  const size = sizeText(bytes);
+  $("#html-offer-text").textContent = all ? t("x.run.html_all", { size })
+    : exact ? t("x.run.html_some", { size, heads: headNames(exact) })
+    : t("x.run.html_overview", { size, heads: headNames(overview) });
+}
+
+function htmlURL(run, heads, extra = {}) {
+  const params = new URLSearchParams({ format: "html", ...(heads ? { heads } : {}), lang: lang(), ...extra });
+  return runURL(run, `/export?${params}`);
+}
+
+// The file's size first: every head's cells while they fit, else the selected head's as far as they fit.
+export async function measureHTML() {
+  const run = state.run;
+  if (!run) return;
+  const button = $("#run-html");
+  button.disabled = true;
+  offer = null;
+  showOffer();
+  $("#html-offer-busy").hidden = false;
+  try {
+    let heads = null;
+    let size = await getJSON(htmlURL(run, heads, { dry_run: "1" }));
+    if (!size.every_head) {
+      heads = `${state.layer}.${state.head}`;
+      size = await getJSON(htmlURL(run, heads, { dry_run: "1" }));
+    }
+    if (state.run !== run) return;
+    offer = { run, heads, size };
+    showOffer();
+    $("#html-offer-save").focus();
+  } finally {
+    button.disabled = false;
+    $("#html-offer-busy").hidden = true;
+  }
+}
+
+export async function saveHTML() {
+  if (!offer) return;
+  const { run, heads } = offer;
+  offer = null;
+  showOffer();
+  $("#run-html").focus();
+  save(await fetchFile(htmlURL(run, heads), `attnscope-run-${run.run_id}.html`));
+}
+
+export function cancelHTML() {
+  offer = null;
+  showOffer();
+  $("#run-html").focus();
+}
+
+// the offer is about one run: another run takes it away
+export function forgetOffer() {
+  if (offer && offer.run !== state.run) cancelHTML();
+}
+
+// ---- wiring -------------------------------------------------------------------------------------------
+
+// `exporting` says an export's failure under the export buttons (export.js).
+export function wireRunFiles(exporting) {
+  const buttons = ["#run-download", "#run-open", "#run-html"];
+  if (offline) { // the file has no server to hand a run to
+    for (const id of buttons) $(id).hidden = true;
+    return;
+  }
+  $("#run-download").addEventListener("click", exporting(downloadRun));
+  $("#run-open").addEventListener("click", () => $("#run-file").click());
+  $("#run-file").addEventListener("change", (ev) => {
+    const file = ev.target.files[0];
+    ev.target.value = ""; // the same file chosen again opens again
+    openRunFile(file);
+  });
+  $("#run-html").addEventListener("click", exporting(measureHTML));
+  $("#html-offer-save").addEventListener("click", exporting(saveHTML));
+  $("#html-offer-cancel").addEventListener("click", cancelHTML);
+  $("#html-offer").addEventListener("keydown", (ev) => { if (ev.key === "Escape") cancelHTML(); });
+  wireDrop();
+}
+
+// The offer in the current language.
+export const repaintRunFiles = showOffer;

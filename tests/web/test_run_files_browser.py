@@ -1,0 +1,210 @@
+"""Run files in headless Chromium on the bundled model (issue 30): "Download run" saves the run's
+file, "Open run" (the file picker, or a file dropped on the page) shows it as an analysed run whose
+id the URL keeps, a hostile file is refused in the reader's language, a run of a model this server
+has not loaded shows its attention while its tools say why they cannot run, and "Save as HTML" says
+the file's size before it downloads it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlparse
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.support.browser import shot
+from tests.support.i18n_check import catalogue
+
+pytestmark = pytest.mark.browser
+PROMPT = "The cat sat on the mat. The cat sat on the mat."
+DRAWN = "() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy"
+
+
+def lead(lang: str, key: str) -> str:
+    """A catalogue text up to its first placeholder: what the page shows whatever the values."""
+    return catalogue(lang)[key].split("{")[0]
+
+
+def analysed(page: object, base_url: str, **extra: str) -> None:
+    page.goto(f"{base_url}/?{urlencode({'text': PROMPT, 'model': 'attnscope-tiny', **extra})}")
+    page.wait_for_function(DRAWN, timeout=60_000)
+
+
+def tokens(page: object) -> list[str]:
+    return page.evaluate("() => [...document.querySelectorAll('[data-testid=token]')].map((c) => c.textContent)")
+
+
+def run_param(page: object) -> str | None:
+    return parse_qs(urlparse(page.url).query).get("run", [None])[0]
+
+
+def opened(page: object, before: str | None) -> str:
+    """The run id the URL names once a run other than `before` is drawn."""
+    page.wait_for_function("(before) => { const p = new URLSearchParams(location.search).get('run');"
+                           " return p && p !== before && document.querySelector('[data-testid=heatmap]').dataset.drawnAt"
+                           " && !document.body.dataset.busy; }", arg=before, timeout=60_000)
+    run = run_param(page)
+    assert run
+    return run
+
+
+def download_run(page: object) -> tuple[str, bytes]:
+    with page.expect_download() as info:
+        page.get_by_test_id("run-download").click()
+    download = info.value
+    return download.suggested_filename, Path(download.path()).read_bytes()
+
+
+def test_download_a_run_and_open_it_with_the_picker_by_drop_and_by_its_link(page: object, base_url: str,
+                                                                          tmp_path: Path) -> None:
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    analysed(page, base_url)
+    assert run_param(page) is None  # a run analysed from its text: the link names the text
+    words, n = tokens(page), page.get_by_test_id("heatmap").get_attribute("data-n")
+    assert words and n == str(len(words))
+
+    name, data = download_run(page)
+    made = re.fullmatch(r"attnscope-run-([\w-]+)\.attnscope", name)
+    assert made, name
+    size = int.from_bytes(data[:8], "little")  # safetensors: a little-endian header length, then the JSON header
+    header = json.loads(data[8:8 + size])
+    assert "attnscope-run/1" in json.dumps(header["__metadata__"])
+    assert len(data) > 8 + size
+
+    # the file picker
+    path = tmp_path / name
+    path.write_bytes(data)
+    page.get_by_test_id("run-file").set_input_files(str(path))
+    first = opened(page, None)
+    assert first != made[1]  # stored here under a new id
+    assert tokens(page) == words
+    assert page.get_by_test_id("heatmap").get_attribute("data-n") == n
+    assert page.get_by_test_id("head-cell").count() > 0
+    assert page.get_by_test_id("error-message").is_hidden()
+    assert page.get_by_test_id("prompt-input").input_value() == PROMPT
+    shot(page, "run-files-opened-1400")
+
+    # a file dropped anywhere on the page
+    page.evaluate("""(bytes) => {
+        const dt = new DataTransfer();
+        dt.items.add(new File([new Uint8Array(bytes)], 'dropped.attnscope', {type: 'application/octet-stream'}));
+        const target = document.querySelector('[data-testid=heatmap]');
+        target.dispatchEvent(new DragEvent('dragenter', {dataTransfer: dt, bubbles: true, cancelable: true}));
+        if (document.querySelector('[data-testid=drop-hint]').hidden) throw new Error('no drop hint');
+        target.dispatchEvent(new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true}));
+    }""", list(data))
+    second = opened(page, first)
+    assert tokens(page) == words and page.get_by_test_id("heatmap").get_attribute("data-n") == n
+    assert page.get_by_test_id("drop-hint").is_hidden()
+
+    # the link opens the stored run again, at the head and token it names
+    page.get_by_test_id("head-picker").select_option("1")
+    page.wait_for_function("() => new URLSearchParams(location.search).get('head') === '1'")
+    page.reload()
+    page.wait_for_function(DRAWN, timeout=60_000)
+    assert run_param(page) == second
+    assert tokens(page) == words
+    assert page.get_by_test_id("heatmap").get_attribute("data-head") == "1"
+    assert page.get_by_test_id("error-message").is_hidden()
+
+
+def test_a_link_to_an_unknown_run_says_so_and_analyses_its_text(page: object, base_url: str) -> None:
+    page.goto(f"{base_url}/?{urlencode({'text': PROMPT, 'model': 'attnscope-tiny', 'run': 'no-such-run'})}")
+    page.wait_for_function(DRAWN, timeout=60_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=error-message]').hidden")
+    said = catalogue("en")["err.run_link_unknown"].replace("{run_id}", "no-such-run")
+    assert page.get_by_test_id("error-message").text_content() == said
+    page.get_by_test_id("lang-switch").click()  # said again in Chinese
+    page.wait_for_function("() => document.documentElement.dataset.painted === 'zh'")
+    said = catalogue("zh")["err.run_link_unknown"].replace("{run_id}", "no-such-run")
+    assert page.get_by_test_id("error-message").text_content() == said
+    assert tokens(page)  # the link's text, analysed
+    assert run_param(page) is None
+    page.console_watch.errors = [e for e in page.console_watch.errors if "404" not in e]  # the refusal, expected
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_hostile_file_is_refused_in_the_readers_language(page: object, base_url: str, lang: str) -> None:
+    analysed(page, base_url, lang=lang)
+    before = tokens(page)
+    hostile = os.urandom(4096)
+    page.get_by_test_id("run-file").set_input_files(
+        {"name": "<img src=x onerror=alert(1)>.attnscope", "mimeType": "application/octet-stream", "buffer": hostile})
+    page.wait_for_function("() => !document.querySelector('[data-testid=error-message]').hidden")
+    said = page.get_by_test_id("error-message").text_content()
+    # English shows the server's own sentence, Chinese the catalogue's (static/js/i18n.js errorText)
+    assert said.startswith("not a usable attnscope run file: " if lang == "en" else lead(lang, "err.bad_run_file")), said
+    assert tokens(page) == before and run_param(page) is None  # nothing else changed
+    assert page.locator("img").count() == 0
+    page.console_watch.errors = [e for e in page.console_watch.errors if "422" not in e]  # the refusal, expected
+
+
+def foreign_run_file(client: TestClient) -> bytes:
+    """A run file made by a model the browser's server has not loaded (the tiny test engine's GPT-2)."""
+    made = client.post("/api/runs", json={"text": PROMPT, "model": "tiny-gpt2"})
+    assert made.status_code == 201, made.text[:300]
+    got = client.get(f"/api/runs/{made.json()['run_id']}/export", params={"format": "attnscope"})
+    assert got.status_code == 200, got.text[:300]
+    return got.content
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_run_of_a_model_not_loaded_here_shows_its_attention_and_its_tools_say_why(
+        page: object, base_url: str, client: TestClient, lang: str) -> None:
+    data = foreign_run_file(client)
+    analysed(page, base_url, lang=lang)
+    page.get_by_test_id("run-file").set_input_files(
+        {"name": "gpt2.attnscope", "mimeType": "application/octet-stream", "buffer": data})
+    run = opened(page, None)
+    summary = page.get_by_test_id("model-summary").text_content()
+    assert summary == catalogue(lang)["x.model.not_loaded"].replace("{name}", "tiny-gpt2")
+    assert page.get_by_test_id("head-cell").count() > 0 and int(page.get_by_test_id("heatmap").get_attribute("data-n")) > 0
+    assert page.get_by_test_id("error-message").is_hidden()
+    # token focus: a click on a token draws its row
+    page.locator("[data-testid=token][data-index='3']").click()
+    page.wait_for_function("() => new URLSearchParams(location.search).get('pos') === '3'")
+    page.wait_for_function("() => document.querySelector('[data-testid=focus-chart]').data")
+    # a tool that runs the model: 409, said in the reader's language
+    page.goto(f"{base_url}/?{urlencode({'run': run, 'view': 'lens', 'lang': lang})}")
+    page.wait_for_function("() => { const e = document.querySelector('[data-testid=tool-error]');"
+                           " return e && !e.hidden && e.textContent; }", timeout=60_000)
+    said = page.get_by_test_id("tool-error").text_content()
+    # English: the server's own sentence; Chinese: the catalogue's
+    assert said.startswith("this run was made with the model" if lang == "en" else lead(lang, "err.run_model_missing")), said
+    assert "tiny-gpt2" in said
+    assert run_param(page) == run and page.get_by_test_id("error-message").is_hidden()
+    shot(page, f"run-files-foreign-model-{lang}")
+    page.console_watch.errors = [e for e in page.console_watch.errors if "409" not in e]  # the refusal, expected
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_save_as_html_says_its_size_then_downloads_the_page(page: object, base_url: str, lang: str) -> None:
+    offers = []
+    for width in (1400, 390):  # the page drawn at each width
+        page.set_viewport_size({"width": width, "height": 1000 if width > 1000 else 844})
+        analysed(page, base_url, lang=lang)
+        assert page.get_by_test_id("html-offer").is_hidden()
+        page.get_by_test_id("run-html").focus()
+        page.keyboard.press("Enter")
+        page.wait_for_selector("[data-testid=html-offer]:not([hidden])")
+        offers.append(page.get_by_test_id("html-offer-text").text_content())
+        assert page.evaluate("() => document.activeElement.dataset.testid") == "html-offer-save"  # Enter saves
+        shot(page, f"run-files-html-offer-{width}-{lang}")
+    offer = offers[0]
+    size = re.match(r"(\d+(?:\.\d)?) (MB|KB)", offer)
+    assert size, offer
+    assert offers == [catalogue(lang)["x.run.html_all"].replace("{size}", size[0])] * 2  # 14 tokens: every head exact
+    with page.expect_response(lambda r: "format=html" in r.url and "dry_run" not in r.url) as answer, \
+            page.expect_download() as info:
+        page.keyboard.press("Enter")
+    assert answer.value.headers["content-type"].startswith("text/html")
+    assert info.value.suggested_filename.endswith(".html")
+    html = Path(info.value.path()).read_bytes()
+    assert html[:15].lower() == b"<!doctype html>"
+    mb = len(html) / (1 << 20)
+    assert abs(mb - float(size[1])) <= 0.05 if size[2] == "MB" else abs(len(html) / 1024 - float(size[1])) <= 1
+    assert page.get_by_test_id("html-offer").is_hidden()
+    assert page.get_by_test_id("export-error").is_hidden()
