@@ -177,3 +177,31 @@ def test_a_run_directory_that_cannot_be_used_stops_the_server_in_one_line(tmp_pa
     assert proc.returncode == 1
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(f"attnscope: cannot use the run directory {blocker / 'runs'}"), proc.stderr
+
+
+def test_a_full_run_directory_keeps_the_newest_runs_and_the_server_goes_on(llama: LoadedModel, tmp_path: Path) -> None:
+    """The byte cap as a full disk: the oldest files go first; a run whose file alone is over the cap stays in
+    memory only (said in the log), and nothing fails."""
+    with server(on_disk({"tiny": llama}, tmp_path)) as probe:
+        size = len(probe.get(f"/api/runs/{probe.post('/api/runs', json={'text': TEXT}).json()['run_id']}/export",
+                             params={"format": "attnscope"}).content)
+    for p in tmp_path.glob("*.run"):
+        p.unlink()
+    store = RunStore(1 << 28)
+    engine = Engine({"tiny": llama}, "tiny", store, 1024)
+    store.backing = RunFiles(RunDir.open(tmp_path, int(size * 2.5)), engine.origin)  # room for two of these
+    with server(engine) as client:
+        made = [client.post("/api/runs", json={"text": TEXT}).json()["run_id"] for _ in range(4)]
+        store.backing.wait_idle(60)
+        on_disk_now = sorted(p.stem for p in tmp_path.glob("*.run"))
+        assert on_disk_now == sorted(made[-2:])  # the newest two; the cap holds
+        assert sum(p.stat().st_size for p in tmp_path.glob("*.run")) <= int(size * 2.5)
+        for run_id in made:  # every run still answers from memory
+            assert client.get(f"/api/runs/{run_id}").status_code == 200
+        long_run = client.post("/api/runs", json={"text": TEXT * 8}).json()["run_id"]  # its file is over the cap
+        store.backing.wait_idle(60)
+        assert not (tmp_path / f"{long_run}.run").exists()
+        assert client.get(f"/api/runs/{long_run}/heads", params={"wait": 30}).status_code == 200
+    with server(on_disk({"tiny": llama}, tmp_path)) as after:
+        assert after.get(f"/api/runs/{made[0]}").json()["code"] == "run_not_found"
+        assert after.get(f"/api/runs/{made[-1]}").status_code == 200
