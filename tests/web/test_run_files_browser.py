@@ -74,10 +74,12 @@ def test_download_a_run_and_open_it_with_the_picker_by_drop_and_by_its_link(page
     assert "attnscope-run/1" in json.dumps(header["__metadata__"])
     assert len(data) > 8 + size
 
-    # the file picker
+    # the file picker, from the keyboard
     path = tmp_path / name
     path.write_bytes(data)
-    page.get_by_test_id("run-file").set_input_files(str(path))
+    with page.expect_file_chooser() as chooser:
+        page.get_by_test_id("run-open").press("Enter")
+    chooser.value.set_files(str(path))
     first = opened(page, None)
     assert first != made[1]  # stored here under a new id
     assert tokens(page) == words
@@ -208,3 +210,37 @@ def test_save_as_html_says_its_size_then_downloads_the_page(page: object, base_u
     assert abs(mb - float(size[1])) <= 0.05 if size[2] == "MB" else abs(len(html) / 1024 - float(size[1])) <= 1
     assert page.get_by_test_id("html-offer").is_hidden()
     assert page.get_by_test_id("export-error").is_hidden()
+
+
+def test_save_as_html_of_a_longer_run_keeps_the_selected_heads_cells(page: object, base_url: str) -> None:
+    """Over the budget for every head's cells (about 100 tokens on the bundled model): every head's
+    thumbnail and the exact cells of the head selected, as the offer says."""
+    page.goto(f"{base_url}/?{urlencode({'text': PROMPT * 10, 'model': 'attnscope-tiny', 'layer': '2', 'head': '3'})}")
+    page.wait_for_function(DRAWN, timeout=60_000)
+    assert len(tokens(page)) > 120
+    page.get_by_test_id("run-html").click()
+    page.wait_for_selector("[data-testid=html-offer]:not([hidden])")
+    offer = page.get_by_test_id("html-offer-text").text_content()
+    size = re.match(r"\d+(?:\.\d)? (?:MB|KB)", offer)
+    assert size and offer == catalogue("en")["x.run.html_some"].replace("{size}", size[0]).replace("{heads}", "L2H3"), offer
+    with page.expect_response(lambda r: "format=html" in r.url and "dry_run" not in r.url) as answer, \
+            page.expect_download() as info:
+        page.get_by_test_id("html-offer-save").click()
+    assert "heads=2.3" in answer.value.url and answer.value.headers["x-attnscope-exact-heads"] == "2.3"
+    assert Path(info.value.path()).read_bytes()[:15].lower() == b"<!doctype html>"
+    # another run takes the offer away; Escape does too
+    page.get_by_test_id("run-html").click()
+    page.wait_for_selector("[data-testid=html-offer]:not([hidden])")
+    page.keyboard.press("Escape")
+    page.wait_for_selector("[data-testid=html-offer]", state="hidden")
+    assert page.evaluate("() => document.activeElement.dataset.testid") == "run-html"
+
+
+def test_a_file_over_the_body_limit_is_refused_in_chinese(page: object, base_url: str) -> None:
+    analysed(page, base_url, lang="zh")
+    page.get_by_test_id("run-file").set_input_files(  # the server takes at most 4 MiB (ATTNSCOPE_MAX_BODY_BYTES)
+        {"name": "big.attnscope", "mimeType": "application/octet-stream", "buffer": bytes(5 << 20)})
+    page.wait_for_function("() => !document.querySelector('[data-testid=error-message]').hidden")
+    said = page.get_by_test_id("error-message").text_content()
+    assert said == catalogue("zh")["err.body_too_large"].replace("{max_bytes}", str(4 << 20)), said
+    page.console_watch.errors = [e for e in page.console_watch.errors if "413" not in e]  # the refusal, expected

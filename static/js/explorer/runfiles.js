@@ -7,7 +7,7 @@
 import { $, el, isAbort } from "../dom.js";
 import { ApiError, getJSON, request } from "../api.js";
 import { state, toURL, urlExtras } from "../state.js";
-import { search } from "../page.js";
+import { isEmbedded, search } from "../page.js";
 import { lang, t } from "../i18n.js";
 import { report, showCut, showError } from "./errors.js";
 import { begin, end, latest } from "./requests.js";
@@ -83,7 +83,8 @@ export async function openRunFile(file) {
   showError("");
   const req = begin("analyse");
   try {
-    const body = await file.arrayBuffer(); // bytes, not a Blob: the notebook widget's frame posts them on
+    // the file itself, read as it is sent; the notebook widget's frame posts its bytes on
+    const body = isEmbedded() ? await file.arrayBuffer() : file;
     const r = await request("/api/runs/import", { method: "POST", headers: { "content-type": "application/octet-stream" },
                                                   body, signal: req.controller.signal });
     if (!r.ok) throw await refused(r);
