@@ -183,7 +183,8 @@ def test_a_run_of_a_model_not_loaded_here_shows_its_attention_and_its_tools_say_
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
-def test_save_as_html_says_its_size_then_downloads_the_page(page: object, base_url: str, lang: str) -> None:
+def test_save_as_html_says_its_size_then_downloads_the_page(page: object, base_url: str, lang: str,
+                                                          tmp_path: Path) -> None:
     offers = []
     for width in (1400, 390):  # the page drawn at each width
         page.set_viewport_size({"width": width, "height": 1000 if width > 1000 else 844})
@@ -210,6 +211,16 @@ def test_save_as_html_says_its_size_then_downloads_the_page(page: object, base_u
     assert abs(mb - float(size[1])) <= 0.05 if size[2] == "MB" else abs(len(html) / 1024 - float(size[1])) <= 1
     assert page.get_by_test_id("html-offer").is_hidden()
     assert page.get_by_test_id("export-error").is_hidden()
+    # the file, opened from disk with no server: it has none to send a run to, so it offers none of the three
+    saved = tmp_path / info.value.suggested_filename
+    saved.write_bytes(html)
+    offline = page.context.new_page()
+    offline.route("**/*", lambda route: route.continue_() if route.request.url == saved.as_uri() else route.abort())
+    offline.goto(saved.as_uri())
+    offline.wait_for_function(DRAWN, timeout=60_000)
+    for testid in ("run-download", "run-open", "run-html"):
+        assert offline.get_by_test_id(testid).is_hidden(), testid
+    offline.close()
 
 
 def test_save_as_html_of_a_longer_run_keeps_the_selected_heads_cells(page: object, base_url: str) -> None:
