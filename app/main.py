@@ -144,7 +144,8 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.add_middleware(Cors, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["content-type"])
     app.add_middleware(Utf8Json)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
+                       paths={"/api/runs/import": (settings.max_run_file_bytes, "ATTNSCOPE_MAX_RUN_FILE_BYTES")})
     app.add_middleware(AllowedHosts, bound=settings.host, allowed=settings.allowed_hosts)  # before anything else
     app.add_middleware(SecurityHeaders)  # outermost: every answer has the headers, refusals too
     return app

@@ -149,35 +149,37 @@ class Utf8Json:
 class BodyTooLarge(Exception):
     """Raised from ``receive`` when a body streams past the limit; the error handlers answer 413 with it."""
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, setting: str = "ATTNSCOPE_MAX_BODY_BYTES") -> None:
         self.max_bytes = max_bytes
-        super().__init__(f"request body is larger than the limit of {max_bytes:,} bytes (ATTNSCOPE_MAX_BODY_BYTES)")
+        super().__init__(f"request body is larger than the limit of {max_bytes:,} bytes ({setting})")
 
 
 class BodyLimit:
     """Answer 413 for bodies over ``max_bytes``, by Content-Length or as they stream in (chunked, no
-    Content-Length): the same answer either way."""
+    Content-Length): the same answer either way. ``paths``: a path with its own limit and the setting
+    that names it (a run file's import)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, paths: dict[str, tuple[int, str]] | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.paths = paths or {}
 
-    async def _reject(self, send: Send) -> None:
-        await send_error(send, 413, "body_too_large", str(BodyTooLarge(self.max_bytes)),
-                         {"max_bytes": self.max_bytes})
+    async def _reject(self, send: Send, limit: int, setting: str) -> None:
+        await send_error(send, 413, "body_too_large", str(BodyTooLarge(limit, setting)), {"max_bytes": limit})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit, setting = self.paths.get(scope.get("path", ""), (self.max_bytes, "ATTNSCOPE_MAX_BODY_BYTES"))
         for name, value in scope.get("headers", []):
             if name == b"content-length":
                 try:
-                    too_big = int(value) > self.max_bytes
+                    too_big = int(value) > limit
                 except ValueError:
                     too_big = False
                 if too_big:
-                    await self._reject(send)
+                    await self._reject(send, limit, setting)
                     return
         seen = 0
         started = False
@@ -187,8 +189,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)
+                if seen > limit:
+                    raise BodyTooLarge(limit, setting)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -201,7 +203,7 @@ class BodyLimit:
             await self.app(scope, limited_receive, tracking_send)
         except BodyTooLarge:  # read outside FastAPI's body parsing (which turns it into this 413 itself)
             if not started:
-                await self._reject(send)
+                await self._reject(send, limit, setting)
 
 
 class Cors(CORSMiddleware):

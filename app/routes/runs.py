@@ -285,7 +285,8 @@ def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
                  "schema": {"type": "string", "format": "binary"}}}}},
              summary="Store a run file (format=attnscope) as a run here",
              description="The body is a run file as `GET /api/runs/{id}/export?format=attnscope` gives it "
-                         "(at most ATTNSCOPE_MAX_BODY_BYTES: 413). Every part is checked before it is stored; a "
+                         "(at most ATTNSCOPE_MAX_RUN_FILE_BYTES, 512 MiB unless configured: 413). "
+                         "Every part is checked before it is stored; a "
                          "file that is not a complete run (truncated, another format, inconsistent shapes or "
                          "sizes) answers 422 `bad_run_file` and nothing is kept. 201 with the run, under a new "
                          "id. Its attention is served from what it keeps whatever model made it; a tool that "
@@ -293,7 +294,7 @@ def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
                          "model is loaded here as it was.")
 async def import_run(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
     data = await request.body()
-    result = await run_in_threadpool(files.import_run, engine, data=data, max_bytes=settings.max_body_bytes)
+    result = await run_in_threadpool(files.import_run, engine, data=data, max_bytes=settings.max_run_file_bytes)
     return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
 
 

@@ -126,7 +126,7 @@ def _check(r: Any, what: str) -> None:
 def _sent(run: str) -> set[tuple[str, str]]:
     """(method, path) of every request the corpus sends."""
     sent = {("POST", "/api/runs"), ("POST", "/api/generate"), ("POST", "/api/timing"), ("PUT", "/api/runs"),
-            ("DELETE", "/api/runs/x")}
+            ("DELETE", "/api/runs/x"), ("POST", "/api/runs/import")}
     sent |= {("GET", url.split("?")[0]) for url in _query_cases(run)}
     sent |= {("POST", path.format(run=run)) for path in POST_BODIES}
     return sent
@@ -152,6 +152,16 @@ def test_corpus_reaches_every_route_that_takes_input(raw: TestClient, run_id: st
 def test_bad_bodies_of_other_endpoints(raw: TestClient, run_id: str, path: str, i: int) -> None:
     body = POST_BODIES[path][i]
     _check(raw.post(path.format(run=run_id), json=body), f"{path} {json.dumps(body)[:80]}")
+
+
+@pytest.mark.parametrize("i", range(len(_raw_bodies())))
+def test_raw_bodies_as_run_files(raw: TestClient, i: int) -> None:
+    """Every raw body as a run file to import: refused (422 bad_run_file, 413), never stored, never a 5xx."""
+    body, _headers = _raw_bodies()[i]
+    before = len(raw.app.state.engine.store)
+    r = raw.post("/api/runs/import", content=body, headers={"content-type": "application/octet-stream"})
+    _check(r, f"import {body[:40]!r}")
+    assert len(raw.app.state.engine.store) == before
 
 
 @pytest.mark.parametrize("i", range(len(_raw_bodies())))

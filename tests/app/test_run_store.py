@@ -47,8 +47,8 @@ def on_disk(models: dict[str, LoadedModel], folder: Path | None, default: str = 
 
 
 @contextmanager
-def server(engine: Engine) -> Iterator[TestClient]:
-    with TestClient(create_app(Settings(models={}, default_model=engine.default), engine)) as client:
+def server(engine: Engine, **settings: int) -> Iterator[TestClient]:
+    with TestClient(create_app(Settings(models={}, default_model=engine.default, **settings), engine)) as client:
         yield client
     engine.close()  # a stopped server: its queued writes are written, its threads end
 
@@ -132,7 +132,7 @@ def test_a_run_file_travels_to_another_server(llama: LoadedModel, tmp_path: Path
 
 
 def test_hostile_run_files_are_refused_and_nothing_is_kept(llama: LoadedModel, tmp_path: Path) -> None:
-    with server(on_disk({"tiny": llama}, tmp_path)) as client:
+    with server(on_disk({"tiny": llama}, tmp_path), max_run_file_bytes=4 << 20) as client:
         good = client.get(f"/api/runs/{client.post('/api/runs', json={'text': TEXT}).json()['run_id']}/export",
                           params={"format": "attnscope"}).content
         kept = len(client.app.state.engine.store)
@@ -152,7 +152,8 @@ def test_hostile_run_files_are_refused_and_nothing_is_kept(llama: LoadedModel, t
             assert got.json()["code"] == "bad_run_file", what
         too_big = client.post("/api/runs/import", content=b"\0" * (5 << 20),
                               headers={"content-type": "application/octet-stream"})
-        assert too_big.status_code == 413
+        assert too_big.status_code == 413 and "ATTNSCOPE_MAX_RUN_FILE_BYTES" in too_big.json()["message"]
+        assert client.post("/api/runs", content=b"{" * (5 << 20)).json()["params"] == {"max_bytes": 4 << 20}
         assert len(client.app.state.engine.store) == kept
 
 

@@ -73,6 +73,9 @@ REQUESTS: dict[str, list[Request]] = {
     "POST /api/runs/{run_id}/ablate/scan": [("POST", "/api/runs/{run}/ablate/scan", {"position": 3})],
     "POST /api/patch": [("POST", "/api/patch", {"clean": "the cat sat", "corrupted": "the dog sat",
                                                 "answer": " on", "wrong": " the"})],
+    # the body: that run's file (format=attnscope), sent as bytes
+    "POST /api/runs/import": [("POST", "/api/runs/import", {"file_of": "run"}), ("POST", "/api/runs/import",
+                                                                               {"file_of": "enc"})],
 }
 
 
@@ -106,7 +109,11 @@ def test_every_json_endpoint_has_requests(client: TestClient) -> None:
 def test_json_is_exactly_the_response_model(client: TestClient, runs: dict[str, str], operation: str) -> None:
     adapter = _json_operations(client)[operation]
     for method, url, body in REQUESTS[operation]:
-        r = client.request(method, url.format(**runs), json=body)
+        if isinstance(body, dict) and "file_of" in body:
+            file = client.get(f"/api/runs/{runs[body['file_of']]}/export", params={"format": "attnscope"}).content
+            r = client.request(method, url, content=file, headers={"content-type": "application/octet-stream"})
+        else:
+            r = client.request(method, url.format(**runs), json=body)
         assert r.status_code in (200, 201), f"{url}: {r.status_code} {r.text[:300]}"
         sent = r.json()
         assert adapter.dump_python(adapter.validate_python(sent), mode="json") == sent, url
