@@ -33,7 +33,7 @@ from attnscope.app.main import create_app  # noqa: E402
 from attnscope.app.settings import Settings  # noqa: E402
 from attnscope.model.load.models import load_model  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import publish  # noqa: E402
 from tests.support.browser import ARGS, CHROMIUM  # noqa: E402
 from tests.support.jupyter import lab, notebook, run_all, widget_frame  # noqa: E402
 from tests.support.servers import serve  # noqa: E402
@@ -179,12 +179,7 @@ def main() -> None:
                      f"{r['widget_click']:.0f} ms | {r['click']:.0f} ms | **{r['widget_click'] / r['click']:.2f}×** | "  # noqa: RUF001
                      f"{r['received'] / 1e6:.2f} MB / {r['sent'] / 1e3:.1f} kB | {r['open_bytes'] / 1e6:.2f} MB | "
                      f"{r['click_wire'] / 1e3:.1f} kB | {r['click_bytes'] / 1e3:.1f} kB |")
-    text = "\n".join(table)
-    sys.stdout.write(text + "\n")
-    if args.write:
-        write_section(args.write, "notebook", text,
-                      f"python bench/notebook.py --lengths {args.lengths} --repeats {args.repeats} --write BENCHMARKS.md")
-
+    publish(table, args.write, "notebook", f"python bench/notebook.py --lengths {args.lengths} --repeats {args.repeats} --write BENCHMARKS.md")
 
 if __name__ == "__main__":
     main()

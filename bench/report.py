@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -20,3 +21,11 @@ def write_section(path: Path, key: str, body: str, command: str) -> None:
     else:
         new = old.rstrip() + "\n\n" + block + "\n"
     path.write_text(new, encoding="utf-8")
+
+
+def publish(lines: list[str], write: Path | None, key: str, command: str) -> None:
+    """Print a benchmark's table and, with ``--write``, put it in that file's ``key`` section."""
+    text = "\n".join(lines)
+    sys.stdout.write(text + "\n")
+    if write is not None:
+        write_section(write, key, text, command)

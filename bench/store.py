@@ -39,7 +39,7 @@ from attnscope.model.runs.record import RunStore  # noqa: E402
 from attnscope.model.services.engine import Engine  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
 from bench.long import text_of  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import publish  # noqa: E402
 from tests.support.browser import ARGS, CHROMIUM  # noqa: E402
 from tests.support.families import long_llama  # noqa: E402
 from tests.support.tinytok import tiny_tokenizer  # noqa: E402
@@ -164,12 +164,7 @@ def main() -> None:
     size, first = html_timing(bundled, args.repeats)
     table += ["", "| standalone HTML of a 64-token bundled run | bytes | file:// → first heatmap (Chromium, every "
               "request blocked) |", "|---|---|---|", f"| every head exact | {size:,} ({size / 1e6:.2f} MB) | {first:,.0f} ms |"]
-    text_out = "\n".join(table)
-    sys.stdout.write(text_out + "\n")
-    if args.write:
-        write_section(args.write, "store", text_out,
-                      f"python bench/store.py --repeats {args.repeats} --long {args.long} --write BENCHMARKS.md")
-
+    publish(table, args.write, "store", f"python bench/store.py --repeats {args.repeats} --long {args.long} --write BENCHMARKS.md")
 
 if __name__ == "__main__":
     main()

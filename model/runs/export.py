@@ -36,7 +36,7 @@ from safetensors.torch import load, save
 from attnscope.model.runs.attention import logits
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.runfile import FORMAT as RUN_FORMAT
-from attnscope.model.runs.runfile import META_KEY, visible_ranges
+from attnscope.model.runs.runfile import META_KEY, layer_tensors, visible_ranges
 
 __all__ = ["FORMAT", "KeptRun", "to_safetensors", "visible_ranges"]
 
@@ -45,22 +45,8 @@ FORMAT = "attnscope-run-tensors/1"
 
 def to_safetensors(cache: RunRecord, run: dict[str, Any]) -> bytes:
     """The file's bytes; ``run`` is the run's JSON summary (model, text, tokens, heads, model_info)."""
-    tensors: dict[str, torch.Tensor] = {"input_ids": cache.input_ids.cpu().contiguous()}
-    params = []
-    for i, layer in enumerate(cache.attention):
-        tensors[f"blocks.{i}.attn.hook_rot_q"] = layer.q
-        tensors[f"blocks.{i}.attn.hook_rot_k"] = layer.k
-        tensors[f"blocks.{i}.attn.lse"] = layer.lse
-        if layer.bias is not None:
-            tensors[f"blocks.{i}.attn.alibi"] = layer.bias
-        tensors[f"blocks.{i}.attn.visible"] = visible_ranges(layer)
-        if i == 0:  # block i's resid_pre is block i-1's resid_post: kept once
-            tensors["blocks.0.hook_resid_pre"] = cache.resid[0]
-        tensors[f"blocks.{i}.hook_attn_out"] = cache.attn_out[i]
-        tensors[f"blocks.{i}.hook_mlp_out"] = cache.mlp_out[i]
-        tensors[f"blocks.{i}.hook_resid_post"] = cache.resid[i + 1]
-        params.append({"scaling": layer.scaling, "softcap": layer.softcap, "groups": layer.groups})
-    tensors = {name: t.detach().cpu().contiguous() for name, t in tensors.items()}
+    tensors = layer_tensors(cache)  # the run file's tensors, under the same names
+    params = [{"scaling": layer.scaling, "softcap": layer.softcap, "groups": layer.groups} for layer in cache.attention]
     meta = {"format": FORMAT, "run": json.dumps(run, separators=(",", ":")),
             "attention": json.dumps(params, separators=(",", ":"))}
     data: bytes = save(tensors, metadata=meta)

@@ -39,8 +39,28 @@ def import_run(engine: Engine, *, data: bytes, max_bytes: int) -> RunResult:
     return RunResult(run_id=run_id, cache=record)
 
 
+class RecordView:
+    """What a run says of itself, read from its record (``Run`` on a Scope, ``RunFile`` from a file)."""
+
+    @property
+    def record(self) -> RunRecord:
+        raise NotImplementedError
+
+    @property
+    def text(self) -> str:
+        return self.record.text
+
+    @property
+    def tokens(self) -> list[Token]:
+        return list(self.record.summary.tokens)
+
+    @property
+    def predictions(self) -> list[PositionPrediction]:
+        return list(self.record.summary.predictions)
+
+
 @dataclass(frozen=True)
-class RunFile:
+class RunFile(RecordView):
     """A run file read without a model (``attnscope.load``): its text, tokens, predictions, head scores and
     any head's exact attention, rebuilt from the kept Q and K. The tools need the model: ``scope.load``."""
 
@@ -56,20 +76,8 @@ class RunFile:
         return self.stored.record
 
     @property
-    def text(self) -> str:
-        return self.record.text
-
-    @property
     def model(self) -> str:
         return self.record.model
-
-    @property
-    def tokens(self) -> list[Token]:
-        return list(self.record.summary.tokens)
-
-    @property
-    def predictions(self) -> list[PositionPrediction]:
-        return list(self.record.summary.predictions)
 
     def heads(self) -> list[HeadScore]:
         """Every head's scores as the file holds them (a file saved before its late scores came has None

@@ -36,8 +36,7 @@ from attnscope.model.learn.embedding import Neighbourhood
 from attnscope.model.learn.positions import PositionTable
 from attnscope.model.learn.values import Contributions
 from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspect_model, load_model
-from attnscope.model.load.tokens import Token
-from attnscope.model.results import LogitLens, NextDistribution, PositionPrediction
+from attnscope.model.results import LogitLens, NextDistribution
 from attnscope.model.runs.persist import record_of
 from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
@@ -203,7 +202,7 @@ class Scope:
 
 
 @dataclass(frozen=True)
-class Run:
+class Run(files.RecordView):
     """One analysed prompt, kept by its Scope (``Run.record``: what it keeps)."""
 
     scope: Scope
@@ -212,18 +211,6 @@ class Run:
     @property
     def record(self) -> RunRecord:
         return self.scope.engine.run(self.run_id)
-
-    @property
-    def text(self) -> str:
-        return self.record.text
-
-    @property
-    def tokens(self) -> list[Token]:
-        return list(self.record.summary.tokens)
-
-    @property
-    def predictions(self) -> list[PositionPrediction]:
-        return list(self.record.summary.predictions)
 
     def attention(self, layer: int, head: int, *, q0: int | None = None, q1: int | None = None,
                   k0: int | None = None, k1: int | None = None, size: int | None = None,
