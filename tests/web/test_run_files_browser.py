@@ -15,6 +15,9 @@ from urllib.parse import parse_qs, urlencode, urlparse
 import pytest
 from fastapi.testclient import TestClient
 
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.services.engine import Engine
 from tests.support.browser import shot
 from tests.support.i18n_check import catalogue
 
@@ -247,11 +250,19 @@ def test_save_as_html_of_a_longer_run_keeps_the_selected_heads_cells(page: objec
     assert page.evaluate("() => document.activeElement.dataset.testid") == "run-html"
 
 
-def test_a_file_over_the_body_limit_is_refused_in_chinese(page: object, base_url: str) -> None:
+def test_a_file_over_the_size_limit_is_refused_in_chinese(page: object, base_url: str, engine: Engine) -> None:
+    """The server's 413 for a run file over ATTNSCOPE_MAX_RUN_FILE_BYTES (512 MiB unless configured: here
+    the answer of a server configured with 64 KiB, handed to the page as its answer to the import)."""
+    small = Settings(models={}, default_model="tiny-gpt2", max_run_file_bytes=64 << 10)
+    with TestClient(create_app(small, engine)) as client:
+        refusal = client.post("/api/runs/import", content=bytes(100 << 10), headers={"content-type": "application/octet-stream"})
+    assert refusal.status_code == 413 and refusal.json()["code"] == "body_too_large", refusal.text[:300]
+    page.route("**/api/runs/import", lambda route: route.fulfill(
+        status=413, content_type=refusal.headers["content-type"], body=refusal.content))
     analysed(page, base_url, lang="zh")
-    page.get_by_test_id("run-file").set_input_files(  # the server takes at most 4 MiB (ATTNSCOPE_MAX_BODY_BYTES)
-        {"name": "big.attnscope", "mimeType": "application/octet-stream", "buffer": bytes(5 << 20)})
+    page.get_by_test_id("run-file").set_input_files(
+        {"name": "big.attnscope", "mimeType": "application/octet-stream", "buffer": bytes(100 << 10)})
     page.wait_for_function("() => !document.querySelector('[data-testid=error-message]').hidden")
     said = page.get_by_test_id("error-message").text_content()
-    assert said == catalogue("zh")["err.body_too_large"].replace("{max_bytes}", str(4 << 20)), said
+    assert said == catalogue("zh")["err.body_too_large"].replace("{max_bytes}", str(64 << 10)), said
     page.console_watch.errors = [e for e in page.console_watch.errors if "413" not in e]  # the refusal, expected
