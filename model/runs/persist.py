@@ -8,6 +8,7 @@ model is not loaded here: the run is then written without them)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -16,12 +17,14 @@ from dataclasses import dataclass
 
 from attnscope.model.errors import BadRunFile, EngineError, Param
 from attnscope.model.runs import runfile
-from attnscope.model.runs.disk import RunDir
+from attnscope.model.runs.disk import RunDir, valid_id
 from attnscope.model.runs.jobthread import JobThread
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.scores.late import PendingScores
 
 log = logging.getLogger(__name__)
+COMING = "coming"  # the run directory's folder of markers: a run's file being written
+COMING_S = 30.0  # the longest a worker waits for another's file (and the age of a marker left by a dead one)
 
 
 @dataclass(frozen=True)
@@ -48,10 +51,21 @@ class RunFiles(JobThread[_Write]):
         self.folder = folder
         self.describe = describe
         self.written = 0  # files written (tests, logs)
+        # "this run's file is on its way": made before the analyse answers, removed once the file is there,
+        # so that another worker asked for the run meanwhile waits for the file instead of answering 404
+        self.coming = folder.path / COMING
+        self.coming.mkdir(exist_ok=True)
+        now = time.time()
+        for marker in self.coming.iterdir():  # a writer killed before it finished: not coming any more
+            with contextlib.suppress(OSError):
+                if now - marker.stat().st_mtime > COMING_S:
+                    marker.unlink()
 
     # ---- the store's side ------------------------------------------------------------------------
     def saved(self, run_id: str, record: RunRecord) -> None:
         """Write the run's file soon (after an add, or when its late head scores were settled)."""
+        with contextlib.suppress(OSError):  # cheap, before the response: other workers will wait for it
+            (self.coming / run_id).touch()
         with self._cond:
             self._closed = False
             self._jobs = type(self._jobs)(j for j in self._jobs if j.run_id != run_id)  # only the newest state
@@ -62,6 +76,10 @@ class RunFiles(JobThread[_Write]):
         """The run read back from its file (None: no file). A file that is not a usable run is set aside
         and refused (``BadRunFile``, 422)."""
         data = self.folder.get(run_id)
+        deadline = time.monotonic() + COMING_S
+        while data is None and valid_id(run_id) and (self.coming / run_id).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)  # another worker is writing it (it answered the analyse a moment ago)
+            data = self.folder.get(run_id)
         if data is None:
             return None
         try:
@@ -87,6 +105,9 @@ class RunFiles(JobThread[_Write]):
             log.warning("run %s is not kept on disk: %s", job.run_id, err.message)
         except OSError as err:  # a full disk, a directory removed under us: memory only, said once a run
             log.warning("run %s could not be written to %s: %s", job.run_id, self.folder.path, err)
+        finally:
+            with contextlib.suppress(OSError):
+                (self.coming / job.run_id).unlink(missing_ok=True)
 
     def claim(self, run_id: str) -> AbstractContextManager[bool]:
         """Across processes sharing the directory: whether this one computes the run's late scores now."""

@@ -68,8 +68,11 @@ def test_two_workers_share_the_run_directory(tiny_dirs: dict[str, Path], tmp_pat
         while len(workers) < 2 and time.monotonic() < deadline:  # both answer (each loaded the model)
             workers.add(int(fresh(url, "/api/health").json()["worker"]))
         assert len(workers) == 2
-        made = [httpx.post(f"{url}/api/runs", json={"text": f"{TEXT} {i}"}, timeout=60).json()["run_id"]
-                for i in range(4)]
+        made = []
+        for i in range(4):  # at once after the analyse, on new connections: the other worker waits for the file
+            made.append(httpx.post(f"{url}/api/runs", json={"text": f"{TEXT * 4} {i}"}, timeout=60).json()["run_id"])
+            for _ in range(4):
+                assert fresh(url, f"/api/runs/{made[-1]}").status_code == 200
         answered: dict[str, set[int]] = {}
         for run_id in made:
             pattern = None
