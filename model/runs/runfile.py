@@ -248,7 +248,9 @@ def _safetensors_header(data: bytes, max_bytes: int) -> tuple[dict[str, Any], in
     _need(len(data) <= max_bytes, f"the file is {len(data):,} bytes, more than the {max_bytes:,} allowed")
     _need(len(data) >= 8, f"the file is {len(data)} bytes: too short to hold a header (truncated?)")
     length = int.from_bytes(data[:8], "little")
-    _need(length <= HEADER_CAP, f"the header declares {length:,} bytes, more than the {HEADER_CAP:,} allowed")
+    _need(length <= HEADER_CAP,
+          "it does not begin as a run file does (8 bytes of header length, then its JSON header): another kind "
+          "of file?")
     _need(8 + length <= len(data), f"the header declares {length:,} bytes but the file holds {len(data) - 8:,} "
                                    "after its length (truncated?)")
     try:

@@ -33,7 +33,7 @@ export default {
  "err.run_not_found": "服务器找不到这次运行：请重新运行提示词。",
  "err.run_expired": "服务器已不再保存这次运行：请再点一次按钮重新运行。",
  "err.run_link_unknown": "链接中的运行（{run_id}）不在本服务器上：已改为重新分析链接中的文本。",
- "err.bad_run_file": "这不是可用的 attnscope 运行文件：{reason}",
+ "err.bad_run_file": "这不是可用的 attnscope 运行文件：它可能不完整、已损坏，或者根本是另一种文件（服务器的说明：{reason}）。",
  "err.run_model_missing": "这次运行是用模型 {model} 做的，而本服务器没有加载它（已加载：{available}）：注意力可从运行记录中显示，但此操作需要该模型。",
  "err.run_model_changed": "自这次运行以来，模型 {model} 已经改变（权重或配置不同）：注意力可从运行记录中显示，但此操作需要当时的模型。",
  "err.run_over_disk": "这次运行的文件大小为 {size}，而运行目录最多只能容纳 {cap}。",

@@ -251,7 +251,7 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
     "empty": (lambda: b"", "too short"),
     "truncated": (lambda: _good()[: len(_good()) // 2], "truncated"),
     "header longer than the file": (lambda: (10_000_000).to_bytes(8, "little") + b"{}" * 10, "truncated"),
-    "header over the cap": (lambda: (HEADER_CAP + 1).to_bytes(8, "little") + b"\0" * 64, "more than the"),
+    "header over the cap": (lambda: (HEADER_CAP + 1).to_bytes(8, "little") + b"\0" * 64, "does not begin as a run file does"),
     "header not JSON": (lambda: (12).to_bytes(8, "little") + b"{not json!!}" + b"\0" * 8, "not JSON"),
     "header not UTF-8": (lambda: (4).to_bytes(8, "little") + b"\xff\xfe{}", "not JSON"),
     "header nested deeply": (lambda: _join_raw(b"[" * 100_000 + b"]" * 100_000), "not JSON"),
