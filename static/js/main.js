@@ -70,7 +70,7 @@ async function init() {
 
   $("#analyze").addEventListener("click", () => analyse());
   $("#prompt").addEventListener("keydown", (ev) => {
-    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey)) analyse();
+    if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey) && !ev.target.readOnly) analyse(); // read-only: a saved file
   });
   for (const b of document.querySelectorAll(".example")) {
     b.addEventListener("click", () => { $("#prompt").value = b.dataset.example; analyse(); });

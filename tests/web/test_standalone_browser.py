@@ -121,6 +121,13 @@ def test_the_file_draws_redraws_focuses_and_speaks_chinese_with_the_network_bloc
         assert page.locator("[data-testid=mask-legend]").is_visible() and page.locator("#legend-swatch").is_visible()
         page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell]').length === 48")
         page.wait_for_function("() => document.querySelectorAll('[data-testid=head-cell] [data-badge]').length > 0")
+        # nothing that would ask for another run is offered: no Analyse, examples, generation or run exports
+        for testid in ("analyze-button", "example-repeat", "generate-button", "export-json", "export-kept",
+                       "run-open", "run-download", "run-html"):
+            assert not page.get_by_test_id(testid).is_visible(), testid
+        assert page.get_by_test_id("prompt-input").evaluate("e => e.readOnly")
+        page.get_by_test_id("prompt-input").press("Control+Enter")  # read-only: nothing is sent
+        assert not page.evaluate("() => document.body.dataset.busy") and error_text(page) == ""
         shot(page, "standalone-64")
 
         page.locator("[data-testid=head-cell][data-layer='4'][data-head='0']").click()

@@ -232,8 +232,12 @@ export function forgetOffer() {
 // `exporting` says an export's failure under the export buttons (export.js).
 export function wireRunFiles(exporting) {
   const buttons = ["#run-download", "#run-open", "#run-html"];
-  if (offline) { // the file has no server to hand a run to
-    for (const id of buttons) $(id).hidden = true;
+  if (offline) { // the file holds one run and no server: nothing here may ask for another run
+    const serverOnly = [...buttons, "#analyze", "#run-hint", ".examples", "#chat-toggle", "#export-json",
+                        "#export-kept", ".heat-tools.gen"];
+    for (const sel of serverOnly) for (const node of document.querySelectorAll(sel)) node.hidden = true;
+    $("#prompt").readOnly = true; // its text is the saved run's
+    $("#model-picker").disabled = true;
     return;
   }
   $("#run-download").addEventListener("click", exporting(downloadRun));
