@@ -202,6 +202,8 @@ def test_every_code_has_its_params_and_its_text_in_both_catalogues() -> None:
     assert error_key("network") == "err.network"  # said when no answer came (static/js/api.js)
     # a standalone HTML file's answers to what it did not save (static/js/embed/offline.js)
     assert error_key("offline_file") == "err.offline_file"
-    assert placeholders("err.offline_file") == {"request"}
+    assert placeholders("err.offline_file") <= {"request"}  # the request itself is not shown to a reader
+    for code in ("run_link_unknown", "run_link_unknown_default"):  # a link's run this server does not keep
+        assert error_key(code) == f"err.{code}" and placeholders(f"err.{code}") == {"run_id"}
     assert error_key("offline_head") == "err.offline_head"
     assert placeholders("err.offline_head") == {"kept", "layer", "head"}

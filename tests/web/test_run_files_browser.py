@@ -90,6 +90,8 @@ def test_download_a_run_and_open_it_with_the_picker_by_drop_and_by_its_link(page
     assert page.get_by_test_id("head-cell").count() > 0
     assert page.get_by_test_id("error-message").is_hidden()
     assert page.get_by_test_id("prompt-input").input_value() == PROMPT
+    said = catalogue("en")["x.run.opened"].replace("{tokens}", str(len(words))).replace("{model}", "attnscope-tiny")
+    assert page.get_by_test_id("run-note").text_content() == said  # the page says that a file was opened
     shot(page, "run-files-opened-1400")
 
     # a file dropped anywhere on the page
@@ -128,6 +130,12 @@ def test_a_link_to_an_unknown_run_says_so_and_analyses_its_text(page: object, ba
     assert page.get_by_test_id("error-message").text_content() == said
     assert tokens(page)  # the link's text, analysed
     assert run_param(page) is None
+    assert page.get_by_test_id("run-note").is_hidden()
+    page.goto(f"{base_url}/?{urlencode({'run': 'no-such-run', 'lang': 'en'})}")  # no text: the example is analysed
+    page.wait_for_function(DRAWN, timeout=60_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=error-message]').hidden")
+    said = catalogue("en")["err.run_link_unknown_default"].replace("{run_id}", "no-such-run")
+    assert page.get_by_test_id("error-message").text_content() == said
     page.console_watch.errors = [e for e in page.console_watch.errors if "404" not in e]  # the refusal, expected
 
 

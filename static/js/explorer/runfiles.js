@@ -93,8 +93,13 @@ export async function openRunFile(file) {
     showCut(null);
     hideStatus();
     await show(run);
+    opening = { tokens: run.tokens.length, model: run.model }; // said until the next run
+    showOpened();
   } catch (err) {
-    if (latest(req)) report(err);
+    if (latest(req)) {
+      report(err);
+      $("#error").scrollIntoView({ block: "nearest" }); // the button may be far below it (a phone)
+    }
   } finally {
     end(req);
   }
@@ -120,7 +125,8 @@ export async function openStored(runId, initial) {
   // a link to a run this server does not keep (another server's, or one gone since): said in the
   // page's words, which a language switch redraws; anything else as the server said it
   const gone = failure && (failure.code === "run_not_found" || failure.code === "run_expired");
-  report(gone ? new ApiError(failure.status, "", "run_link_unknown", { run_id: runId }) : failure);
+  const code = initial && initial.text ? "run_link_unknown" : "run_link_unknown_default"; // the link's text, or the example
+  report(gone ? new ApiError(failure.status, "", code, { run_id: runId }) : failure);
 }
 
 // the run id a link asks for, or null
@@ -222,9 +228,19 @@ export function cancelHTML() {
   $("#run-html").focus();
 }
 
-// the offer is about one run: another run takes it away
+// the offer is about one run: another run takes it away (and the note that a file was opened)
 export function forgetOffer() {
   if (offer && offer.run !== state.run) cancelHTML();
+  opening = null;
+  showOpened();
+}
+
+// "Opened a run file: N tokens, model M", under the run actions, until the next run
+let opening = null;
+function showOpened() {
+  const note = $("#run-note");
+  note.textContent = opening ? t("x.run.opened", opening) : "";
+  note.hidden = !opening;
 }
 
 // ---- wiring -------------------------------------------------------------------------------------------
@@ -254,5 +270,8 @@ export function wireRunFiles(exporting) {
   wireDrop();
 }
 
-// The offer in the current language.
-export const repaintRunFiles = showOffer;
+// The offer and the note in the current language.
+export function repaintRunFiles() {
+  showOffer();
+  showOpened();
+}

@@ -36,7 +36,8 @@ export async function render(body, ctx) {
     chart, summary);
 
   async function draw() {
-    const params = new URLSearchParams({ position: pos, token: tokenPick.value });
+    const params = new URLSearchParams({ position: pos }); // no token: the server's own top prediction
+    if (tokenPick.value) params.set("token", tokenPick.value); // none offered (a run without predictions here)
     if (minusPick.value) params.set("token_b", minusPick.value);
     const a = await getJSON(`/api/runs/${encodeURIComponent(run.run_id)}/attribution?${params}`);
     const L = run.n_layers;
