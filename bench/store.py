@@ -6,7 +6,8 @@ directory (the write queued to a background thread) against the same engine in m
 sees); the run file's bytes, the time to write it (dump + fsync + rename) and to read it back (read +
 every check + the record rebuilt); and after a restart, the time to the first heatmap bytes of a stored
 run (GET …/attention?format=bin on a fresh app whose memory holds nothing: the file is read, the head
-rebuilt from its Q and K). The bundled model at 64 and 1,024 tokens (its limit), the config-built
+rebuilt from its Q and K), and a shared link ``/?run=ID`` opened in Chromium on another freshly started
+server to its heatmap drawn. The bundled model at 64 and 1,024 tokens (its limit), the config-built
 long-context Llama at 1,024 and 16,384. Then the standalone HTML of a 64-token bundled run: bytes, and
 the time from opening it at file:// (every request blocked) to the first heatmap, in Chromium.
 
@@ -42,6 +43,7 @@ from bench.long import text_of  # noqa: E402
 from bench.report import publish  # noqa: E402
 from tests.support.browser import ARGS, CHROMIUM  # noqa: E402
 from tests.support.families import long_llama  # noqa: E402
+from tests.support.servers import serve  # noqa: E402
 from tests.support.tinytok import tiny_tokenizer  # noqa: E402
 
 log = logging.getLogger("bench.store")
@@ -98,15 +100,35 @@ def measure(lm: LoadedModel, text: str, repeats: int, folder: Path) -> dict[str,
                                                                       **({"size": 256} if record.n > 1024 else {})})
         first = time.perf_counter() - t0
         assert got_bin.status_code == 200, got_bin.text
+    linked = link_to_heatmap(engine(lm, folder), run_id, record.n)  # another restart: a shared link opened
     for eng in (memory, disk, restarted):
         eng.close()
     out = {k: statistics.median(v[1:]) for k, v in rows.items()}  # the warm-up pair left out
     out["restart_first"] = first
+    out["restart_link"] = linked
     out["n"] = float(record.n)
     log.info("%s n=%d: analyse memory %.0f ms, disk %.0f ms; file %.1f MB: dump %.0f ms, put %.0f ms, read %.0f ms; "
              "after a restart, first heatmap bytes in %.0f ms", lm.info.name, record.n, 1e3 * out["memory"],
              1e3 * out["disk"], out["bytes"] / 1e6, 1e3 * out["dump"], 1e3 * out["put"], 1e3 * out["read"], 1e3 * first)
     return out
+
+
+def link_to_heatmap(eng: Engine, run_id: str, n: int) -> float:
+    """ms from opening ``/?run=ID`` (a shared link) in Chromium on a freshly started server to the heatmap
+    drawn: the page, its scripts and plotly.js, the run read from its file, the first heatmap."""
+    from playwright.sync_api import sync_playwright
+
+    settings = Settings(models={}, default_model=eng.default, max_cells=1 << 40)
+    with serve(create_app(settings, eng)) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(f"{url}/?run={run_id}")
+        page.wait_for_function("(n) => { const d = document.querySelector('[data-testid=heatmap]');"
+                               " return d && d.dataset.drawnAt && d.dataset.n === String(n); }", arg=n, timeout=600_000)
+        drawn = float(page.evaluate("() => Number(document.querySelector('[data-testid=heatmap]').dataset.drawnAt)"))
+        browser.close()
+    eng.close()
+    return drawn
 
 
 def html_timing(lm: LoadedModel, repeats: int) -> tuple[int, float]:
@@ -153,14 +175,16 @@ def main() -> None:
     cases += [(long, text_of(int(n))) for n in args.long.split(",") if n]
     table = ["| model | tokens | analyse → response: memory only | with the run directory | added | run file | "
              "write (dump + fsync + rename, in the background) | read back (checked, rebuilt) | kept in memory | "
-             "after a restart: first heatmap bytes |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "after a restart: first heatmap bytes | a shared link `/?run=ID` opened after a restart → heatmap drawn |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for lm, text in cases:
         with tempfile.TemporaryDirectory() as tmp:
             r = measure(lm, text, args.repeats, Path(tmp))
         added = r["disk"] / r["memory"] - 1
         table.append(f"| {lm.info.name} | {r['n']:,.0f} | {1e3 * r['memory']:,.0f} ms | {1e3 * r['disk']:,.0f} ms | "
                      f"**{100 * added:+.1f} %** | {r['bytes'] / 2**20:,.1f} MiB | {1e3 * (r['dump'] + r['put']):,.0f} ms | "
-                     f"{1e3 * r['read']:,.0f} ms | {r['kept'] / 2**20:,.1f} MiB | {1e3 * r['restart_first']:,.0f} ms |")
+                     f"{1e3 * r['read']:,.0f} ms | {r['kept'] / 2**20:,.1f} MiB | {1e3 * r['restart_first']:,.0f} ms | "
+                     f"{r['restart_link']:,.0f} ms |")
     size, first = html_timing(bundled, args.repeats)
     table += ["", "| standalone HTML of a 64-token bundled run | bytes | file:// → first heatmap (Chromium, every "
               "request blocked) |", "|---|---|---|", f"| every head exact | {size:,} ({size / 1e6:.2f} MB) | {first:,.0f} ms |"]
