@@ -1,9 +1,9 @@
 """What keeping runs on disk costs, side by side in one run.
 
 Per model and length: the analyse → response time of an engine whose runs are also written to a run
-directory (the write queued to a background thread) against the same engine in memory only, alternating
-(the write of one run is left to finish before the next analyse: what a person waiting for the response
-sees); the run file's bytes, the time to write it (dump + fsync + rename) and to read it back (read +
+directory (the write queued to a background thread) against the same engine in memory only, in
+alternating order (ABBA; the write of one run is left to finish before the next analyse: what a person
+waiting for the response sees); the run file's bytes, the time to write it (dump + fsync + rename) and to read it back (read +
 every check + the record rebuilt); and after a restart, the time to the first heatmap bytes of a stored
 run (GET …/attention?format=bin on a fresh app whose memory holds nothing: the file is read, the head
 rebuilt from its Q and K), and a shared link ``/?run=ID`` opened in Chromium on another freshly started
@@ -64,27 +64,27 @@ def measure(lm: LoadedModel, text: str, repeats: int, folder: Path) -> dict[str,
     disk.origin_of(lm.info.name)  # the fingerprint once, as a server computes it at its first write
     rows: dict[str, list[float]] = {}
     run_id = ""
-    for _ in range(repeats + 1):  # the first pair warms up
-        for name, eng in (("memory", memory), ("disk", disk)):
+    for i in range(repeats + 1):  # the first pair warms up; the order alternates (ABBA), nothing else between
+        pair = (("memory", memory), ("disk", disk)) if i % 2 == 0 else (("disk", disk), ("memory", memory))
+        for name, eng in pair:
             t0 = time.perf_counter()
             result = eng.analyse(text)
             rows.setdefault(name, []).append(time.perf_counter() - t0)
-            eng.scores.wait_idle(600)
+            eng.scores.wait_idle(600)  # its late scores, and with the directory their file, before the next
             if name == "disk":
                 run_id = result.run_id
                 backing.wait_idle(600)
-            else:
-                eng.store.get(result.run_id)  # the same work after the response (nothing)
-        record = disk.store.get(run_id)
-        origin = disk.origin(record)
-        assert origin is not None
+    record = disk.store.get(run_id)
+    origin = disk.origin(record)
+    assert origin is not None
+    for i in range(repeats + 1):  # the file's own costs, measured apart (the writer thread does this)
         t0 = time.perf_counter()
         data = runfile.dump(record, model_fingerprint=origin.model_fingerprint,
                             tokenizer_fingerprint=origin.tokenizer_fingerprint, dtype=origin.dtype)
         t1 = time.perf_counter()
-        backing.folder.put(f"bench{len(rows['disk'])}", data)
+        backing.folder.put(f"bench{i}", data)
         t2 = time.perf_counter()
-        got = backing.folder.get(f"bench{len(rows['disk'])}")
+        got = backing.folder.get(f"bench{i}")
         assert got is not None
         record_of(got, max_bytes=len(got) + 1)
         t3 = time.perf_counter()
