@@ -196,3 +196,18 @@ def test_an_encoders_file_keeps_its_full_attention_and_asks_no_next_token(encode
     assert manifest["run"]["causal"] is False and manifest["run"]["every_head"]
     assert {size for _, size in manifest["exact"].values()} == {4 * n * n}  # every key of every row
     assert not [k for k in manifest["responses"] if "/next?" in k]  # an encoder has no next-token chart
+
+
+def test_the_files_modules_are_the_explorers_code_without_its_comment_lines() -> None:
+    from attnscope.app.standalone import explorer_modules, without_comment_lines
+
+    for name, source in explorer_modules().items():
+        ticks = 0
+        for line in source.split("\n"):  # no comment-looking line inside a template literal: safe to leave out
+            if line.lstrip().startswith("//"):
+                assert ticks % 2 == 0, (name, line)
+            ticks += line.count("`")
+        kept = without_comment_lines(source)
+        code = [line for line in source.split("\n") if not line.lstrip().startswith("//")]
+        assert kept.split("\n") == code or kept.split("\n") == [*code[:-1], code[-1]], name  # every code line, in order
+    assert without_comment_lines("a();\n  // why\nb(); // stays\n//\n") == "a();\nb(); // stays\n"
