@@ -174,6 +174,11 @@ def test_a_run_of_a_model_not_loaded_here_shows_its_attention_and_its_tools_say_
     run = opened(page, None)
     summary = page.get_by_test_id("model-summary").text_content()
     assert summary == catalogue(lang)["x.model.not_loaded"].replace("{name}", "tiny-gpt2")
+    # said under the run actions too, which a phone shows (its header hides the model line)
+    assert catalogue(lang)["x.model.not_loaded"].replace("{name}", "tiny-gpt2") in page.get_by_test_id("run-note").text_content()
+    page.set_viewport_size({"width": 390, "height": 900})
+    assert page.get_by_test_id("run-note").is_visible() and not page.get_by_test_id("model-summary").is_visible()
+    page.set_viewport_size({"width": 1400, "height": 1000})
     assert page.get_by_test_id("head-cell").count() > 0 and int(page.get_by_test_id("heatmap").get_attribute("data-n")) > 0
     assert page.get_by_test_id("error-message").is_hidden()
     # token focus: a click on a token draws its row
@@ -189,6 +194,7 @@ def test_a_run_of_a_model_not_loaded_here_shows_its_attention_and_its_tools_say_
     assert said.startswith("this run was made with the model" if lang == "en" else lead(lang, "err.run_model_missing")), said
     assert "tiny-gpt2" in said
     assert run_param(page) == run and page.get_by_test_id("error-message").is_hidden()
+    assert "tiny-gpt2" in page.get_by_test_id("run-note").text_content()  # a reopened link says it as well
     shot(page, f"run-files-foreign-model-{lang}")
     page.console_watch.errors = [e for e in page.console_watch.errors if "409" not in e]  # the refusal, expected
 

@@ -75,6 +75,7 @@ async function show(run, initial = {}) {
   if ([...picker.options].some((o) => o.value === run.model)) picker.value = run.model;
   await loadRun(run, initial);
   toURL();
+  showOpened(); // whether its model is loaded here
 }
 
 // Store `file` (a File or Blob) on this server and show it; a refusal is said in the error box.
@@ -238,9 +239,13 @@ export function forgetOffer() {
 // "Opened a run file: N tokens, model M", under the run actions, until the next run
 let opening = null;
 function showOpened() {
+  const run = state.run;
+  const foreign = run && !opened.has(run) ? null : run && ![...$("#model-picker").options].some((o) => o.value === run.model);
+  // a run of a model this server has not loaded: said here too (the header's model line is hidden on a phone)
+  const said = [opening ? t("x.run.opened", opening) : "", foreign ? t("x.model.not_loaded", { name: run.model }) : ""];
   const note = $("#run-note");
-  note.textContent = opening ? t("x.run.opened", opening) : "";
-  note.hidden = !opening;
+  note.textContent = said.filter(Boolean).join(" ");
+  note.hidden = !note.textContent;
 }
 
 // ---- wiring -------------------------------------------------------------------------------------------
