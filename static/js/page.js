@@ -4,6 +4,16 @@
 // query goes through here.
 const embedded = globalThis.ATTNSCOPE_EMBED || null; // { search: "?text=…&lang=zh" } when embedded
 
+// a saved HTML file opened as run.html?lang=zh: the language asked for in its own address wins
+if (embedded && embedded.offline && location.protocol === "file:") {
+  const asked = new URLSearchParams(location.search).get("lang");
+  if (asked) {
+    const kept = new URLSearchParams(embedded.search || "");
+    kept.set("lang", asked);
+    embedded.search = `?${kept}`;
+  }
+}
+
 export const isEmbedded = () => embedded !== null;
 
 export function search() {

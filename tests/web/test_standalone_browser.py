@@ -66,12 +66,12 @@ def files(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Files]:
         yield Files(c, tmp_path_factory.mktemp("standalone"))
 
 
-def offline_page(browser: Any, path: Path, **context: Any) -> tuple[Any, Any, list[str], ConsoleWatch]:
+def offline_page(browser: Any, path: Path, query: str = "", **context: Any) -> tuple[Any, Any, list[str], ConsoleWatch]:
     """The file opened from disk, every request but the file itself aborted (and listed)."""
     ctx = browser.new_context(**(context or {"viewport": {"width": 1400, "height": 1000}}))
     page = ctx.new_page()
     tried: list[str] = []
-    me = path.as_uri()
+    me = path.as_uri() + query
 
     def gate(route: Any) -> None:
         if route.request.url == me:
@@ -159,6 +159,16 @@ def test_the_file_draws_redraws_focuses_and_speaks_chinese_with_the_network_bloc
         shot(page, "standalone-64-zh")
         assert tried == []  # nothing was asked of any server
         assert watch.errors == []
+    finally:
+        ctx.close()
+
+
+def test_the_files_own_address_may_ask_for_chinese(browser: Any, files: Files) -> None:
+    ctx, page, tried, watch = offline_page(browser, files.saved(files.run(64)), "?lang=zh")
+    try:
+        page.wait_for_function("() => document.documentElement.lang.startsWith('zh')")
+        assert "层" in page.locator("#heat-caption").inner_text()
+        assert tried == [] and watch.errors == []
     finally:
         ctx.close()
 
