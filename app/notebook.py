@@ -12,15 +12,15 @@ import asyncio
 import logging
 import threading
 import weakref
-from collections.abc import MutableMapping
 from contextlib import ExitStack, suppress
 from pathlib import Path
 from typing import Any, ClassVar
-from urllib.parse import unquote, urlencode
+from urllib.parse import urlencode
 
 import anywidget
 import traitlets
 
+from attnscope.app import inprocess
 from attnscope.app.embed import explorer_document, transport_script
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
@@ -115,41 +115,17 @@ class Bridge:
             self._done()
 
     async def call(self, request: dict[str, Any], body: bytes, reply: Any) -> None:
-        path, _, query = str(request["url"]).partition("?")
-        headers = [(b"host", b"localhost")] + [(str(k).lower().encode("latin-1"), str(v).encode("latin-1"))
-                                                for k, v in dict(request.get("headers") or {}).items()
-                                                if str(k).lower() != "host"]
-        if body:
-            headers.append((b"content-length", str(len(body)).encode()))
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-                 "method": str(request.get("method") or "GET"), "scheme": "http", "path": unquote(path),
-                 "raw_path": path.encode("latin-1"), "query_string": query.encode("latin-1"), "root_path": "",
-                 "headers": headers, "client": ("127.0.0.1", 0), "server": ("localhost", 80)}
-        read = False
         ident = request["id"]
-        started: dict[str, Any] = {}
 
-        async def receive() -> dict[str, Any]:
-            nonlocal read
-            if not read:
-                read = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()  # the frame never disconnects mid-request
-            return {"type": "http.disconnect"}
+        def forward(start: tuple[int, dict[str, str]] | None, chunk: bytes, more: bool) -> None:
+            content: dict[str, Any] = {"type": "response", "id": ident, "done": not more}
+            if start is not None:  # the first body message carries the status and headers too
+                content.update(start=True, status=start[0], headers=start[1])
+            reply(content, [chunk] if chunk else [])
 
-        async def send(message: MutableMapping[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                started.update(status=int(message["status"]),
-                               headers={k.decode("latin-1"): v.decode("latin-1") for k, v in message["headers"]})
-            elif message["type"] == "http.response.body":
-                chunk = bytes(message.get("body", b""))
-                more = bool(message.get("more_body", False))
-                content: dict[str, Any] = {"type": "response", "id": ident, "done": not more}
-                if started:  # the first body message carries the status and headers too
-                    content.update(start=True, status=started.pop("status"), headers=started.pop("headers"))
-                reply(content, [chunk] if chunk else [])
-
-        await self.app(scope, receive, send)
+        sent = [(str(k), str(v)) for k, v in dict(request.get("headers") or {}).items()]
+        await inprocess.call(self.app, str(request.get("method") or "GET"), str(request["url"]), forward,
+                             body=body, headers=sent)
 
 
 class Explorer(anywidget.AnyWidget):

@@ -38,16 +38,17 @@ import logging
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Coroutine, MutableMapping
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import quote, urlencode
 
 import numpy as np
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from attnscope.app import inprocess
 from attnscope.app.embed import STATIC, TEMPLATES, modules
 from attnscope.model.errors import BadInput
 
@@ -87,37 +88,17 @@ def asgi_caller(app: Any) -> Call:
     """``call(method, url, body)``: one request to the ASGI ``app`` in-process, its whole answer."""
 
     async def call(method: str, url: str, body: bytes = b"") -> Answer:
-        path, _, query = url.partition("?")
-        headers = [(b"host", b"localhost")]
-        if body:
-            headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method,
-                 "scheme": "http", "path": unquote(path), "raw_path": path.encode("latin-1"),
-                 "query_string": query.encode("latin-1"), "root_path": "", "headers": headers,
-                 "client": ("127.0.0.1", 0), "server": ("localhost", 80)}
-        sent = False
-        status = 500
-        out_headers: dict[str, str] = {}
+        start: list[tuple[int, dict[str, str]]] = [(500, {})]
         chunks: list[bytes] = []
 
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            await asyncio.Event().wait()
-            return {"type": "http.disconnect"}
+        def keep(first: tuple[int, dict[str, str]] | None, chunk: bytes, _more: bool) -> None:
+            if first is not None:
+                start[0] = first
+            chunks.append(chunk)
 
-        async def send(message: MutableMapping[str, Any]) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-                out_headers.update({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in message["headers"]})
-            elif message["type"] == "http.response.body":
-                chunks.append(bytes(message.get("body", b"")))
-
-        await app(scope, receive, send)
-        return Answer(status, out_headers, b"".join(chunks))
+        await inprocess.call(app, method, url, keep, body=body,
+                             headers=[("content-type", "application/json")] if body else [])
+        return Answer(start[0][0], start[0][1], b"".join(chunks))
 
     return call
 
