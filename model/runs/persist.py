@@ -15,7 +15,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
-from attnscope.model.errors import BadRunFile, EngineError, Param
+from attnscope.model.errors import BadRunFile, EngineError
 from attnscope.model.runs import runfile
 from attnscope.model.runs.disk import RunDir, valid_id
 from attnscope.model.runs.jobthread import JobThread
@@ -153,16 +153,3 @@ def record_of(data: bytes, *, max_bytes: int) -> RunRecord:
     if read.pending_fields and record.summary.scores_pending:
         record.pending = PendingScores(fields=dict(read.pending_fields), started=time.perf_counter())
     return record
-
-
-def detached(record: RunRecord, loaded: dict[str, str | None]) -> tuple[str, dict[str, Param]] | None:
-    """Why a run cannot use a model here: ("run_model_missing" | "run_model_changed", params), or None.
-    ``loaded``: model name -> its fingerprint (None: not computed, taken as the same)."""
-    if record.model not in loaded:
-        return "run_model_missing", {"model": record.model, "available": sorted(loaded)}
-    now = loaded[record.model]
-    if record.model_fingerprint and now is not None and now != record.model_fingerprint:
-        return "run_model_changed", {"model": record.model}
-    return None
-
-

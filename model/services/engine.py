@@ -48,7 +48,7 @@ from attnscope.model.results import (
     TokenProb,
 )
 from attnscope.model.runs.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
-from attnscope.model.runs.persist import Origin, RunFiles, detached
+from attnscope.model.runs.persist import Origin, RunFiles
 from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores import analysis, probes
 from attnscope.model.scores.late import PendingScores, ScoreWorker
@@ -81,7 +81,7 @@ class Engine:
         self._warm_thread: threading.Thread | None = None
         self._origins: dict[str, Origin] = {}  # model name -> its fingerprints, computed once (run files)
         self._origins_lock = threading.Lock()
-        store.on_load = self._loaded  # a run read back from its file may still owe head scores
+        store.on_load = self.owe_scores  # a run read back from its file may still owe head scores
         for lm in self.models.values():
             probes.check_attention(lm)  # a model whose attention returns no weights never serves
 
@@ -129,18 +129,17 @@ class Engine:
     def model_of(self, cache: RunRecord) -> LoadedModel:
         """The model that made this run, as it was: a run read back from its file whose model is not
         loaded here, or has changed since, is refused (409) by every tool that runs the model."""
-        fingerprints = {name: (self.origin_of(name).model_fingerprint if cache.model_fingerprint else None)
-                        for name in self.models}
-        why = detached(cache, fingerprints)
-        if why is not None:
-            code, params = why
-            if code == "run_model_missing":
-                raise RunDetached(f"this run was made with the model {cache.model!r}, which is not loaded here "
-                                  f"(loaded: {', '.join(sorted(self.models))}): its attention is read from the run, "
-                                  "but this needs the model", code="run_model_missing", params=params)
+        if cache.model not in self.models:
+            raise RunDetached(f"this run was made with the model {cache.model!r}, which is not loaded here "
+                              f"(loaded: {', '.join(sorted(self.models))}): its attention is read from the run, "
+                              "but this needs the model", code="run_model_missing",
+                              params={"model": cache.model, "available": sorted(self.models)})
+        # a run made here carries no fingerprint (its model is the one loaded); one read from a file does:
+        # only that model is fingerprinted, once
+        if cache.model_fingerprint and self.origin_of(cache.model).model_fingerprint != cache.model_fingerprint:
             raise RunDetached(f"the model {cache.model!r} has changed since this run was made (its weights or "
                               "configuration differ): its attention is read from the run, but this needs the "
-                              "model as it was", code="run_model_changed", params=params)
+                              "model as it was", code="run_model_changed", params={"model": cache.model})
         return self.models[cache.model]
 
     def origin_of(self, name: str) -> Origin:
@@ -164,7 +163,8 @@ class Engine:
             return None
         return self.origin_of(record.model)
 
-    def _loaded(self, run_id: str, record: RunRecord) -> None:
+    def owe_scores(self, run_id: str, record: RunRecord) -> None:
+        """A stored run that still owes head scores (read from a file written before they came) gets them."""
         if record.pending is not None:
             self.scores.submit(run_id, record)
 

@@ -28,14 +28,16 @@ def run_file(engine: Engine, *, run_id: str) -> bytes:
                         tokenizer_fingerprint=origin.tokenizer_fingerprint, dtype=origin.dtype)
 
 
-def import_run(engine: Engine, *, data: bytes, max_bytes: int) -> RunResult:
+def import_run(engine: Engine, *, data: bytes, max_bytes: int, adopt: str | None = None) -> RunResult:
     """Store a run file as a new run here (a new id; its late head scores computed if it still owed them).
     Its attention is served from what it keeps whatever the models here; a tool that needs its model
-    answers 409 unless that model is loaded here as it was."""
+    answers 409 unless that model is loaded here as it was. ``adopt``: a loaded model that takes the run
+    as its own, whatever name the file gives, when it is that very model (the same fingerprint)."""
     record = record_of(data, max_bytes=max_bytes)
+    if adopt is not None and record.model_fingerprint == engine.origin_of(adopt).model_fingerprint:
+        record.model = adopt
     run_id = engine.store.add(record)
-    if record.pending is not None:
-        engine.scores.submit(run_id, record)
+    engine.owe_scores(run_id, record)
     return RunResult(run_id=run_id, cache=record)
 
 

@@ -37,7 +37,6 @@ from attnscope.model.learn.positions import PositionTable
 from attnscope.model.learn.values import Contributions
 from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspect_model, load_model
 from attnscope.model.results import LogitLens, NextDistribution
-from attnscope.model.runs.persist import record_of
 from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
 from attnscope.model.services import files, learn, runs, tools
@@ -133,15 +132,8 @@ class Scope:
         attention and scores are read from the file and a tool refuses (``run_model_changed`` or
         ``run_model_missing``)."""
         data = Path(path).read_bytes()
-        with self.borrowed():
-            record = record_of(data, max_bytes=len(data))
-            label = self._lm.info.name
-            if record.model_fingerprint == self._engine.origin_of(label).model_fingerprint:
-                record.model = label  # this very model, under the name this Scope gives it
-            run_id = self._engine.store.add(record)
-            if record.pending is not None:
-                self._engine.scores.submit(run_id, record)
-        return Run(self, run_id)
+        made = self.call(files.import_run, data=data, max_bytes=len(data), adopt=self._lm.info.name)
+        return Run(self, made.run_id)
 
     def run(self, text: str, *, top_k: int = 10, truncate: bool = False) -> Run:
         """One forward over ``text``, everything captured: the run to read."""
