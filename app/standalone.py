@@ -51,6 +51,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from attnscope.app import inprocess
 from attnscope.app.embed import STATIC, TEMPLATES, modules
 from attnscope.model.errors import BadInput
+from attnscope.model.runs.disk import write_whole
 
 if TYPE_CHECKING:
     from attnscope.model.services.scope import Run
@@ -421,9 +422,6 @@ def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str
     app = create_app(Settings(models={}, default_model=scope.model.info.name), scope.engine)
     with scope.borrowed():
         built = build_sync(app, run.run_id, heads=heads, lang=lang)
-    target = Path(path)
-    partial = target.with_name(f".{target.name}.partial")
-    partial.write_bytes(built.html)
-    partial.replace(target)
+    target = write_whole(Path(path), built.html)
     log.info("saved %s (%s bytes; exact cells of %s heads)", target, f"{len(built.html):,}", built.exact_heads)
     return target

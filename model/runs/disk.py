@@ -81,6 +81,27 @@ class _Entry:
     mtime_ns: int
 
 
+def write_whole(target: Path, data: bytes, tmp: Path | None = None) -> Path:
+    """Write ``data`` to ``target`` whole or not at all: into ``tmp`` (default ``.NAME.partial`` beside it),
+    fsynced, then renamed over ``target``; the temporary is removed if anything fails (a full disk)."""
+    tmp = tmp or target.with_name(f".{target.name}.partial")
+    try:  # (a partial file left by a killed save is overwritten; the run directory's temporaries are unique)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return target
+
+
 class RunDir:
     """A directory of run files capped at ``max_bytes`` (least recently used out). Use :meth:`open`."""
 
@@ -176,21 +197,7 @@ class RunDir:
             size, cap = mib_over(len(data), self.max_bytes)
             raise TooLarge(f"this run's file is {size}; the run directory holds at most {cap} "
                            "(ATTNSCOPE_RUN_DIR_BYTES)", code="run_over_disk", params={"size": size, "cap": cap})
-        tmp = self.path / f"{TMP_PREFIX}{self._host}.{os.getpid()}.{secrets.token_hex(6)}.{run_id}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(tmp, final)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
-            raise
+        write_whole(final, data, self.path / f"{TMP_PREFIX}{self._host}.{os.getpid()}.{secrets.token_hex(6)}.{run_id}")
         self._touch(final)
         self._sync_dir()
         self.evict(keep=run_id)

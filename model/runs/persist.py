@@ -50,7 +50,6 @@ class RunFiles(JobThread[_Write]):
         super().__init__("attnscope-run-writer")
         self.folder = folder
         self.describe = describe
-        self.written = 0  # files written (tests, logs)
         # "this run's file is on its way": made before the analyse answers, removed once the file is there,
         # so that another worker asked for the run meanwhile waits for the file instead of answering 404
         self.coming = folder.path / COMING
@@ -100,7 +99,6 @@ class RunFiles(JobThread[_Write]):
             data = runfile.dump(record, model_fingerprint=origin.model_fingerprint,
                                 tokenizer_fingerprint=origin.tokenizer_fingerprint, dtype=origin.dtype)
             self.folder.put(job.run_id, data)
-            self.written += 1
         except EngineError as err:  # over the directory's cap: the run stays in memory only
             log.warning("run %s is not kept on disk: %s", job.run_id, err.message)
         except OSError as err:  # a full disk, a directory removed under us: memory only, said once a run
@@ -131,11 +129,6 @@ class RunFiles(JobThread[_Write]):
     def flush(self) -> None:
         """Until the writes queued so far are on disk (a minute at most)."""
         self.wait_idle(60)
-
-    def file(self, run_id: str) -> bytes | None:
-        """The run's file as stored (after the writes queued so far)."""
-        self.wait_idle(60)
-        return self.folder.get(run_id)
 
     def close(self) -> None:
         """Finish the writes queued (a minute at most), then stop."""

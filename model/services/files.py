@@ -12,6 +12,7 @@ from attnscope.model.errors import BadInput
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import PositionPrediction
 from attnscope.model.runs import runfile
+from attnscope.model.runs.disk import write_whole
 from attnscope.model.runs.persist import Origin, record_of
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.runfile import StoredRun
@@ -104,9 +105,4 @@ class RunFile(RecordView):
 
 def save(engine: Engine, *, run_id: str, path: str | Path) -> Path:
     """Write the run's file to ``path`` whole or not at all (a temporary name, then renamed)."""
-    target = Path(path)
-    data = run_file(engine, run_id=run_id)
-    partial = target.with_name(f".{target.name}.partial")
-    partial.write_bytes(data)
-    partial.replace(target)
-    return target
+    return write_whole(Path(path), run_file(engine, run_id=run_id))
