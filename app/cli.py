@@ -67,7 +67,7 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     if args.workers > 1:
         return _serve_workers(settings, args.workers)
-    return _serve_one(settings, opened=getattr(args, "file", None), browser=not getattr(args, "no_browser", True))
+    return _serve_one(settings)
 
 
 def _serve_one(settings: Settings, opened: Path | None = None, browser: bool = False) -> int:

@@ -183,10 +183,10 @@ class RunStore:
         with self._lock:
             return self._bytes
 
-    def add(self, cache: RunRecord, run_id: str | None = None) -> str:
-        """Keep a run (older ones go to make room; with a backing, written to its file too); a run larger
-        than the whole cap is never kept. ``run_id``: an id already given (a run read back), else a new one."""
-        run_id = run_id or secrets.token_urlsafe(12)
+    def add(self, cache: RunRecord) -> str:
+        """Keep a run under a new id (older ones go to make room; with a backing, written to its file too);
+        a run larger than the whole cap is never kept."""
+        run_id = secrets.token_urlsafe(12)
         self._keep(run_id, cache)
         if self.backing is not None:
             self.backing.saved(run_id, cache)
