@@ -11,7 +11,8 @@ export class ApiError extends Error {
   }
 }
 
-async function check(response) {
+// The response, or (not ok) the server's refusal as an ApiError: {code, message, params}, else the status line.
+export async function check(response) {
   if (response.ok) return response;
   let message = `${response.status} ${response.statusText}`, code = null, params = {};
   try {

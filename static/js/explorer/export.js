@@ -16,7 +16,7 @@ function save(name, url) {
   a.remove();
 }
 
-function download(name, blob) {
+export function download(name, blob) {
   const url = URL.createObjectURL(blob);
   save(name, url);
   setTimeout(() => URL.revokeObjectURL(url), 1000);

@@ -4,8 +4,8 @@
 // before it downloads it. An opened run keeps its id in the URL (run=…), so that a reload or a shared
 // link opens it again (GET /api/runs/{id}); an id the server does not know says so and analyses the
 // link's text instead. A file's name and its bytes are untrusted: only ever text, never markup.
-import { $, el, isAbort } from "../dom.js";
-import { ApiError, getJSON, request } from "../api.js";
+import { $, isAbort } from "../dom.js";
+import { ApiError, check, getJSON, request } from "../api.js";
 import { state, toURL, urlExtras } from "../state.js";
 import { isEmbedded, search } from "../page.js";
 import { lang, t } from "../i18n.js";
@@ -13,6 +13,7 @@ import { report, showCut, showError } from "./errors.js";
 import { begin, end, latest } from "./requests.js";
 import { hideStatus } from "./timeline.js";
 import { analyse, loadRun } from "./analyse.js";
+import { download } from "./export.js";
 
 // an exported HTML file answers the page's requests from what it holds: it has no server to send a run to
 const offline = Boolean(globalThis.ATTNSCOPE_EMBED && globalThis.ATTNSCOPE_EMBED.offline);
@@ -23,18 +24,6 @@ urlExtras.push(() => (state.run && opened.has(state.run) ? { run: state.run.run_
 
 const runURL = (run, tail = "") => `/api/runs/${encodeURIComponent(run.run_id)}${tail}`;
 
-// A refusal read as the JSON API's (api.js's check): {code, message, params}, else the status line.
-async function refused(r) {
-  let message = `${r.status} ${r.statusText}`, code = null, params = {};
-  try {
-    const body = await r.json();
-    message = body.message || (typeof body.detail === "string" ? body.detail : message);
-    code = body.code;
-    params = body.params;
-  } catch (_) { /* not JSON */ }
-  return new ApiError(r.status, message, code, params);
-}
-
 // the file name the server gives (Content-Disposition), without any path, else `fallback`
 function fileName(r, fallback) {
   const m = /filename="?([^";]+)"?/i.exec(r.headers.get("content-disposition") || "");
@@ -42,19 +31,10 @@ function fileName(r, fallback) {
   return name || fallback;
 }
 
-async function fetchFile(url, fallback) {
-  const r = await request(url);
-  if (!r.ok) throw await refused(r);
-  return { name: fileName(r, fallback), blob: await r.blob() };
-}
-
-function save({ name, blob }) {
-  const url = URL.createObjectURL(blob);
-  const a = el("a", { href: url, download: name });
-  document.body.append(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 1000);
+// the file at `url` saved under the name the server gives it (else `fallback`)
+async function saveFile(url, fallback) {
+  const r = await check(await request(url));
+  download(fileName(r, fallback), await r.blob());
 }
 
 // ---- Download run ---------------------------------------------------------------------------------
@@ -62,7 +42,7 @@ function save({ name, blob }) {
 export async function downloadRun() {
   const run = state.run;
   if (!run) return;
-  save(await fetchFile(runURL(run, "/export?format=attnscope"), `attnscope-run-${run.run_id}.attnscope`));
+  await saveFile(runURL(run, "/export?format=attnscope"), `attnscope-run-${run.run_id}.attnscope`);
 }
 
 // ---- Open run ---------------------------------------------------------------------------------------
@@ -88,7 +68,7 @@ export async function openRunFile(file) {
     const body = isEmbedded() ? await file.arrayBuffer() : file;
     const r = await request("/api/runs/import", { method: "POST", headers: { "content-type": "application/octet-stream" },
                                                   body, signal: req.controller.signal });
-    if (!r.ok) throw await refused(r);
+    await check(r);
     const run = await r.json();
     if (!latest(req)) return;
     showCut(null);
@@ -220,7 +200,7 @@ export async function saveHTML() {
   offer = null;
   showOffer();
   $("#run-html").focus();
-  save(await fetchFile(htmlURL(run, heads), `attnscope-run-${run.run_id}.html`));
+  await saveFile(htmlURL(run, heads), `attnscope-run-${run.run_id}.html`);
 }
 
 export function cancelHTML() {
