@@ -163,6 +163,18 @@ def test_the_file_draws_redraws_focuses_and_speaks_chinese_with_the_network_bloc
         ctx.close()
 
 
+def test_a_tool_in_the_file_says_it_needs_the_server_in_words_not_paths(browser: Any, files: Files) -> None:
+    ctx, page, tried, watch = offline_page(browser, files.saved(files.run(64)))
+    try:
+        page.get_by_test_id("tool-tab-ablate").click()
+        page.get_by_test_id("ablate-4-0").click()
+        page.wait_for_function("() => document.body.innerText.includes('This file holds only what was saved with it')")
+        assert "/api/" not in page.locator("body").inner_text()  # a reader is not shown the request's path
+        assert tried == [] and watch.errors == []
+    finally:
+        ctx.close()
+
+
 def test_the_files_own_address_may_ask_for_chinese(browser: Any, files: Files) -> None:
     ctx, page, tried, watch = offline_page(browser, files.saved(files.run(64)), "?lang=zh")
     try:

@@ -92,7 +92,7 @@
 
   function offline(method, url) {
     const request = `${method} ${url.pathname}`;
-    return refusal({ code: "offline_file", message: `this file holds only what was saved with it: ${request} needs the attnscope server and the model`, params: { request } });
+    return refusal({ code: "offline_file", message: "This file holds only what was saved with it: this needs the attnscope server and the model.", params: { request } });
   }
 
   // a head whose exact cells the file does not keep (a long run's file keeps the heads asked for)
