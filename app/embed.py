@@ -64,8 +64,24 @@ def transport_script() -> str:
     return (STATIC / "js" / "embed" / "transport.js").read_text(encoding="utf-8")
 
 
-def _inline_script(source: str) -> str:
+ENTRY = '<script type="module" src="/static/js/main.js"></script>'  # the page's module, as index.html loads it
+PLOTLY_TAG = '<script src="/vendor/plotly.min.js" defer></script>'
+
+
+def inline_script(source: str) -> str:
     return "<script>" + source.replace("</script", "<\\/script") + "</script>"
+
+
+def embed_script(embed: dict[str, object], then: str = "") -> str:
+    """``globalThis.ATTNSCOPE_EMBED = embed`` (``page.js`` reads it), then ``then``, as one inline script."""
+    return inline_script("globalThis.ATTNSCOPE_EMBED = " + json.dumps(embed).replace("<", "\\u003c") + ";\n" + then)
+
+
+@cache
+def page_html() -> str:
+    """templates/index.html rendered, as the web app serves it (the embedded documents rewrite it)."""
+    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"]))
+    return env.get_template("index.html").render()
 
 
 @cache
@@ -78,19 +94,17 @@ def _plotly() -> str:
 def explorer_document(*, embed: dict[str, object], transport: str, extra_css: str = "") -> str:
     """The explorer page, whole: ``embed`` becomes ``globalThis.ATTNSCOPE_EMBED`` (``search``: the
     query the page starts from, e.g. ``?text=…&lang=zh``)."""
-    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"]))
-    html = env.get_template("index.html").render()
+    html = page_html()
     css = {name: (STATIC / "css" / name).read_text(encoding="utf-8") for name in ("app.css", "tools.css")}
     for name, text in css.items():
         html = html.replace(f'<link rel="stylesheet" href="/static/css/{name}">',
                             "<style>" + text.replace("</style", "<\\/style") + "</style>")
     html = re.sub(r'<link rel="icon"[^>]*>', "", html)
-    html = html.replace('<script src="/vendor/plotly.min.js" defer></script>', _inline_script(_plotly()))
-    boot = (_inline_script("globalThis.ATTNSCOPE_EMBED = " + json.dumps(embed).replace("<", "\\u003c") + ";\n"
-                           + transport)
+    html = html.replace(PLOTLY_TAG, inline_script(_plotly()))
+    boot = (embed_script(embed, transport)
             + '<script type="importmap">' + import_map() + "</script>"
             + '<script type="module">import "attnscope/js/main.js";</script>')
-    html = html.replace('<script type="module" src="/static/js/main.js"></script>', boot)
+    html = html.replace(ENTRY, boot)
     if extra_css:
         html = html.replace("</head>", "<style>" + extra_css + "</style></head>", 1)
     return html

@@ -46,10 +46,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
 import numpy as np
-from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from attnscope.app import inprocess
-from attnscope.app.embed import STATIC, TEMPLATES, modules
+from attnscope.app.embed import ENTRY, PLOTLY_TAG, STATIC, embed_script, inline_script, modules, page_html
 from attnscope.model.errors import BadInput
 from attnscope.model.runs.disk import write_whole
 
@@ -305,10 +304,6 @@ def _ascii(html: str) -> str:
     return re.sub(r"[^\x00-\x7f]", lambda m: f"&#{ord(m[0])};", html)
 
 
-def _script(source: str) -> str:
-    return "<script>" + source.replace("</script", "<\\/script") + "</script>"
-
-
 def offline_script() -> str:
     source = (STATIC / "js" / "embed" / "offline.js").read_text(encoding="utf-8")
     if not source.isascii():
@@ -318,20 +313,16 @@ def offline_script() -> str:
 
 def document(payload: bytes, *, search: str) -> bytes:
     """The explorer page around ``payload`` (gzip-compressed already)."""
-    env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"]))
-    html = env.get_template("index.html").render()
-    html = html.replace('<meta charset="utf-8">', '<meta charset="windows-1252">', 1)
-    for pattern in (r'<link rel="icon"[^>]*>', r'<link rel="stylesheet"[^>]*>',
-                    r'<script src="/vendor/plotly\.min\.js" defer></script>'):
+    html = page_html().replace('<meta charset="utf-8">', '<meta charset="windows-1252">', 1)
+    for pattern in (r'<link rel="icon"[^>]*>', r'<link rel="stylesheet"[^>]*>'):
         html = re.sub(pattern, "", html)
-    entry = '<script type="module" src="/static/js/main.js"></script>'
-    if entry not in html or "windows-1252" not in html:
+    html = html.replace(PLOTLY_TAG, "")
+    if ENTRY not in html or "windows-1252" not in html:
         raise ValueError("templates/index.html changed: app/standalone.py no longer finds its entry or charset")
-    embed = json.dumps({"search": search, "offline": True}).replace("<", "\\u003c")
-    head, tail = _ascii(html).split(entry, 1)
-    boot = (f"<style>{EXTRA_CSS}</style>" + _script(f"globalThis.ATTNSCOPE_EMBED = {embed};")
+    head, tail = _ascii(html).split(ENTRY, 1)
+    boot = (f"<style>{EXTRA_CSS}</style>" + embed_script({"search": search, "offline": True})
             + '<script type="application/x-attnscope" id="attnscope-payload">')
-    end = "</script>" + _script(offline_script()) + tail
+    end = "</script>" + inline_script(offline_script()) + tail
     return (head + boot).encode("ascii") + escape(payload) + end.encode("ascii")
 
 
