@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnscope.model import compat
 from attnscope.model.capture import interface as capture
 from attnscope.model.capture.hooks import Registration, temporary_hooks
 from attnscope.model.capture.interface import AttentionCall, LazyMask
@@ -306,9 +307,9 @@ def finish(lm: LoadedModel, forwards: list[Captures], ids: torch.Tensor | None,
     if missing:
         raise AttentionUnavailable(
             f"{act_name('pattern', missing[0])}: the attention never reached attnscope's capture point (the "
-            f"model runs {lm.model.config._attn_implementation!r} attention); attnscope needs "
+            f"model runs {compat.attention_implementation(lm.model)!r} attention); attnscope needs "
             f"attn_implementation={lm.spec.attn_implementation!r}",
-            params={"layer": missing[0], "implementation": str(lm.model.config._attn_implementation),
+            params={"layer": missing[0], "implementation": str(compat.attention_implementation(lm.model)),
                     "needs": lm.spec.attn_implementation})
     inline = forwards[0].accumulators if len(forwards) == 1 else {}
     swept: dict[int, ScoreAccumulator] = {}

@@ -10,9 +10,9 @@ instead, which
 
 * where the mask is causal over the whole sequence (a prefill from position 0, or the last
   query of a decode step), the logits plain q.k x scaling and everything float32 on the CPU,
-  runs torch's fused flash kernel (the one SDPA runs), which returns the layer's output and
-  each row's log-sum-exp and never a weight; the capture then computes the head scores from
-  Q, K and lse (``model.pair_scores``);
+  runs torch's fused flash kernel (the one SDPA runs; ``model.compat`` says why it is called
+  directly and how it is gated), which returns the layer's output and each row's log-sum-exp and
+  never a weight; the capture then computes the head scores from Q, K and lse (``model.pair_scores``);
 * otherwise (sliding windows, soft-capping, padding, custom mask functions, other dtypes or
   devices, or ``output_attentions``) computes the attention exactly as the families' own
   eager code does (scale, then soft-cap, then mask, softmax in float32; grouped K/V heads
@@ -42,6 +42,7 @@ projections (``model.module_qk``) and the weights recomputed after the forward.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import threading
 import weakref
@@ -51,9 +52,11 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from transformers import AttentionInterface
+from torch.utils.hooks import RemovableHandle
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
-from transformers.utils.output_capturing import _active_collector
+
+from attnscope.model import compat
 
 IMPLEMENTATION = "attnscope"
 DENSE_MASK_IMPLEMENTATION = "attnscope_dense_mask"  # the same attention, transformers' mask tensor
@@ -219,14 +222,59 @@ def active_count() -> int:
         return len(_ACTIVE)
 
 
-def wants_weights(kwargs: dict[str, Any]) -> bool:
-    """Did the caller ask the model for ``output_attentions``? Some families pass the flag to the
-    attention function; the others record the attention module's output through transformers'
-    output collector, which then expects "attentions"."""
-    if kwargs.get("output_attentions"):
-        return True
-    collected = _active_collector.get()
-    return isinstance(collected, dict) and "attentions" in collected
+# What each forward in progress (innermost last) was asked for ``output_attentions``: pushed by a pre-hook
+# on every PreTrainedModel of a watched model, popped after its forward (even one that raised). A context
+# variable: each thread and task sees only its own forwards.
+_OUTPUT_ATTENTIONS: contextvars.ContextVar[tuple[bool, ...]] = contextvars.ContextVar(
+    "attnscope_output_attentions", default=())
+_WATCHED: weakref.WeakKeyDictionary[nn.Module, list[RemovableHandle]] = weakref.WeakKeyDictionary()
+_WATCHED_LOCK = threading.Lock()
+
+
+def _requested(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """``output_attentions`` as transformers resolves it: the forward's keyword, else the config's."""
+    flag = kwargs.get("output_attentions")
+    if flag is None:
+        flag = getattr(getattr(module, "config", None), "output_attentions", False)
+    return bool(flag)
+
+
+def _push_flag(module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    _OUTPUT_ATTENTIONS.set((*_OUTPUT_ATTENTIONS.get(), _requested(module, kwargs)))
+
+
+def _pop_flag(_module: nn.Module, _args: tuple[Any, ...], _output: Any) -> None:
+    _OUTPUT_ATTENTIONS.set(_OUTPUT_ATTENTIONS.get()[:-1])
+
+
+def watch_output_flag(model: nn.Module) -> Callable[[], None]:
+    """Hook every PreTrainedModel inside ``model`` (itself included) so that the attention function knows
+    whether this forward asked for ``output_attentions`` (some families pass the keyword down to it,
+    others pop it and record the weights from the module's output). Public module hooks only; idempotent.
+    Returns what removes the hooks this call added (nothing, if the model was already watched)."""
+    added: list[nn.Module] = []
+    with _WATCHED_LOCK:
+        for sub in model.modules():
+            if isinstance(sub, PreTrainedModel) and sub not in _WATCHED:
+                _WATCHED[sub] = [sub.register_forward_pre_hook(_push_flag, with_kwargs=True),
+                                 sub.register_forward_hook(_pop_flag, always_call=True)]
+                added.append(sub)
+
+    def unwatch() -> None:
+        with _WATCHED_LOCK:
+            for sub in added:
+                for handle in _WATCHED.pop(sub, []):
+                    handle.remove()
+
+    return unwatch
+
+
+def wants_weights(module: nn.Module, kwargs: dict[str, Any]) -> bool:
+    """Did the caller ask the model for ``output_attentions``? The innermost watched forward in progress
+    says (``watch_output_flag``); an attention called outside one (a model nobody watched, a module
+    called on its own) reads its own keyword, then its config."""
+    stack = _OUTPUT_ATTENTIONS.get()
+    return stack[-1] if stack else _requested(module, kwargs)
 
 
 def fused_causal(attention_mask: Any) -> bool | None:
@@ -239,17 +287,49 @@ def fused_causal(attention_mask: Any) -> bool | None:
 def flash_attention(
     query: torch.Tensor,  # (B, H, q, dh)
     key: torch.Tensor,  # (B, Hkv, kv, dh)
-    value: torch.Tensor,  # (B, Hkv, kv, dh): the kernel needs the query's head size
+    value: torch.Tensor,  # (B, Hkv, kv, dv)
     scaling: float,
     is_causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's fused CPU attention: (output (B, H, q, dh), lse (B, H, q) float32), never the weights.
+    """(output (B, H, q, dv), lse (B, H, q) float32) of plain dot-product attention, never the weights.
 
-    Head h reads K/V head h // (H / Hkv), as ``repeat_interleave`` groups them. The same kernel
-    ``scaled_dot_product_attention`` runs on the CPU, called directly because it also returns each
-    row's log-sum-exp, which a kept run needs to rebuild any weight exactly."""
-    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        query, key, value, 0.0, is_causal, scale=scaling)
+    Head h reads K/V head h // (H / Hkv), as ``repeat_interleave`` groups them; ``is_causal``: key j
+    visible to query i iff j <= i. The fused CPU kernel where this torch build has it and the head
+    sizes match (``model.compat``), else :func:`blocked_attention`: the same numbers from public ops."""
+    if (compat.fused_available() and query.device.type == "cpu" and value.shape[-1] == query.shape[-1]
+            and query.dtype == key.dtype == value.dtype == torch.float32):
+        return compat.fused_attention(query, key, value, scaling, is_causal)
+    return blocked_attention(query, key, value, scaling, is_causal)
+
+
+def blocked_attention(
+    query: torch.Tensor,  # (B, H, q, dh)
+    key: torch.Tensor,  # (B, Hkv, kv, dh)
+    value: torch.Tensor,  # (B, Hkv, kv, dv)
+    scaling: float,
+    is_causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flash_attention`'s result from public operators, a block of query rows at a time (a
+    block's weights hold about ``BLOCK_CELLS`` numbers, float32): output in the value's dtype."""
+    batch, n_heads, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    groups = n_heads // key.shape[1]
+    k = key.float().repeat_interleave(groups, dim=1)  # (B, H, kv, dh)
+    v = value.float().repeat_interleave(groups, dim=1)  # (B, H, kv, dv)
+    out = torch.empty(batch, n_heads, q_len, value.shape[-1], dtype=value.dtype, device=value.device)
+    lse = torch.empty(batch, n_heads, q_len, dtype=torch.float32, device=query.device)
+    step = block_rows(batch, n_heads, kv_len)
+    for q0 in range(0, q_len, step):
+        q1 = min(q_len, q0 + step)
+        hi = min(kv_len, q1) if is_causal else kv_len  # keys any of these rows sees
+        logits = torch.matmul(query[:, :, q0:q1].float(), k[:, :, :hi].transpose(-1, -2)).mul_(scaling)
+        if is_causal:  # (r, hi): key j > query i is masked
+            rows = torch.arange(q0, q1, device=query.device)[:, None]
+            logits.masked_fill_(torch.arange(hi, device=query.device)[None, :] > rows, float("-inf"))
+        part = logits.logsumexp(-1)  # (B, H, r)
+        weights = logits.sub_(part.unsqueeze(-1)).exp_().nan_to_num_(0.0)  # a row with no key: zeros
+        out[:, :, q0:q1] = torch.matmul(weights, v[:, :, :hi]).to(value.dtype)
+        lse[:, :, q0:q1] = part
     return out, lse
 
 
@@ -288,8 +368,10 @@ class AdditiveMask:
 
 def can_fuse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float | None) -> bool:
     """The fused kernel computes this layer as the eager code does: float32 on the CPU, no soft-cap,
-    values as wide as the keys (a soft-capped family, another dtype or device runs the block path)."""
-    return (query.device.type == "cpu" and softcap is None and value.shape[-1] == query.shape[-1]
+    values as wide as the keys (a soft-capped family, another dtype or device runs the block path), and
+    this torch build has it (``model.compat.fused_available``: else the block path, public ops only)."""
+    return (compat.fused_available() and query.device.type == "cpu" and softcap is None
+            and value.shape[-1] == query.shape[-1]
             and query.dtype == key.dtype == value.dtype == torch.float32)
 
 
@@ -335,7 +417,8 @@ def attnscope_attention(
     if target is not None and batch != 1:
         raise ValueError("attnscope captures one sequence at a time (a batch of 1)")
     causal = fused_causal(attention_mask) if can_fuse(query, key, value, call.softcap) else None
-    if causal is not None and not wants_weights(kwargs):
+    wanted = wants_weights(module, kwargs)
+    if causal is not None and not wanted:
         # the fused kernel: the layer's output and each row's lse, never a block of weights; the
         # capture computes the head scores from Q, K and lse (model.hooks, model.analysis)
         out, lse = flash_attention(query, key, value, call.scaling, causal)  # (B, H, q, dv), (B, H, q)
@@ -347,7 +430,7 @@ def attnscope_attention(
     v = value.repeat_interleave(call.groups, dim=1)  # (B, H, kv, dv)
     output = torch.empty(batch, n_heads, q_len, value.shape[-1], dtype=value.dtype, device=value.device)
     every = None  # the whole weights, only when the caller asked for them
-    if wants_weights(kwargs):
+    if wanted:
         every = torch.empty(batch, n_heads, q_len, kv_len, dtype=query.dtype, device=query.device)
     step = block_rows(batch, n_heads, kv_len)
     parts = []  # each block's lse (B, H, r)
@@ -396,10 +479,11 @@ _REGISTER_LOCK = threading.Lock()
 def register() -> None:
     """Make ``attn_implementation="attnscope"`` (and ``"attnscope_dense_mask"``) available (idempotent)."""
     with _REGISTER_LOCK:
-        if IMPLEMENTATION not in AttentionInterface._global_mapping:
+        registered = AttentionInterface()  # a view of the library-wide mapping (public: a MutableMapping)
+        if IMPLEMENTATION not in registered:
             AttentionInterface.register(IMPLEMENTATION, attnscope_attention)
             AttentionMaskInterface.register(IMPLEMENTATION, _lazy_mask)
-        if DENSE_MASK_IMPLEMENTATION not in AttentionInterface._global_mapping:
+        if DENSE_MASK_IMPLEMENTATION not in registered:
             AttentionInterface.register(DENSE_MASK_IMPLEMENTATION, attnscope_attention)
             AttentionMaskInterface.register(DENSE_MASK_IMPLEMENTATION, sdpa_mask)
 

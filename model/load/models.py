@@ -20,7 +20,7 @@ import importlib.util
 import logging
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +38,7 @@ from transformers import (
 )
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from attnscope.model import compat
 from attnscope.model.capture import interface as capture
 from attnscope.model.errors import AttentionUnavailable, ModelLoadError
 from attnscope.model.families.config import Dimensions, dimensions
@@ -335,17 +336,22 @@ def inspect_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokeni
                        source=source)
 
 
-def switch_attention(lm: LoadedModel) -> None:
-    """Route the model's attention through the family's capture implementation."""
+def switch_attention(lm: LoadedModel) -> Callable[[], None]:
+    """Route the model's attention through the family's capture implementation; returns what removes the
+    hooks that tell it whether a forward asked for ``output_attentions`` (``capture.watch_output_flag``)."""
     model = lm.model
+    unwatch = capture.watch_output_flag(model)
     want = lm.spec.attn_implementation
-    if model.config._attn_implementation != want:
+    if compat.attention_implementation(model) != want:
         model.set_attn_implementation(want)
-    if model.config._attn_implementation != want:
+    now = compat.attention_implementation(model)
+    if now is not None and now != want:  # None: the config does not say; the set above is trusted
+        unwatch()
         raise AttentionUnavailable(
-            f"model {lm.info.name!r} uses {model.config._attn_implementation!r} attention, which does not "
+            f"model {lm.info.name!r} uses {now!r} attention, which does not "
             f"return attention weights; attnscope needs {want!r}"
         )
+    return unwatch
 
 
 @contextmanager
@@ -356,18 +362,20 @@ def borrowed(lm: LoadedModel) -> Iterator[None]:
     everything inside runs under ``torch.inference_mode``."""
     model = lm.model
     with lock_of(model):  # one borrower at a time, whichever Scope or widget holds this model object
-        implementation = model.config._attn_implementation
+        implementation = compat.attention_implementation(model)
         training = [(module, module.training) for module in model.modules()]
+        unwatch = capture.watch_output_flag(model)  # the hooks are the borrow's: removed with it
         try:
             switch_attention(lm)
             model.eval()
             with torch.inference_mode():
                 yield
         finally:
-            if model.config._attn_implementation != implementation and implementation is not None:
+            if implementation is not None and compat.attention_implementation(model) != implementation:
                 model.set_attn_implementation(implementation)
             for module, flag in training:
                 module.training = flag
+            unwatch()
 
 
 _BORROW_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
