@@ -69,7 +69,7 @@ class Scope:
     def __init__(self, model: nn.Module, tokenizer: PreTrainedTokenizerBase, *, name: str | None = None,
                  max_tokens: int = DEFAULT_MAX_TOKENS, keep_bytes: int = DEFAULT_KEEP_BYTES) -> None:
         inner = base_model(model)
-        where = str(getattr(inner.config, "_name_or_path", "") or "")
+        where = str(getattr(inner.config, "name_or_path", "") or "")  # the public property
         label = name or (Path(where).name if where else "") or str(inner.config.model_type)  # a folder: its name
         self._lm = inspect_model(label, inner, tokenizer, source="python")
         self._lock = threading.RLock()
