@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -167,12 +168,16 @@ def test_svg_masks_cells_with_the_browsers_grey() -> None:
     assert f'fill="{svg_export.MASKED}"' in svg and 'fill="url(#mask)"' in svg
 
 
-def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: Path) -> None:
-    """`pip wheel .` prints no packaging warning and ships one top-level name, attnscope (app, model,
-    static/, templates/ and the bundled model inside it: a user's own model.py or app.py shadows
-    nothing). Installed into an empty target folder, it serves the bundled model, its pages and its
-    scripts from a folder that holds a model.py and an app.py of its own. Built from a copy of the
-    sources, so that setuptools' build folder never lands in the checkout."""
+def _wheel_pythons() -> list[str]:
+    """The interpreters the wheel is tried on: ATTNSCOPE_WHEEL_PYTHONS (paths joined by os.pathsep; the
+    second environment of .ci/run names 3.13 and 3.12), else the one running the tests."""
+    listed = os.environ.get("ATTNSCOPE_WHEEL_PYTHONS", "")
+    return [p for p in listed.split(os.pathsep) if p] or [sys.executable]
+
+
+def _build_wheel(tmp_path: Path) -> Path:
+    """`pip wheel .` from a copy of the sources (setuptools' build folder never lands in the checkout);
+    no packaging warning; one top-level name, attnscope; nothing but what a user needs."""
     import shutil
     import zipfile
 
@@ -191,26 +196,50 @@ def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: 
     (wheel,) = (tmp_path / "whl").glob("attnscope-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {n.split("/")[0] for n in names} == {"attnscope", wheel.name.removesuffix("-py3-none-any.whl") + ".dist-info"}
-    for part in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+    for part in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md"):
         assert f"attnscope/model/bundled/attnscope-tiny/{part}" in names
     assert {"attnscope/__main__.py", "attnscope/app/routes/runs.py", "attnscope/model/services/engine.py",
             "attnscope/static/js/main.js", "attnscope/static/i18n/zh.js", "attnscope/static/css/app.css",
             "attnscope/templates/index.html"} <= names
+    # lean: the training record, its plot, the corpus list and the model card's measurements stay in the
+    # repository (the app reads none of them); no test, bench or script file ships
+    for left in ("training.json", "training_curve.png", "corpus.json", "measurements.json"):
+        assert f"attnscope/model/bundled/attnscope-tiny/{left}" not in names
+    assert not [n for n in names if n.split("/")[1] in ("tests", "bench", "scripts", "docs", "examples")]
+    assert wheel.stat().st_size < 40_000_000  # README "Set up": the bundled model's float32 weights are most of it
+    return wheel
 
-    target = tmp_path / "site"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(target),
-                           str(wheel)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    work = tmp_path / "work"  # a user's project folder, with modules named like ours
+
+def _pinned_torch(tmp_path: Path) -> Path:
+    """A pip constraints file holding torch at the release running these tests (the dev venv's CPU build,
+    the second environment's newest): pip resolves every other dependency itself, and never swaps the
+    user's torch for another build (as a researcher's CUDA torch would not be)."""
+    from importlib.metadata import version
+
+    path = tmp_path / "constraints.txt"
+    path.write_text(f"torch=={version('torch')}\n", encoding="utf-8")
+    return path
+
+
+def _user_folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A user's project folder, with modules named like ours, and an environment that finds no checkout."""
+    work = tmp_path / "work"
     work.mkdir()
     (work / "model.py").write_text("raise SystemExit('the user model.py was imported')\n")
     (work / "app.py").write_text("raise SystemExit('the user app.py was imported')\n")
-    env = {**os.environ, "PYTHONPATH": str(target), "HF_HUB_OFFLINE": "1"}
-    env.pop("ATTNSCOPE_MODELS", None)
-    where = subprocess.run([sys.executable, "-c", "import attnscope; print(attnscope.__file__)"], cwd=work, env=env,
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ATTNSCOPE_", "PYTHON", "VIRTUAL_ENV"))}
+    env["HF_HUB_OFFLINE"] = "1"
+    return work, env
+
+
+def _check_installed(bin_dir: Path, work: Path, env: dict[str, str], site: str) -> None:
+    """The installed wheel alone: its import, the Python door, the console script (analyze), the
+    README's Python example and a served app, from a folder that shadows app and model."""
+    python = str(bin_dir / "python")
+    where = subprocess.run([python, "-c", "import attnscope; print(attnscope.__file__)"], cwd=work, env=env,
                            capture_output=True, text=True, timeout=60)
-    assert where.stdout.strip().startswith(str(target)), where  # the wheel's copy, not the checkout's
-    door = subprocess.run([sys.executable, "-c", "import attnscope\n"
+    assert where.returncode == 0 and site in where.stdout, where  # the venv's copy, not the checkout's
+    door = subprocess.run([python, "-c", "import attnscope\n"
                            "scope = attnscope.Scope.from_pretrained('bundled:attnscope-tiny')\n"
                            "run = scope.run('the cat sat. the cat sat.')\n"
                            "print(tuple(run.attention(layer=4, head=0).shape), len(run.heads()))\n"],
@@ -218,13 +247,19 @@ def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: 
     assert door.returncode == 0, door.stderr[-2000:]  # the Python door, from the installed wheel alone
     shape = re.fullmatch(r"\((\d+), (\d+)\) 48", door.stdout.strip())  # an (n, n) head; 6 layers x 8 heads scored
     assert shape is not None and shape.group(1) == shape.group(2), door.stdout
-    script = subprocess.run([str(target / "bin" / "attnscope"), "--help"], cwd=work, env=env, capture_output=True,
-                            text=True, timeout=120)  # the console script, as pip wrote it
-    assert script.returncode == 0 and "serve" in script.stdout, script
+    script = subprocess.run([str(bin_dir / "attnscope"), "analyze", "dog bites man", "--json"], cwd=work, env=env,
+                            capture_output=True, text=True, timeout=300)  # the console script, as the installer wrote it
+    assert script.returncode == 0, script.stderr[-2000:]
+    run = json.loads(script.stdout)
+    assert "".join(t["text"] for t in run["tokens"]) == "dog bites man" and len(run["attention"]) == 6
+    from tests.model.test_readme_python import readme_example
+
+    (work / "example.py").write_text(readme_example(), encoding="utf-8")
+    example = subprocess.run([python, "example.py"], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert example.returncode == 0 and "most inductive head: L4H0" in example.stdout, example.stderr[-2000:]
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "attnscope", "serve", "--port", str(port),
-                               "--model", "attnscope-tiny"], cwd=work, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
+    server = subprocess.Popen([python, "-m", "attnscope", "serve", "--port", str(port), "--model", "attnscope-tiny"],
+                              cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         models = _models_when_up(port)
         assert [m["name"] for m in models if m["default"]] == ["attnscope-tiny"]
@@ -232,12 +267,85 @@ def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: 
         assert page.status_code == 200 and "attnscope" in page.text
         for path in ("/static/js/main.js", "/static/i18n/zh.js", "/static/css/app.css", "/learn", "/docs"):
             assert httpx.get(f"http://127.0.0.1:{port}{path}", timeout=30).status_code == 200, path
-        run = httpx.post(f"http://127.0.0.1:{port}/api/runs", json={"text": "The cat sat on the mat."}, timeout=60)
-        assert run.status_code == 201, run.text
+        posted = httpx.post(f"http://127.0.0.1:{port}/api/runs", json={"text": "The cat sat on the mat."}, timeout=60)
+        assert posted.status_code == 201, posted.text
     finally:
         server.terminate()
         _out, err = server.communicate(timeout=30)
     assert "the user" not in err
+
+
+def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: Path) -> None:
+    """The wheel, installed by pip *with its dependencies resolved* into a fresh venv of each interpreter
+    (_wheel_pythons: 3.13 and 3.12 in .ci/run's second environment), passes `pip check` and serves the
+    bundled model, runs `attnscope analyze` and the README's Python example, from a folder that holds a
+    model.py and an app.py of its own. With ATTNSCOPE_WHEEL_UV=1 the same holds for `uv pip install` and
+    `uv run` in a uv project. Every venv is removed afterwards (each holds a torch)."""
+    import shutil
+
+    wheel = _build_wheel(tmp_path)
+    constraints = _pinned_torch(tmp_path)
+    work, env = _user_folder(tmp_path)
+    for n, python in enumerate(_wheel_pythons()):
+        venv = tmp_path / f"venv{n}"
+        try:
+            made = subprocess.run([python, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=300)
+            assert made.returncode == 0, made.stderr
+            pip = [str(venv / "bin" / "python"), "-m", "pip"]
+            started = time.monotonic()
+            got = subprocess.run([*pip, "install", "-q", "-c", str(constraints), str(wheel)], env=env,
+                                 capture_output=True, text=True, timeout=1800)
+            assert got.returncode == 0, got.stderr[-3000:]
+            logging.getLogger(__name__).info("%s: pip install of the wheel with its dependencies took %.0f s", python,
+                                             time.monotonic() - started)
+            check = subprocess.run([*pip, "check"], capture_output=True, text=True, timeout=300)
+            assert check.returncode == 0, check.stdout + check.stderr  # nothing installed conflicts
+            _check_installed(venv / "bin", work, env, str(venv))
+            # the notebook extra beside JupyterLab 4 and ipykernel (what VS Code's notebook kernels run)
+            got = subprocess.run([*pip, "install", "-q", "-c", str(constraints), f"{wheel}[notebook]", "jupyterlab>=4",
+                                  "ipykernel"], env=env, capture_output=True, text=True, timeout=1800)
+            assert got.returncode == 0, got.stderr[-3000:]
+            check = subprocess.run([*pip, "check"], capture_output=True, text=True, timeout=300)
+            assert check.returncode == 0, check.stdout + check.stderr
+            widget = subprocess.run([str(venv / "bin" / "python"), "-c",
+                                     "import anywidget, jupyterlab, attnscope\n"
+                                     "from attnscope.app.notebook import Explorer\n"
+                                     "assert issubclass(Explorer, anywidget.AnyWidget)\n"
+                                     "print(jupyterlab.__version__)"], cwd=work, env=env, capture_output=True,
+                                    text=True, timeout=300)
+            assert widget.returncode == 0 and widget.stdout.startswith("4."), widget.stderr[-2000:]
+        finally:
+            shutil.rmtree(venv, ignore_errors=True)
+    if os.environ.get("ATTNSCOPE_WHEEL_UV") == "1":
+        _check_uv(wheel, constraints, _wheel_pythons()[0], tmp_path, work, env)
+
+
+def _check_uv(wheel: Path, constraints: Path, python: str, tmp_path: Path, work: Path, env: dict[str, str]) -> None:
+    """`uv pip install` of the wheel into a uv venv, and `uv run` of the console script in a uv project
+    that added the wheel (uv resolves everything itself: it reads none of pip's settings)."""
+    import shutil
+
+    uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    venv, project = tmp_path / "uv-venv", tmp_path / "uv-project"
+    try:
+        for cmd in ([uv, "venv", "-q", "--python", python, str(venv)],
+                    [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-c", str(constraints),
+                     str(wheel)]):
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+            assert done.returncode == 0, (cmd, done.stderr[-3000:])
+        _check_installed(venv / "bin", work, env, str(venv))
+        project.mkdir()
+        for cmd in ([uv, "init", "-q", "--bare", "--python", python, str(project)],
+                    [uv, "add", "-q", "--project", str(project), str(wheel)]):
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+            assert done.returncode == 0, (cmd, done.stderr[-3000:])
+        ran = subprocess.run([uv, "run", "-q", "--project", str(project), "attnscope", "analyze", "dog bites man",
+                              "--json"], cwd=work, env=env, capture_output=True, text=True, timeout=1800)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert "".join(t["text"] for t in json.loads(ran.stdout)["tokens"]) == "dog bites man"
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
+        shutil.rmtree(project, ignore_errors=True)
 
 
 def test_readme_cli_sequence_runs_as_written(tmp_path: Path) -> None:
