@@ -20,6 +20,7 @@ from attnscope.model.errors import (
     EngineError,
     ModelLoadError,
     Param,
+    RunComing,
     RunDetached,
     RunNotFound,
     TooLarge,
@@ -37,6 +38,7 @@ STATUS: dict[type[EngineError], int] = {
     UnknownModel: 404,
     RunNotFound: 404,
     RunDetached: 409,
+    RunComing: 503,
     BadInput: 422,
     AttentionUnavailable: 422,
     ModelLoadError: 503,
@@ -110,7 +112,8 @@ def _describe(error: dict[str, Any]) -> str:
 def install(app: FastAPI) -> None:
     @app.exception_handler(EngineError)
     async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, str(exc), exc.params), status_code=status_of(exc))
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RunComing) else None
+        return JSONResponse(error_body(exc.code, str(exc), exc.params), status_code=status_of(exc), headers=headers)
 
     @app.exception_handler(Busy)
     async def busy(_request: Request, exc: Busy) -> JSONResponse:

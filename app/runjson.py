@@ -40,6 +40,7 @@ class RunBody:
     induction_min_queries: int
     timing_ms: dict[str, float]
     scores_pending: tuple[str, ...]
+    stored: bool
     truncated: TruncatedOut | None = None
 
 
@@ -52,7 +53,7 @@ def run_body(run_id: str, cache: RunRecord, truncated: TruncatedOut | None = Non
     return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
                    n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
                    induction_queries=induction_queries(cache.input_ids), induction_min_queries=INDUCTION_MIN_QUERIES,
-                   timing_ms=s.timing_ms, scores_pending=s.scores_pending, truncated=truncated)
+                   timing_ms=s.timing_ms, scores_pending=s.scores_pending, stored=cache.stored, truncated=truncated)
 
 
 def run_out(run_id: str, cache: RunRecord) -> RunOut:

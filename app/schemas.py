@@ -88,6 +88,12 @@ class ChatMessage(Strict):
     content: str = Field(max_length=1_000_000, examples=["What is attention?"])
 
 
+class StoredOut(BaseModel):
+    run_id: str
+    stored: bool = Field(description="the run's file is on disk, whole and fsync'd: it survives a crash")
+    directory: bool = Field(description="whether this server keeps runs on disk at all (a run directory)")
+
+
 class RunRequest(Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"text": "The cat sat on the mat. The cat sat on the", "top_k": 5}]})
@@ -209,6 +215,12 @@ class RunOut(BaseModel):
                                 "fused kernel ran: \"entropy\", \"max\", \"prev_token\", \"first_token\", "
                                 "\"induction\"): null in `heads` until then; GET /api/runs/{run_id}/heads?wait=S "
                                 "returns them")
+    stored: bool = Field(
+        default=False, description="whether the run's file is on disk now (written whole and fsync'd, in the "
+                                   "server's run directory): a run answered with `stored: false` is being "
+                                   "written in the background (a crash in that moment loses it), or is kept in "
+                                   "memory only (no run directory, or over its cap). GET "
+                                   "/api/runs/{run_id}/stored?wait=S waits for the file")
     truncated: TruncatedOut | None = Field(
         default=None, description="set when `truncate` cut the text to the model's limit (in the answer to that "
                                   "POST /api/runs): what was kept; null otherwise")

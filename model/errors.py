@@ -18,7 +18,8 @@ EngineCode = Literal[
     "engine_error", "bad_input", "too_large", "attention_unavailable", "model_load_error",
     "unknown_model", "run_not_found", "run_expired",
     # runs kept on disk and run files
-    "bad_run_file", "run_over_disk", "run_model_missing", "run_model_changed",
+    "bad_run_file", "run_over_disk", "run_model_missing", "run_model_changed", "run_being_written",
+    "run_file_not_finite", "run_file_text_mismatch", "import_busy",
     # the prompt
     "empty", "chat_template_missing", "chat_template_rejected", "chat_template_empty",
     "too_long", "too_long_at_least", "too_long_at_least_read", "too_long_at_least_length", "too_long_chars",
@@ -46,7 +47,11 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "unknown_model": ("model", "available"),
     "run_not_found": ("run_id",), "run_expired": ("run_id",),
     # reason: what is wrong with the file (English); size, cap: formatted ("1,234 MiB")
-    "bad_run_file": ("reason",), "run_over_disk": ("size", "cap"),
+    "bad_run_file": ("reason",), "run_over_disk": ("size", "cap"), "run_being_written": ("run_id", "retry_after"),
+    # tensor: the first tensor holding a NaN or an infinity; reason: how the token spans fail the text
+    "run_file_not_finite": ("reason", "tensor"), "run_file_text_mismatch": ("reason",),
+    # sizes formatted ("1,234 MiB"): the imports in flight, the bytes this one needs, the budget
+    "import_busy": ("in_flight", "need", "budget"),
     "run_model_missing": ("model", "available"), "run_model_changed": ("model",),
     "empty": (),
     "chat_template_missing": ("model",), "chat_template_rejected": ("reason",), "chat_template_empty": (),
@@ -108,6 +113,17 @@ class UnknownModel(EngineError):
                          params={"model": name, "available": list(available)})
 
 
+class RunComing(EngineError):
+    """A run another worker answered a moment ago, whose file it is still writing: 503, retry shortly."""
+
+    default_code = "run_being_written"
+    retry_after = 1
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id!r} is still being written by another worker; retry in {self.retry_after} s",
+                         params={"run_id": run_id, "retry_after": self.retry_after})
+
+
 class RunNotFound(EngineError):
     default_code = "run_not_found"
 
@@ -126,8 +142,10 @@ class BadInput(EngineError):
 class BadRunFile(BadInput):
     """A run file that is not a complete attnscope run (truncated, another format, inconsistent): 422."""
 
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"not a usable attnscope run file: {reason}", code="bad_run_file", params={"reason": reason})
+    def __init__(self, reason: str, *, code: EngineCode = "bad_run_file", params: Mapping[str, Param] | None = None
+                 ) -> None:
+        super().__init__(f"not a usable attnscope run file: {reason}", code=code,
+                         params={"reason": reason, **(params or {})})
 
 
 class RunDetached(EngineError):

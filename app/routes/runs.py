@@ -32,6 +32,7 @@ from attnscope.app.schemas import (
     RunRequest,
     SparsityHead,
     SparsityOut,
+    StoredOut,
     TruncatedOut,
 )
 from attnscope.app.settings import DEFAULT_TOP_K, Settings
@@ -93,13 +94,55 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
     return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache, cut)), status=201)
 
 
+# before /runs/{run_id}: another method on /runs/import is this route's 405 (Allow: POST), not a run id's
+@router.post("/runs/import", status_code=201, response_model=RunOut,
+             responses={**ERRORS, 413: {"model": ErrorOut}},
+             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
+                 "schema": {"type": "string", "format": "binary"}}}}},
+             summary="Store a run file (format=attnscope) as a run here",
+             description="The body is a run file as `GET /api/runs/{id}/export?format=attnscope` gives it "
+                         "(at most ATTNSCOPE_MAX_RUN_FILE_BYTES, 512 MiB unless configured: 413). "
+                         "Every part is checked before it is stored; a "
+                         "file that is not a complete run (truncated, another format, inconsistent shapes or "
+                         "sizes) answers 422 `bad_run_file` and nothing is kept. 201 with the run, under a new "
+                         "id. Its attention is served from what it keeps whatever model made it; a tool that "
+                         "runs the model answers 409 (`run_model_missing`, `run_model_changed`) unless that "
+                         "model is loaded here as it was.")
+async def import_run(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
+    data = await request.body()
+    result = await run_in_threadpool(files.import_run, engine, data=data, max_bytes=settings.max_run_file_bytes)
+    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
+
+
 @router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")
 def get_run(run_id: str, engine: EngineDep) -> Response:
     return _typed_json(RUN_JSON.dump_json(run_body(run_id, engine.run(run_id))))
 
 
-MAX_WAIT_S = 60.0  # the longest a heads request may hold its connection for scores still being computed
 WAIT_POLL_S = 0.05
+MAX_STORED_WAIT_S = 10.0  # the longest a stored request holds its connection (a 16k-token run writes in 0.3 s)
+
+
+@router.get("/runs/{run_id}/stored", response_model=StoredOut, responses=ERRORS,
+            summary="Whether the run's file is on disk (survives a crash); waits for it if asked to",
+            description="POST /api/runs answers as soon as its forward is done, with `stored: false` while the "
+                        "run's file is written in the background (milliseconds to a few hundred). This "
+                        "endpoint says whether it is on disk now, whole and fsync'd; `wait` (seconds, at most "
+                        "10) holds the request until it is or the time is up, without holding a thread. "
+                        "`directory: false`: this server keeps runs in memory only, `stored` stays false.")
+async def run_stored(run_id: str, engine: EngineDep,
+                     wait: Annotated[float, Query(ge=0, le=MAX_STORED_WAIT_S,
+                                                  description="seconds to wait for the file (0: answer at once)")]
+                     = 0.0) -> StoredOut:
+    cache = await run_in_threadpool(engine.run, run_id)
+    directory = engine.store.backing is not None
+    deadline = time.monotonic() + wait
+    while directory and not cache.stored and time.monotonic() < deadline:
+        await anyio.sleep(WAIT_POLL_S)
+    return StoredOut(run_id=run_id, stored=cache.stored, directory=directory)
+
+
+MAX_WAIT_S = 60.0  # the longest a heads request may hold its connection for scores still being computed
 
 
 @router.get(
@@ -116,14 +159,14 @@ WAIT_POLL_S = 0.05
 async def run_heads(run_id: str, engine: EngineDep,
                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait for scores still "
                                                  "being computed (0: answer at once)")] = 0.0) -> Response:
-    cache = engine.run(run_id)  # a dict look-up under the store's lock: no work on the event loop
+    cache = await run_in_threadpool(engine.run, run_id)  # may read the run's file: off the event loop
     deadline = time.monotonic() + wait
     while cache.summary.scores_pending and (cache.pending is None or not cache.pending.done.is_set()):
         left = deadline - time.monotonic()
         if left <= 0:
             break
         await anyio.sleep(min(WAIT_POLL_S, left))
-    cache = engine.run(run_id)  # RunNotFound (expired) when it was evicted meanwhile
+    cache = await run_in_threadpool(engine.run, run_id)  # RunNotFound (expired) when it was evicted meanwhile
     s = cache.summary
     pending = list(s.scores_pending)
     out = HeadsOut(run_id=run_id, heads=[HeadOut.model_validate(h, from_attributes=True) for h in s.heads],
@@ -277,25 +320,6 @@ def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
 def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
     return SparsityOut(heads=[SparsityHead.model_validate(h, from_attributes=True)
                               for h in runs.sparsity(engine, run_id=run_id)])
-
-
-@router.post("/runs/import", status_code=201, response_model=RunOut,
-             responses={**ERRORS, 413: {"model": ErrorOut}},
-             openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
-                 "schema": {"type": "string", "format": "binary"}}}}},
-             summary="Store a run file (format=attnscope) as a run here",
-             description="The body is a run file as `GET /api/runs/{id}/export?format=attnscope` gives it "
-                         "(at most ATTNSCOPE_MAX_RUN_FILE_BYTES, 512 MiB unless configured: 413). "
-                         "Every part is checked before it is stored; a "
-                         "file that is not a complete run (truncated, another format, inconsistent shapes or "
-                         "sizes) answers 422 `bad_run_file` and nothing is kept. 201 with the run, under a new "
-                         "id. Its attention is served from what it keeps whatever model made it; a tool that "
-                         "runs the model answers 409 (`run_model_missing`, `run_model_changed`) unless that "
-                         "model is loaded here as it was.")
-async def import_run(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
-    data = await request.body()
-    result = await run_in_threadpool(files.import_run, engine, data=data, max_bytes=settings.max_run_file_bytes)
-    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
 
 
 @router.get("/runs/{run_id}/next", response_model=NextOut, responses=ERRORS,

@@ -60,6 +60,16 @@ def _checked(run_id: str) -> str:
     return run_id
 
 
+def host_name() -> str:
+    """This host's name as file names and markers carry it."""
+    return _host()
+
+
+def alive(pid: int) -> bool:
+    """Whether a process of this host with this id is running."""
+    return _alive(pid)
+
+
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 

@@ -10,21 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 
-from attnscope.model.errors import BadRunFile, EngineError
+from attnscope.model.errors import BadRunFile, EngineError, RunComing
 from attnscope.model.runs import runfile
-from attnscope.model.runs.disk import RunDir, valid_id
+from attnscope.model.runs.disk import RunDir, alive, host_name, valid_id
 from attnscope.model.runs.jobthread import JobThread
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.scores.late import PendingScores
 
 log = logging.getLogger(__name__)
 COMING = "coming"  # the run directory's folder of markers: a run's file being written
-COMING_S = 30.0  # the longest a worker waits for another's file (and the age of a marker left by a dead one)
+COMING_S = 30.0  # a marker of another host's writer older than this is a dead writer's
+WAIT_S = 1.0  # the longest a handler waits for a live writer's file; past it: 503 with Retry-After
 
 
 @dataclass(frozen=True)
@@ -51,20 +54,36 @@ class RunFiles(JobThread[_Write]):
         self.folder = folder
         self.describe = describe
         # "this run's file is on its way": made before the analyse answers, removed once the file is there,
-        # so that another worker asked for the run meanwhile waits for the file instead of answering 404
+        # so that another worker asked for the run meanwhile waits (a moment) for the file instead of
+        # answering 404. A marker names its writer ("host pid"): one whose writer is gone is cleared at once
         self.coming = folder.path / COMING
         self.coming.mkdir(exist_ok=True)
-        now = time.time()
+        self._marker = f"{host_name()} {os.getpid()}\n".encode()
         for marker in self.coming.iterdir():  # a writer killed before it finished: not coming any more
+            self._live(marker)
+
+    def _live(self, marker: Path) -> bool:
+        """Whether a marker's writer may still write the file: a process of this host that is alive, or
+        another host's marker younger than COMING_S. A dead writer's marker is removed (False)."""
+        try:
+            words = marker.read_text(encoding="ascii", errors="replace").split()
+            age = time.time() - marker.stat().st_mtime
+        except OSError:
+            return False  # gone meanwhile: written, or cleared by another worker
+        here = len(words) == 2 and words[0] == host_name() and words[1].isdigit()
+        live = alive(int(words[1])) if here else age < COMING_S
+        if not live:
             with contextlib.suppress(OSError):
-                if now - marker.stat().st_mtime > COMING_S:
-                    marker.unlink()
+                marker.unlink()
+            log.info("run %s: its writer is gone (%s); the marker is cleared", marker.name,
+                     " ".join(words[:2]) or "an empty marker")
+        return live
 
     # ---- the store's side ------------------------------------------------------------------------
     def saved(self, run_id: str, record: RunRecord) -> None:
         """Write the run's file soon (after an add, or when its late head scores were settled)."""
         with contextlib.suppress(OSError):  # cheap, before the response: other workers will wait for it
-            (self.coming / run_id).touch()
+            (self.coming / run_id).write_bytes(self._marker)
         with self._cond:
             self._closed = False
             self._jobs = type(self._jobs)(j for j in self._jobs if j.run_id != run_id)  # only the newest state
@@ -73,10 +92,14 @@ class RunFiles(JobThread[_Write]):
 
     def load(self, run_id: str) -> RunRecord | None:
         """The run read back from its file (None: no file). A file that is not a usable run is set aside
-        and refused (``BadRunFile``, 422)."""
+        and refused (``BadRunFile``, 422). A run another live worker is writing is waited for WAIT_S at
+        most, then ``RunComing`` (503, Retry-After): a handler thread is never held longer."""
         data = self.folder.get(run_id)
-        deadline = time.monotonic() + COMING_S
-        while data is None and valid_id(run_id) and (self.coming / run_id).exists() and time.monotonic() < deadline:
+        deadline = time.monotonic() + WAIT_S
+        marker = self.coming / run_id
+        while data is None and valid_id(run_id) and self._live(marker):
+            if time.monotonic() > deadline:
+                raise RunComing(run_id)
             time.sleep(0.02)  # another worker is writing it (it answered the analyse a moment ago)
             data = self.folder.get(run_id)
         if data is None:
@@ -99,6 +122,7 @@ class RunFiles(JobThread[_Write]):
             data = runfile.dump(record, model_fingerprint=origin.model_fingerprint,
                                 tokenizer_fingerprint=origin.tokenizer_fingerprint, dtype=origin.dtype)
             self.folder.put(job.run_id, data)
+            record.stored = True  # on disk, fsync'd: GET /api/runs/{id}/stored says so
         except EngineError as err:  # over the directory's cap: the run stays in memory only
             log.warning("run %s is not kept on disk: %s", job.run_id, err.message)
         except OSError as err:  # a full disk, a directory removed under us: memory only, said once a run
@@ -143,6 +167,7 @@ def record_of(data: bytes, *, max_bytes: int) -> RunRecord:
     read = runfile.read(data, max_bytes=max_bytes)
     record = read.record
     record.model_fingerprint = read.model_fingerprint
+    record.stored = True  # read from a file: it is on disk
     if read.pending_fields and record.summary.scores_pending:
         record.pending = PendingScores(fields=dict(read.pending_fields), started=time.perf_counter())
     return record

@@ -70,6 +70,9 @@ class RunRecord:
     # what was attached after the run was stored (sparsity), counted by RunStore.grow
     extra_bytes: int = 0
     pending: PendingScores | None = None
+    # its file is on disk, whole and fsync'd (the run directory's writer sets it; a run read back from
+    # one has it): what POST /api/runs' ``stored`` and GET /api/runs/{id}/stored report
+    stored: bool = False
     # the fingerprint of the model that made it, once known ("": not computed; a run read from its file
     # has the file's): a tool that needs the model refuses when the model here has another
     model_fingerprint: str = ""

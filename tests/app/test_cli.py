@@ -301,6 +301,8 @@ def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: 
             check = subprocess.run([*pip, "check"], capture_output=True, text=True, timeout=300)
             assert check.returncode == 0, check.stdout + check.stderr  # nothing installed conflicts
             _check_installed(venv / "bin", work, env, str(venv))
+            if n:
+                continue  # the notebook extra once, on the first interpreter
             # the notebook extra beside JupyterLab 4 and ipykernel (what VS Code's notebook kernels run)
             got = subprocess.run([*pip, "install", "-q", "-c", str(constraints), f"{wheel}[notebook]", "jupyterlab>=4",
                                   "ipykernel"], env=env, capture_output=True, text=True, timeout=1800)
@@ -322,27 +324,35 @@ def test_the_wheel_installs_under_one_name_and_serves_from_any_folder(tmp_path: 
 
 def _check_uv(wheel: Path, constraints: Path, python: str, tmp_path: Path, work: Path, env: dict[str, str]) -> None:
     """`uv pip install` of the wheel into a uv venv, and `uv run` of the console script in a uv project
-    that added the wheel (uv resolves everything itself: it reads none of pip's settings)."""
+    that added the wheel: uv resolves everything itself (it reads none of pip's settings), on the given
+    interpreter (UV_PYTHON_DOWNLOADS=never: a user's own Python, never one uv would fetch)."""
     import shutil
 
     uv = shutil.which("uv") or str(Path(sys.executable).parent / "uv")
+    env = {**env, "UV_PYTHON_DOWNLOADS": "never"}
     venv, project = tmp_path / "uv-venv", tmp_path / "uv-project"
+
+    def uv_ok(*args: str, cwd: Path | None = None) -> str:
+        done = subprocess.run([uv, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+        assert done.returncode == 0, (args, done.stderr[-3000:])
+        return done.stdout
+
+    def analysed(out: str) -> None:
+        assert "".join(t["text"] for t in json.loads(out)["tokens"]) == "dog bites man"
+
     try:
-        for cmd in ([uv, "venv", "-q", "--python", python, str(venv)],
-                    [uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-c", str(constraints),
-                     str(wheel)]):
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-            assert done.returncode == 0, (cmd, done.stderr[-3000:])
-        _check_installed(venv / "bin", work, env, str(venv))
+        uv_ok("venv", "-q", "--python", python, str(venv))
+        uv_ok("pip", "install", "-q", "--python", str(venv / "bin" / "python"), "-c", str(constraints), str(wheel))
+        uv_ok("pip", "check", "--python", str(venv / "bin" / "python"))
+        script = subprocess.run([str(venv / "bin" / "attnscope"), "analyze", "dog bites man", "--json"], cwd=work,
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert script.returncode == 0, script.stderr[-2000:]
+        analysed(script.stdout)
         project.mkdir()
-        for cmd in ([uv, "init", "-q", "--bare", "--python", python, str(project)],
-                    [uv, "add", "-q", "--project", str(project), str(wheel)]):
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-            assert done.returncode == 0, (cmd, done.stderr[-3000:])
-        ran = subprocess.run([uv, "run", "-q", "--project", str(project), "attnscope", "analyze", "dog bites man",
-                              "--json"], cwd=work, env=env, capture_output=True, text=True, timeout=1800)
-        assert ran.returncode == 0, ran.stderr[-3000:]
-        assert "".join(t["text"] for t in json.loads(ran.stdout)["tokens"]) == "dog bites man"
+        uv_ok("init", "-q", "--bare", "--python", python, str(project))
+        uv_ok("add", "-q", "--python", python, "--project", str(project), str(wheel))
+        analysed(uv_ok("run", "-q", "--python", python, "--project", str(project), "attnscope", "analyze",
+                       "dog bites man", "--json", cwd=work))
     finally:
         shutil.rmtree(venv, ignore_errors=True)
         shutil.rmtree(project, ignore_errors=True)
