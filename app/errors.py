@@ -18,6 +18,7 @@ from attnscope.model.errors import (
     AttentionUnavailable,
     BadInput,
     EngineError,
+    ImportBusy,
     ModelLoadError,
     Param,
     RunComing,
@@ -39,6 +40,7 @@ STATUS: dict[type[EngineError], int] = {
     RunNotFound: 404,
     RunDetached: 409,
     RunComing: 503,
+    ImportBusy: 503,
     BadInput: 422,
     AttentionUnavailable: 422,
     ModelLoadError: 503,
@@ -112,7 +114,7 @@ def _describe(error: dict[str, Any]) -> str:
 def install(app: FastAPI) -> None:
     @app.exception_handler(EngineError)
     async def engine_error(_request: Request, exc: EngineError) -> JSONResponse:
-        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RunComing) else None
+        headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, RunComing | ImportBusy) else None
         return JSONResponse(error_body(exc.code, str(exc), exc.params), status_code=status_of(exc), headers=headers)
 
     @app.exception_handler(Busy)

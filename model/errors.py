@@ -124,6 +124,18 @@ class RunComing(EngineError):
                          params={"run_id": run_id, "retry_after": self.retry_after})
 
 
+class ImportBusy(EngineError):
+    """Run files being opened at once would hold more than the memory budget: 503, retry shortly."""
+
+    default_code = "import_busy"
+    retry_after = 2
+
+    def __init__(self, in_flight: str, need: str, budget: str) -> None:
+        super().__init__(f"other run files (and forwards) being opened hold {in_flight} now; this one needs {need} "
+                         f"and the memory budget is {budget} (ATTNSCOPE_FORWARD_BYTES): retry in {self.retry_after} s",
+                         params={"in_flight": in_flight, "need": need, "budget": budget})
+
+
 class RunNotFound(EngineError):
     default_code = "run_not_found"
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnscope.app import standalone
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
@@ -36,8 +37,10 @@ from attnscope.app.schemas import (
     TruncatedOut,
 )
 from attnscope.app.settings import DEFAULT_TOP_K, Settings
+from attnscope.app.upload import spooled
 from attnscope.model.errors import BadInput
 from attnscope.model.runs.export import to_safetensors
+from attnscope.model.runs.persist import RunFiles
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.tile_store import OVERVIEW, Tiles
 from attnscope.model.runs.tiles import MASKED_U8, TileSpec, u8_tile
@@ -104,14 +107,27 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
                          "(at most ATTNSCOPE_MAX_RUN_FILE_BYTES, 512 MiB unless configured: 413). "
                          "Every part is checked before it is stored; a "
                          "file that is not a complete run (truncated, another format, inconsistent shapes or "
-                         "sizes) answers 422 `bad_run_file` and nothing is kept. 201 with the run, under a new "
+                         "sizes; a NaN or an infinity in a tensor: `run_file_not_finite`; tokens that do not rebuild "
+                         "the text: `run_file_text_mismatch`) answers 422 and nothing is kept. The body is streamed "
+                         "to a temporary file and checked there (memory holds a buffer, never the body); a run "
+                         "too large to keep answers 413 before its tensors are read, and while other imports "
+                         "hold the memory budget, 503 `import_busy` with Retry-After. 201 with the run, under a new "
                          "id. Its attention is served from what it keeps whatever model made it; a tool that "
                          "runs the model answers 409 (`run_model_missing`, `run_model_changed`) unless that "
                          "model is loaded here as it was.")
 async def import_run(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
-    data = await request.body()
-    result = await run_in_threadpool(files.import_run, engine, data=data, max_bytes=settings.max_run_file_bytes)
+    backing = engine.store.backing
+    folder = backing.folder.path if isinstance(backing, RunFiles) else None
+    async with spooled(request, folder) as path:  # streamed to disk: memory holds a buffer, not the body
+        result = await run_in_threadpool(files.import_run_file, engine, path=path,
+                                         max_bytes=settings.max_run_file_bytes)
     return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
+
+
+@router.api_route("/runs/import", methods=["GET", "PUT", "PATCH", "DELETE", "OPTIONS"], include_in_schema=False)
+def import_other_methods() -> Response:
+    """The import path answers its own methods: POST only (else GET /runs/import would read "import" as a run id)."""
+    raise StarletteHTTPException(405, "only POST stores a run file here", headers={"Allow": "POST"})
 
 
 @router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")

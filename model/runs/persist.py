@@ -164,7 +164,11 @@ class RunFiles(JobThread[_Write]):
 
 def record_of(data: bytes, *, max_bytes: int) -> RunRecord:
     """A run file's run, checked (``BadRunFile``: 422), with the head scores it still owed owed again."""
-    read = runfile.read(data, max_bytes=max_bytes)
+    return record_from(runfile.read(data, max_bytes=max_bytes))
+
+
+def record_from(read: runfile.StoredRun) -> RunRecord:
+    """The run of a file read (``runfile.read`` / ``read_path``), with the head scores it still owed owed again."""
     record = read.record
     record.model_fingerprint = read.model_fingerprint
     record.stored = True  # read from a file: it is on disk

@@ -31,12 +31,14 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load, save
+from safetensors.torch import load, load_file, save
 
 from attnscope.model.capture.spans import RangeMask
 from attnscope.model.errors import BadRunFile
@@ -243,21 +245,42 @@ def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _safetensors_header(data: bytes, max_bytes: int) -> tuple[dict[str, Any], int]:
-    """The safetensors header (parsed JSON) and where the tensor data starts, checked against the file."""
-    _need(len(data) <= max_bytes, f"the file is {len(data):,} bytes, more than the {max_bytes:,} allowed")
-    _need(len(data) >= 8, f"the file is {len(data)} bytes: too short to hold a header (truncated?)")
+def _safetensors_header(data: bytes, max_bytes: int, size: int | None = None) -> tuple[dict[str, Any], int]:
+    """The safetensors header (parsed JSON) and where the tensor data starts, checked against the file.
+    ``data``: the file, or its beginning (at least the header) when ``size`` gives the file's length."""
+    total = len(data) if size is None else size
+    _need(total <= max_bytes, f"the file is {total:,} bytes, more than the {max_bytes:,} allowed")
+    _need(total >= 8, f"the file is {total} bytes: too short to hold a header (truncated?)")
     length = int.from_bytes(data[:8], "little")
     _need(length <= HEADER_CAP,
           "it does not begin as a run file does (8 bytes of header length, then its JSON header): another kind "
           "of file?")
-    _need(8 + length <= len(data), f"the header declares {length:,} bytes but the file holds {len(data) - 8:,} "
-                                   "after its length (truncated?)")
+    _need(8 + length <= total, f"the header declares {length:,} bytes but the file holds {total - 8:,} "
+                               "after its length (truncated?)")
     try:
         parsed = json.loads(data[8 : 8 + length].decode("utf-8"), object_pairs_hook=_unique)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise BadRunFile(f"the header is not JSON ({type(err).__name__}: {str(err)[:80]})") from None
     return _dict(parsed, "the header"), 8 + length
+
+
+def head_of(path: Path) -> tuple[bytes, int]:
+    """A file's safetensors header bytes (8 + its declared length, at most 8 + HEADER_CAP) and its size:
+    all that ``read_path`` checks before it loads a tensor."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        start = f.read(8)
+        length = int.from_bytes(start, "little") if len(start) == 8 else 0
+        return start + f.read(min(length, HEADER_CAP)), size
+
+
+def tensor_bytes(path: Path, *, max_bytes: int) -> int:
+    """The bytes of tensor data a run file holds, from its header alone (checked as ``read`` checks it):
+    what loading it will take, to refuse before loading what cannot fit."""
+    head, size = head_of(path)
+    st, start = _safetensors_header(head, max_bytes, size)
+    _check_tensors(st, _expected(_run_header(st)), size - start)
+    return size - start
 
 
 def _run_header(st: dict[str, Any]) -> dict[str, Any]:
@@ -353,7 +376,23 @@ def _tokens(header: dict[str, Any], ids: list[int], text: str) -> list[Token]:
               f"tokens[{i}] spans [{start}, {end}), outside the text's {len(text)} characters")
         out.append(Token(index=i, id=tid, text=_str(row[1], f"tokens[{i}].text"), start=start, end=end,
                          special=_bool(row[4], f"tokens[{i}].special"), partial=_bool(row[5], f"tokens[{i}].partial")))
+    _spans_rebuild(out, text)
     return out
+
+
+def _spans_rebuild(tokens: list[Token], text: str) -> None:
+    """The tokens' spans tile the text, in order, as tokenizing it made them (model/load/tokens.py: every
+    character belongs to exactly one token; a special or partial token may cover none): a span that
+    starts anywhere but where the previous one ended, or text no token covers, is refused."""
+    cursor = 0
+    for t in tokens:
+        if t.start != cursor:
+            raise BadRunFile(f"tokens[{t.index}] starts at character {t.start:,}, where the text so far ends at "
+                             f"{cursor:,}: the tokens' spans do not rebuild the text", code="run_file_text_mismatch")
+        cursor = t.end
+    if cursor != len(text):
+        raise BadRunFile(f"the tokens cover the text's first {cursor:,} of {len(text):,} characters: the rest "
+                         "belongs to no token", code="run_file_text_mismatch")
 
 
 def _predictions(header: dict[str, Any], t: dict[str, torch.Tensor]) -> list[PositionPrediction]:
@@ -409,10 +448,24 @@ def _pending(header: dict[str, Any], n_layers: int) -> tuple[tuple[str, ...], di
 def read(data: bytes, *, max_bytes: int) -> StoredRun:
     """A run file's run, every part checked (``BadRunFile`` otherwise); ``max_bytes``: the largest file
     accepted (a body limit, the run directory's cap)."""
-    st, start = _safetensors_header(data, max_bytes)
+    return _read(data, len(data), lambda: load(data), max_bytes=max_bytes)
+
+
+def read_path(path: Path, *, max_bytes: int) -> StoredRun:
+    """``read`` of a file on disk: its header is read and checked first, then its tensors are loaded from
+    the file (memory-mapped by safetensors, copied once into the run): the file is never held as bytes
+    beside them."""
+    head, size = head_of(path)
+    return _read(head, size, lambda: load_file(path), max_bytes=max_bytes)
+
+
+def _read(data: bytes, size: int, tensors: Callable[[], dict[str, torch.Tensor]], *, max_bytes: int) -> StoredRun:
+    """``data``: the file or its beginning (its header at least); ``size``: the file's bytes; ``tensors``
+    loads them (called once everything the header says is checked)."""
+    st, start = _safetensors_header(data, max_bytes, size)
     header = _run_header(st)
     expected = _expected(header)
-    _check_tensors(st, expected, len(data) - start)
+    _check_tensors(st, expected, size - start)
     text = _str(header.get("text"), "text")
     model = _str(header.get("model"), "model")
     layers = [_dict(lay, "layers[]") for lay in header["layers"]]
@@ -428,12 +481,19 @@ def read(data: bytes, *, max_bytes: int) -> StoredRun:
         _need(softcap is None or (math.isfinite(softcap) and softcap > 0), f"layers[{i}].softcap must be above 0")
         params.append((_finite(lay.get("scaling"), f"layers[{i}].scaling"), softcap, int(lay["groups"])))
     try:
-        t = load(data)
-    except (SafetensorError, ValueError, RuntimeError) as err:  # checked above: safetensors disagreeing
+        t = tensors()
+    except (SafetensorError, ValueError, RuntimeError, OSError) as err:  # checked above: safetensors disagreeing
         raise BadRunFile(f"the tensors cannot be read ({type(err).__name__}: {str(err)[:80]})") from None
     for name, (kind, shape) in expected.items():  # what was loaded is what was checked
         _need(name in t and t[name].dtype == DTYPES[kind][0] and tuple(t[name].shape) == shape,
               f"tensor {name} was not read as the header declares it")
+    for name, (kind, _shape) in expected.items():  # NaN or an infinity would come back as zeros, or as scores
+        values = t[name]
+        if name == "predictions.next_prob":  # NaN where a position has no next token (its id is -1): only there
+            values = values[t["predictions.next"][:, 0] >= 0]
+        if kind in ("F32", "F64") and not bool(torch.isfinite(values).all()):
+            raise BadRunFile(f"tensor {name} holds a NaN or an infinity (every float a run keeps is finite)",
+                             code="run_file_not_finite", params={"tensor": name})
     ids = t["input_ids"]
     _need(bool((ids >= 0).all()), "input_ids holds a negative id")
     attention = []

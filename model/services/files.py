@@ -8,12 +8,13 @@ from pathlib import Path
 
 import torch
 
-from attnscope.model.errors import BadInput
+from attnscope.model.errors import BadInput, ImportBusy, TooLarge
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import PositionPrediction
 from attnscope.model.runs import runfile
+from attnscope.model.runs.budget import mib, mib_over
 from attnscope.model.runs.disk import write_whole
-from attnscope.model.runs.persist import Origin, record_of
+from attnscope.model.runs.persist import Origin, record_from, record_of
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.runfile import StoredRun
 from attnscope.model.scores.analysis import HeadScore
@@ -34,7 +35,39 @@ def import_run(engine: Engine, *, data: bytes, max_bytes: int, adopt: str | None
     Its attention is served from what it keeps whatever the models here; a tool that needs its model
     answers 409 unless that model is loaded here as it was. ``adopt``: a loaded model that takes the run
     as its own, whatever name the file gives, when it is that very model (the same fingerprint)."""
-    record = record_of(data, max_bytes=max_bytes)
+    return _adopted(engine, record_of(data, max_bytes=max_bytes), adopt)
+
+
+IMPORT_WAIT_S = 5.0  # how long an import waits for room in the memory budget before 503 import_busy
+
+
+def import_run_file(engine: Engine, *, path: Path, max_bytes: int, adopt: str | None = None) -> RunResult:
+    """``import_run`` of a file on disk (an upload streamed there): its header is checked and the bytes its
+    tensors need are counted before any is loaded — a run that could never be kept is refused (413
+    ``run_over_cache``), and imports in flight together hold at most the memory budget (the forwards'
+    ``ATTNSCOPE_FORWARD_BYTES``; past it, 503 ``import_busy``). The file is never held as bytes."""
+    need = runfile.tensor_bytes(path, max_bytes=max_bytes)
+    if need > engine.store.max_bytes:
+        keep, cap = mib_over(need, engine.store.max_bytes)
+        raise TooLarge(f"this run file keeps {keep}; the run cache holds at most {cap} (ATTNSCOPE_CACHE_BYTES)",
+                       code="run_over_cache", params={"keep": keep, "cap": cap})
+    budget = engine.budget
+    if need > budget.total:
+        asked, total = mib_over(need, budget.total)
+        raise TooLarge(f"opening this run file needs {asked}; forwards and imports in flight may use at most "
+                       f"{total} (ATTNSCOPE_FORWARD_BYTES)", code="forward_too_big",
+                       params={"need": asked, "limit": total})
+    try:
+        with budget.reserve(need, timeout=IMPORT_WAIT_S):
+            record = record_from(runfile.read_path(path, max_bytes=max_bytes))
+    except TooLarge as err:
+        if err.code != "forward_busy":
+            raise
+        raise ImportBusy(mib(budget.used), mib(need), mib(budget.total)) from None
+    return _adopted(engine, record, adopt)
+
+
+def _adopted(engine: Engine, record: RunRecord, adopt: str | None) -> RunResult:
     if adopt is not None and record.model_fingerprint == engine.origin_of(adopt).model_fingerprint:
         record.model = adopt
     run_id = engine.store.add(record)

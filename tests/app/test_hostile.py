@@ -107,6 +107,7 @@ def _query_cases(run: str) -> list[str]:
               "/api/compare?a=nope&b=nope", "/api/compare?a=x", "/api/runs/nope", "/api/runs/nope/residual",
               "/api/runs/nope/sparsity", "/api/runs/nope/heads", "/api/nothing-here"]
     cases += [f"/api/runs/{run}/heads?wait={v}" for v in ("-1", "61", "1e400", "nan", "x", "")]
+    cases += [f"/api/runs/{run}/stored?wait={v}" for v in ("-1", "11", "1e400", "nan", "x", "")] + ["/api/runs/nope/stored"]
     return cases
 
 

@@ -53,6 +53,8 @@ REQUESTS: dict[str, list[Request]] = {
                                          ("GET", "/api/runs/{enc}/attention?layer=1&head=3&size=4", None)],
     "GET /api/runs/{run_id}/heads": [("GET", "/api/runs/{run}/heads?wait=60", None),
                                      ("GET", "/api/runs/{enc}/heads", None)],
+    "GET /api/runs/{run_id}/stored": [("GET", "/api/runs/{run}/stored?wait=5", None),
+                                      ("GET", "/api/runs/{enc}/stored", None)],
     "GET /api/runs/{run_id}/residual": [("GET", "/api/runs/{run}/residual", None)],
     "GET /api/runs/{run_id}/logit-lens": [("GET", "/api/runs/{run}/logit-lens?top_k=3", None)],
     "GET /api/runs/{run_id}/sparsity": [("GET", "/api/runs/{run}/sparsity", None),

@@ -329,3 +329,51 @@ def test_a_range_mask_answers_what_a_lazy_mask_does() -> None:
         RangeMask.of(torch.tensor([0, 2]), torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="whole run"):
         causal.whole(n + 1)
+
+
+def _nan_lse(t: dict[str, torch.Tensor]) -> None:
+    t["blocks.0.attn.lse"][1, 3] = float("nan")
+
+
+def _inf_q(t: dict[str, torch.Tensor]) -> None:
+    t["blocks.1.attn.hook_rot_q"][0, 0, 0] = float("inf")
+
+
+def _inf_prob(t: dict[str, torch.Tensor]) -> None:
+    t["predictions.top_probs"][0, 0] = float("-inf")
+
+
+@pytest.mark.parametrize(("edit", "tensor"), [(_nan_lse, "blocks.0.attn.lse"), (_inf_q, "blocks.1.attn.hook_rot_q"),
+                                              (_inf_prob, "predictions.top_probs")])
+def test_a_nan_or_an_infinity_in_any_float_tensor_is_refused(edit: Callable[[dict[str, torch.Tensor]], None],
+                                                            tensor: str) -> None:
+    """#36: such a file was stored and its rows came back as zeros; now it is refused, naming the tensor."""
+    with pytest.raises(BadRunFile) as err:
+        read(_resaved(tensors=edit), max_bytes=MAX)
+    assert err.value.code == "run_file_not_finite" and err.value.params["tensor"] == tensor
+
+
+def _script_prefix(header: dict[str, Any]) -> None:
+    header["text"] = "<script>alert(1)</script>" + header["text"]  # no token covers it
+
+
+def _huge_text(header: dict[str, Any]) -> None:
+    header["text"] = header["text"] + "x" * (15 << 20)  # 15 MiB of text after the last token
+
+
+def _gap(header: dict[str, Any]) -> None:
+    header["tokens"][3][2] += 1  # token 3 starts a character late: one character belongs to no token
+
+
+@pytest.mark.parametrize("edit", [_script_prefix, _huge_text, _gap])
+def test_tokens_that_do_not_rebuild_the_text_are_refused(edit: Callable[[dict[str, Any]], None]) -> None:
+    with pytest.raises(BadRunFile) as err:
+        read(_resaved(run=edit), max_bytes=MAX)
+    assert err.value.code == "run_file_text_mismatch", err.value.message
+    assert "rebuild" in err.value.message or "belongs to no token" in err.value.message
+
+
+def test_a_good_file_still_reads_and_its_last_position_keeps_its_nan() -> None:
+    """The one NaN a run file holds on purpose: the probability of a next token the last position lacks."""
+    stored = read(_good(), max_bytes=MAX)
+    assert stored.record.summary.predictions[-1].actual_next is None
