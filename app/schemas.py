@@ -430,12 +430,14 @@ class PositionsOut(BaseModel):
 class TimingRequest(Strict):
     model_config = ConfigDict(json_schema_extra={"examples": [{"text": "The cat sat on the mat", "repeats": 3}]})
 
-    text: str = Field(description="the prompt: at most 64 tokens (the uncached serial run grows with the square "
-                                  "of the length; past it, 422)", examples=["The cat sat on the mat"])
+    text: str = Field(description="the prompt: at most 32 tokens (the uncached serial run grows with the square "
+                                  "of the length; past it, 422). The work is estimated first from two probe "
+                                  "forwards: a timing that would take over 10 s here answers 422 "
+                                  "`timing_over_budget` with the estimate", examples=["The cat sat on the mat"])
     model: str | None = Field(None, description="a configured model with an LM head; default if omitted")
-    repeat_to: StrictInt | None = Field(None, ge=1, le=64,
+    repeat_to: StrictInt | None = Field(None, ge=1, le=32,
                                         description="repeat the prompt's tokens to this many (a longer text to time)")
-    repeats: StrictInt = Field(5, ge=1, le=9,
+    repeats: StrictInt = Field(5, ge=1, le=5,
                                description="timed repeats of each mode; the per-step times are their medians")
 
     _check_text = field_validator("text")(_text_not_blank)

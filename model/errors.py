@@ -30,7 +30,7 @@ EngineCode = Literal[
     "no_lm_head", "encoder_no_lm_head", "post_norm_unsupported", "norm_unsupported", "projection_shape",
     # limits on what a request may cost
     "run_too_big", "run_over_cache", "forward_too_big", "forward_busy", "too_many_cells", "export_too_large",
-    "timing_long", "max_new_tokens_too_large", "generate_too_long", "watch_needs_record", "watch_out_of_range",
+    "timing_long", "timing_over_budget", "max_new_tokens_too_large", "generate_too_long", "watch_needs_record", "watch_out_of_range",
     "different_models",
     # the Patch tool
     "patch_space", "patch_one", "patch_lengths", "patch_same_token", "patch_same", "patch_flops",
@@ -76,7 +76,7 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "run_too_big": ("keep", "tokens", "peak", "cap"), "run_over_cache": ("keep", "cap"),
     "forward_too_big": ("need", "limit"), "forward_busy": ("need",),
     "too_many_cells": ("cells", "limit"), "export_too_large": ("cells", "limit"),
-    "timing_long": ("tokens", "max"),
+    "timing_long": ("tokens", "max"), "timing_over_budget": ("seconds", "budget", "forwards", "tokens", "repeats"),
     "max_new_tokens_too_large": ("max_new_tokens", "limit"),
     "generate_too_long": ("tokens", "max_new_tokens", "limit"),
     "watch_needs_record": (), "watch_out_of_range": ("max_layer", "max_head"),

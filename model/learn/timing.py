@@ -73,6 +73,38 @@ class Turns:
             self.since = time.perf_counter()
 
 
+HANDOFF_COST = 1 + HANDOFF_S / HANDOFF_AFTER_S  # the lock left free HANDOFF_S in every HANDOFF_AFTER_S held
+
+
+@dataclass(frozen=True, slots=True)
+class Cost:
+    """What a ``parallel_vs_serial`` of n tokens will take, estimated from two probe forwards."""
+
+    seconds: float
+    forwards: int
+
+
+def cost(lm: LoadedModel, ids: torch.Tensor, repeats: int) -> Cost:
+    """Estimate a timing before running it: one forward of 1 token (t1, the best of two) and one of all n
+    (tn), then per repeat (and the warm-up) the parallel forward tn, n cached steps (about t1 each) and n
+    uncached prefixes (from t1 to tn, linearly): (repeats + 1) x (tn + n t1 + n (t1 + tn) / 2), with the
+    lock's hand-overs. Takes the model's lock for the probes (a few forwards' time)."""
+    n = ids.shape[0]
+    ids = ids.to(lm.input_device)
+    with lm.lock, torch.inference_mode():
+        one = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            lm.model(input_ids=ids[None, :1], use_cache=False)
+            one.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        lm.model(input_ids=ids[None], use_cache=False)
+        whole = time.perf_counter() - t0
+    t1 = min(one)
+    per_repeat = whole + n * t1 + n * (t1 + whole) / 2
+    return Cost(seconds=(repeats + 1) * per_repeat * HANDOFF_COST, forwards=(repeats + 1) * (2 * n + 1))
+
+
 def parallel_vs_serial(lm: LoadedModel, ids: torch.Tensor, repeats: int = 5) -> Timings:
     """Time one forward over n tokens, n serial steps with the KV cache, and n serial steps
     that recompute the prefix, ``repeats`` times each, interleaved (so that a slow moment of a

@@ -33,10 +33,11 @@ from attnscope.model.runs.budget import estimate
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.runs import check_position
 
-TIMING_MAX_TOKENS = 64  # the uncached serial run grows with the square of the length
+TIMING_MAX_TOKENS = 32  # the uncached serial run grows with the square of the length
+TIMING_BUDGET_S = 10.0  # a timing estimated to take longer is refused with its numbers (timing_over_budget)
 MAX_TOP = 50  # nearest rows of E one embedding request may ask for
 MAX_POSITIONS = 1024  # positions one position-table request may ask for
-MAX_REPEATS = 9  # timed repeats of each mode
+MAX_REPEATS = 5  # timed repeats of each mode (32 tokens x 5 on the bundled model: about 9 s on 2 cores)
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,13 @@ def timing(engine: Engine, *, model: str | None = None, text: str, repeats: int 
     info, n = lm.info, len(tokens)
     kv_cache = 2 * 4 * info.n_layers * n * info.n_kv_heads * info.d_head
     with engine.budget.reserve(forward_bytes(lm, n) + kv_cache):  # the lock: a turn at a time, inside
+        cost = timing_lesson.cost(lm, ids_tensor(tokens), repeats)  # two probe forwards, before the work
+        if cost.seconds > TIMING_BUDGET_S:
+            raise BadInput(f"timing {n} tokens {repeats} times would take about {cost.seconds:.0f} s here "
+                           f"({cost.forwards:,} forwards of {lm.info.name}); a timing may take at most "
+                           f"{TIMING_BUDGET_S:.0f} s: ask for fewer repeats or tokens", code="timing_over_budget",
+                           params={"seconds": round(cost.seconds, 1), "budget": TIMING_BUDGET_S,
+                                   "forwards": cost.forwards, "tokens": n, "repeats": repeats})
         measured = timing_lesson.parallel_vs_serial(lm, ids_tensor(tokens), repeats)
     return Timing(model=lm.info.name, tokens=[t.text for t in tokens],
                   **{f.name: getattr(measured, f.name) for f in dataclasses.fields(measured)})

@@ -73,6 +73,7 @@ export default {
  "err.too_many_cells": "This request would send {cells} cells, more than this server sends at once ({limit}): ask for a smaller range.",
  "err.export_too_large": "The JSON export of this run would hold {cells} attention cells, more than this server sends at once ({limit}).",
  "err.timing_long": "The prompt has {tokens} tokens; the timing takes at most {max}.",
+ "err.timing_over_budget": "Timing {tokens} tokens {repeats} times would take about {seconds} s on this server ({forwards} forwards); a timing may take at most {budget} s. Ask for fewer repeats or a shorter text.",
  "err.max_new_tokens_too_large": "{max_new_tokens} new tokens are more than this server's limit of {limit}.",
  "err.generate_too_long": "The prompt ({tokens} tokens) and {max_new_tokens} new tokens are more than this model's limit of {limit} tokens.",
  "err.watch_needs_record": "Watching a head while generating needs the generation recorded.",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -143,7 +144,7 @@ def test_timing(client: TestClient) -> None:
     long = client.post("/api/timing", json={"text": "I love artificial intelligence", "repeat_to": 10, "repeats": 1}).json()
     assert long["n"] == 10 and long["tokens"][4:8] == long["tokens"][:4]
     r = client.post("/api/timing", json={"text": " ".join(["w"] * 80)})
-    assert r.status_code == 422 and "at most 64" in r.json()["message"]
+    assert r.status_code == 422 and "at most 32" in r.json()["message"]
     assert client.post("/api/timing", json={"text": "hi", "model": "minilm-l6"}).status_code == 422
 
 
@@ -375,3 +376,27 @@ def test_closing_the_engine_stops_its_warm_up(tiny_models: dict[str, LoadedModel
     stopped.set()
     with pytest.raises(embedding.Stopped):
         embedding.twin_counts(torch.randn(8, 4), stopped)
+
+
+def test_a_timing_over_its_budget_is_refused_with_the_estimate_before_any_work(
+        client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """#36: the timing lesson estimates its work from two probe forwards and refuses above the budget,
+    naming the numbers; the schema's maxima are what the server serves (33 tokens, 6 repeats: 422)."""
+    from attnscope.model.learn import timing as timing_lesson
+    from attnscope.model.services import learn as learn_service
+
+    ran: list[int] = []
+    real = timing_lesson.parallel_vs_serial
+    monkeypatch.setattr(timing_lesson, "parallel_vs_serial", lambda *a, **k: ran.append(1) or real(*a, **k))
+    monkeypatch.setattr(learn_service, "TIMING_BUDGET_S", 0.001)  # any timing is over it
+    started = time.monotonic()
+    r = client.post("/api/timing", json={"text": "The cat sat on the mat", "repeat_to": 32, "repeats": 5})
+    assert r.status_code == 422 and r.json()["code"] == "timing_over_budget", r.text
+    params = r.json()["params"]
+    assert params["tokens"] == 32 and params["repeats"] == 5 and params["forwards"] == 6 * 65
+    assert params["seconds"] > 0 and "about" in r.json()["message"] and not ran
+    assert time.monotonic() - started < 5  # refused after the probes, not after the work
+    for body in ({"text": "x", "repeat_to": 33}, {"text": "x", "repeats": 6}):
+        assert client.post("/api/timing", json=body).status_code == 422
+    schema = client.get("/openapi.json").json()["components"]["schemas"]["TimingRequest"]["properties"]
+    assert schema["repeats"]["maximum"] == 5 and schema["repeat_to"]["anyOf"][0]["maximum"] == 32
