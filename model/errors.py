@@ -30,7 +30,8 @@ EngineCode = Literal[
     "no_lm_head", "encoder_no_lm_head", "post_norm_unsupported", "norm_unsupported", "projection_shape",
     # limits on what a request may cost
     "run_too_big", "run_over_cache", "forward_too_big", "forward_busy", "too_many_cells", "export_too_large",
-    "timing_long", "timing_over_budget", "max_new_tokens_too_large", "generate_too_long", "watch_needs_record", "watch_out_of_range",
+    "timing_long", "timing_over_budget", "max_new_tokens_too_large", "generate_too_long", "watch_needs_record",
+    "watch_out_of_range",
     "different_models",
     # the Patch tool
     "patch_space", "patch_one", "patch_lengths", "patch_same_token", "patch_same", "patch_flops",
