@@ -77,6 +77,7 @@ def _serve_one(settings: Settings, opened: Path | None = None, browser: bool = F
 
     from attnscope.app.main import build_engine, create_app
     from attnscope.app.memory import tune_malloc
+    from attnscope.app.middleware import H11_MAX_EVENT
     from attnscope.model.errors import EngineError
     from attnscope.model.runs.disk import RunDirError
     from attnscope.model.scores import probes
@@ -114,7 +115,7 @@ def _serve_one(settings: Settings, opened: Path | None = None, browser: bool = F
         threading.Timer(1.0, webbrowser.open, args=(url,)).start()  # once the server listens
     # no "server: uvicorn" header: nothing tells a client which server software (and version) answers
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level.lower(),
-                server_header=False)
+                server_header=False, h11_max_incomplete_event_size=H11_MAX_EVENT)
     return 0
 
 
@@ -123,6 +124,7 @@ def _serve_workers(settings: Settings, workers: int) -> int:
     run (read from its file), and a run's late head scores are computed once (a claim on its file)."""
     import uvicorn
 
+    from attnscope.app.middleware import H11_MAX_EVENT
     from attnscope.model.runs.disk import RunDir, RunDirError
 
     if not settings.run_dir:
@@ -144,7 +146,8 @@ def _serve_workers(settings: Settings, workers: int) -> int:
     sys.stdout.flush()
     _warn_every_interface(settings)
     uvicorn.run("attnscope.app.main:worker_app", factory=True, workers=workers, host=settings.host,
-                port=settings.port, log_level=settings.log_level.lower(), server_header=False)
+                port=settings.port, log_level=settings.log_level.lower(), server_header=False,
+                h11_max_incomplete_event_size=H11_MAX_EVENT)
     return 0
 
 

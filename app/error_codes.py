@@ -23,6 +23,7 @@ HttpCode = Literal[
     "body_too_large",  # 413: over ATTNSCOPE_MAX_BODY_BYTES (params: max_bytes)
     "unsupported_media_type",  # 415: JSON declared in a charset other than UTF-8 (params: charset)
     "body_not_utf8",  # 400 (params: byte, offset)
+    "uri_too_long",  # 414: a request line longer than the server reads (params: bytes, max_bytes)
     "json_too_deep",  # 400: JSON nested hundreds of levels deep
     "host_not_allowed",  # 400: a Host header this server does not answer to (params: host, allowed)
     "cors_refused",  # 400: a CORS preflight from an origin, method or header not allowed (params: reason)
@@ -34,7 +35,8 @@ HTTP_CODES: tuple[HttpCode, ...] = get_args(HttpCode)
 HTTP_PARAMS: dict[HttpCode, tuple[str, ...]] = {
     "invalid_request": ("field", "problem"), "not_found": ("path",), "method_not_allowed": ("method",),
     "http_error": ("status",), "body_too_large": ("max_bytes",), "unsupported_media_type": ("charset",),
-    "body_not_utf8": ("byte", "offset"), "json_too_deep": (), "host_not_allowed": ("host", "allowed"),
+    "body_not_utf8": ("byte", "offset"), "uri_too_long": ("bytes", "max_bytes"), "json_too_deep": (),
+    "host_not_allowed": ("host", "allowed"),
     "cors_refused": ("reason",), "busy": ("model", "retry_after"), "generation_failed": ("n_new",),
     "internal_error": (),
 }

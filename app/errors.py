@@ -168,7 +168,7 @@ def _unreadable_body(cause: BaseException | None) -> tuple[int, ErrorCode, str, 
     if isinstance(cause, BodyTooLarge):  # a chunked body (no Content-Length) streamed past the limit
         return 413, "body_too_large", str(cause), {"max_bytes": cause.max_bytes}
     if isinstance(cause, UnicodeDecodeError):
-        byte = cause.object[cause.start:cause.start + 1].hex()
+        byte = bytes(cause.object[cause.start:cause.start + 1]).hex()
         return 400, "body_not_utf8", (f"the request body is not valid UTF-8 (byte 0x{byte} at offset {cause.start}): "
                                       "send JSON encoded as UTF-8"), {"byte": f"0x{byte}", "offset": cause.start}
     if isinstance(cause, RecursionError):

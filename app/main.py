@@ -16,7 +16,7 @@ from fastapi.staticfiles import StaticFiles
 from attnscope.app import errors, routes
 from attnscope.app.errors import ErrorOut
 from attnscope.app.gate import Gate
-from attnscope.app.middleware import AllowedHosts, BodyLimit, Cors, SecurityHeaders, Utf8Json
+from attnscope.app.middleware import AllowedHosts, BodyLimit, Cors, SecurityHeaders, UrlLimit, Utf8Json
 from attnscope.app.settings import Settings
 from attnscope.model.load.models import load_model
 from attnscope.model.runs.budget import mib
@@ -68,11 +68,44 @@ def _cap(node: dict[str, Any], maximum: int) -> None:
             branch["maximum"] = maximum
 
 
-def state_limits(schema: dict[str, Any], settings: Settings) -> None:
+def _bound(node: dict[str, Any], lo: int, hi: int) -> None:
+    """Set an integer schema's minimum and maximum (in ``anyOf`` and ``prefixItems`` too)."""
+    for branch in node.get("anyOf", [node]):
+        if branch.get("type") == "integer":
+            branch["minimum"], branch["maximum"] = lo, hi
+
+
+def index_bounds(engine: Engine | None, settings: Settings) -> dict[str, tuple[int, int]]:
+    """The range of each index parameter the server enforces, for the models it has loaded (the largest
+    of them where several differ): layers, heads, positions of a run (at most ATTNSCOPE_MAX_TOKENS and
+    the models' own limit), vocabulary ids. An index outside answers 422 (``*_out_of_range``)."""
+    if engine is None or not engine.models:
+        return {}
+    infos = [lm.info for lm in engine.models.values()]
+    tokens = max(min(settings.max_tokens, i.max_positions or settings.max_tokens) for i in infos)
+    layers, heads = max(i.n_layers for i in infos), max(i.n_heads for i in infos)
+    vocab = max(i.vocab_size for i in infos)
+    return {"layer": (0, layers - 1), "head": (0, heads - 1), "watch_layer": (0, layers - 1),
+            "watch_head": (0, heads - 1), "position": (0, tokens - 1), "q0": (0, tokens - 1), "k0": (0, tokens - 1),
+            "q1": (0, tokens), "k1": (0, tokens), "id": (0, vocab - 1), "token": (0, vocab - 1),
+            "token_b": (0, vocab - 1)}
+
+
+def state_limits(schema: dict[str, Any], settings: Settings, engine: Engine | None = None) -> None:
     """Write this server's configured limits into its OpenAPI document, where the static schemas can only
-    name the setting: top_k at most ATTNSCOPE_MAX_TOP_K, max_new_tokens at most ATTNSCOPE_MAX_NEW_TOKENS;
-    and say on every ``run_id`` where a run id comes from."""
+    name the setting: top_k at most ATTNSCOPE_MAX_TOP_K, max_new_tokens at most ATTNSCOPE_MAX_NEW_TOKENS,
+    every index (layer, head, position, token id, tile bounds) within what the loaded models have
+    (``index_bounds``); and say on every ``run_id`` where a run id comes from."""
     components = schema.get("components", {}).get("schemas", {})
+    bounds = index_bounds(engine, settings)
+    for component in components.values():
+        for name, prop in component.get("properties", {}).items():
+            if name in bounds:
+                _bound(prop, *bounds[name])
+    if "AblateRequest" in components and "layer" in bounds:  # heads: [[layer, head], ...]
+        pair = components["AblateRequest"]["properties"]["heads"]["items"]["prefixItems"]
+        _bound(pair[0], *bounds["layer"])
+        _bound(pair[1], *bounds["head"])
     if "RunRequest" in components:
         _cap(components["RunRequest"]["properties"]["top_k"], settings.max_top_k)
     if "GenerateRequest" in components:
@@ -80,6 +113,8 @@ def state_limits(schema: dict[str, Any], settings: Settings) -> None:
     for path, operations in schema.get("paths", {}).items():
         for operation in operations.values():
             for parameter in operation.get("parameters", []):
+                if parameter["name"] in bounds and parameter["in"] == "query":
+                    _bound(parameter["schema"], *bounds[parameter["name"]])
                 if parameter["name"] == "run_id" and parameter["in"] == "path":
                     parameter.setdefault("description", RUN_ID_DOC)
                 if path == "/api/runs/{run_id}/next" and parameter["name"] == "top_k":
@@ -129,7 +164,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         if app.openapi_schema is not None:
             return app.openapi_schema
         schema = generated()  # kept in app.openapi_schema: the limits are written once
-        state_limits(schema, settings)
+        state_limits(schema, settings, app.state.engine)
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -144,6 +179,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         app.add_middleware(Cors, allow_origins=settings.cors_origins, allow_methods=["GET", "POST"],
                            allow_headers=["content-type"])
     app.add_middleware(Utf8Json)
+    app.add_middleware(UrlLimit)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
                        paths={"/api/runs/import": (settings.max_run_file_bytes, "ATTNSCOPE_MAX_RUN_FILE_BYTES")})
     app.add_middleware(AllowedHosts, bound=settings.host, allowed=settings.allowed_hosts)  # before anything else

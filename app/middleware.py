@@ -122,15 +122,65 @@ class AllowedHosts:
                          {"host": None if header is None else header[:200], "allowed": sorted(self.exact)})
 
 
+MAX_URL_BYTES = 256 << 10  # a request's path and query string at most (uvicorn reads up to H11_MAX_EVENT)
+H11_MAX_EVENT = 1 << 20  # uvicorn's h11 limit on a request line and headers: past it only uvicorn can answer
+
+
+class UrlLimit:
+    """Answer 414 in the JSON every error has (and with the security headers, which wrap it) for a request
+    line whose path and query are longer than MAX_URL_BYTES: no route takes one, and uvicorn reads up to
+    H11_MAX_EVENT before it would answer with its own plain-text 400."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path") or scope.get("path", "").encode()) + len(scope.get("query_string", b""))
+            if size > MAX_URL_BYTES:
+                await send_error(send, 414, "uri_too_long", f"the request's address is {size:,} bytes; this server "
+                                 f"reads at most {MAX_URL_BYTES:,} (send a long text in a POST body instead)",
+                                 {"bytes": size, "max_bytes": MAX_URL_BYTES})
+                return
+        await self.app(scope, receive, send)
+
+
+def _json_type(content_type: str | None) -> bool:
+    if not content_type:
+        return True  # FastAPI reads an undeclared body as JSON
+    parsed = email.message.Message()
+    parsed["content-type"] = content_type
+    subtype = parsed.get_content_subtype()
+    return parsed.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
 class Utf8Json:
     """Answer 415 for a JSON body declared in a charset other than UTF-8: JSON is UTF-8 (RFC 8259), and a
-    Latin-1 body read as UTF-8 would be mangled or refused with a vaguer message."""
+    Latin-1 body read as UTF-8 would be mangled or refused with a vaguer message. A body sent as UTF-16 or
+    UTF-32 without saying so (json.loads would guess it from its BOM or its NUL bytes, which no UTF-8 JSON
+    text holds) is refused as not UTF-8 (400 body_not_utf8), as it streams in."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         content_type = _header(scope, b"content-type") if scope["type"] == "http" else None
+        if scope["type"] == "http" and _json_type(content_type):
+            seen = 0
+            inner = receive
+
+            async def utf8_receive() -> Message:
+                nonlocal seen
+                message = await inner()
+                if message["type"] == "http.request":
+                    body: bytes = message.get("body", b"")
+                    at = 0 if seen == 0 and body[:2] in (b"\xff\xfe", b"\xfe\xff") else body.find(b"\x00")
+                    if at >= 0:
+                        raise UnicodeDecodeError("utf-8", body, at, at + 1, "a UTF-16 or UTF-32 body, not UTF-8")
+                    seen += len(body)
+                return message
+
+            receive = utf8_receive
         if content_type:
             parsed = email.message.Message()
             parsed["content-type"] = content_type

@@ -115,7 +115,8 @@ def parse_heads(heads: str, n_layers: int, n_heads: int) -> list[tuple[int, int]
     for part in (p.strip() for p in heads.split(",") if p.strip()):
         m = re.fullmatch(r"(\d+)\.(\d+)", part)
         if not m or int(m[1]) >= n_layers or int(m[2]) >= n_heads:
-            raise BadInput(f"heads: {part!r} is not LAYER.HEAD of this run (layers 0..{n_layers - 1}, "
+            shown = part if len(part) <= 40 else part[:40] + "…"  # an excerpt: never the whole input echoed
+            raise BadInput(f"heads: {shown!r} is not LAYER.HEAD of this run (layers 0..{n_layers - 1}, "
                            f"heads 0..{n_heads - 1}), e.g. heads=4.0,2.3")
         if (int(m[1]), int(m[2])) not in out:
             out.append((int(m[1]), int(m[2])))

@@ -99,6 +99,7 @@ export default {
  "err.body_too_large": "The request is larger than this server accepts ({max_bytes} bytes).",
  "err.unsupported_media_type": "The request body is declared as charset {charset}; send JSON encoded as UTF-8.",
  "err.body_not_utf8": "The request body is not valid UTF-8 (byte {byte} at offset {offset}).",
+ "err.uri_too_long": "The request's address is {bytes} bytes, longer than this server reads ({max_bytes}): send a long text in the box, not in the link.",
  "err.json_too_deep": "The request's JSON is nested too deeply to read.",
  "err.host_not_allowed": "This server does not answer to the host {host}; it answers to {allowed}.",
  "err.cors_refused": "This cross-origin request is refused: its {reason} is not allowed.",

@@ -99,6 +99,7 @@ export default {
  "err.body_too_large": "请求体超过了服务器接受的上限（{max_bytes} 字节）。",
  "err.unsupported_media_type": "请求体声明的字符集是 {charset}；请发送以 UTF-8 编码的 JSON。",
  "err.body_not_utf8": "请求体不是有效的 UTF-8（偏移 {offset} 处的字节 {byte}）。",
+ "err.uri_too_long": "请求的地址长达 {bytes} 字节，超过了服务器能读取的上限（{max_bytes}）：请把长文本填在输入框里，不要放在链接中。",
  "err.json_too_deep": "请求的 JSON 嵌套层数太深，无法读取。",
  "err.host_not_allowed": "这台服务器不响应主机名 {host}；它只响应 {allowed}。",
  "err.cors_refused": "跨域请求被拒绝：不允许它的 {reason}。",

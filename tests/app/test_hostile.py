@@ -27,7 +27,9 @@ def raw(engine: Engine) -> TestClient:
 
 @pytest.fixture(scope="module")
 def run_id(raw: TestClient) -> str:
-    return raw.post("/api/runs", json={"text": "a small prompt for hostile tests"}).json()["run_id"]
+    made = raw.post("/api/runs", json={"text": "a small prompt for hostile tests"})
+    assert made.status_code == 201, made.text
+    return str(made.json()["run_id"])
 
 
 def _raw_bodies() -> list[tuple[bytes, dict[str, str]]]:

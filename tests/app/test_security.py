@@ -145,3 +145,43 @@ def test_the_test_clients_host_is_allowed_explicitly() -> None:
     """tests/conftest.py names TestClient's "testserver"; a server's defaults do not."""
     assert Settings().allowed_hosts == ["testserver"]
     assert Settings(allowed_hosts=[]).allowed_hosts == []
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-16-be", "utf-32"])
+def test_a_json_body_that_is_not_utf8_is_refused(client: TestClient, encoding: str) -> None:
+    """#36: json.loads guesses UTF-16/32 from a BOM or NUL bytes; the API reads JSON as UTF-8 only."""
+    body = json.dumps({"text": "The cat sat on the mat."}).encode(encoding)
+    for content_type in ("application/json", None):
+        headers = {"content-type": content_type} if content_type else {}
+        r = client.post("/api/runs", content=body, headers=headers)
+        assert r.status_code == 400 and r.json()["code"] == "body_not_utf8", (encoding, r.text)
+        assert r.headers["x-content-type-options"] == "nosniff"
+    assert client.post("/api/runs", json={"text": "The cat sat on the mat."}).status_code == 201  # UTF-8 still is
+
+
+def test_an_oversize_request_line_gets_the_json_error_and_the_headers(tiny_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """#36: uvicorn reads request lines up to 1 MiB (its default answered past ~64 kB with a plain-text 400
+    and no security headers); the app answers a path and query over 256 KiB with 414 in the JSON shape."""
+    import socket
+
+    from tests.app.test_run_store_processes import attnscope
+
+    def request_line(url: str, target: str) -> tuple[int, dict[str, str], bytes]:
+        """A GET sent as raw bytes (httpx refuses a query this long before it sends it)."""
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        return int(lines[0].split()[1]), headers, body
+
+    with attnscope(["serve"], tiny_dirs["llama"], tmp_path / "runs", tmp_path / "serve.log") as url:
+        status, headers, body = request_line(url, "/api/models?x=" + "a" * (300 << 10))
+        assert status == 414 and json.loads(body)["code"] == "uri_too_long", body[:300]
+        assert headers["x-content-type-options"] == "nosniff" and "content-security-policy" in headers
+        status, _headers, _body = request_line(url, "/?text=" + "a" * (100 << 10))  # a long shared link still opens
+        assert status == 200
