@@ -160,12 +160,15 @@ class Utf8Json:
     UTF-32 without saying so (json.loads would guess it from its BOM or its NUL bytes, which no UTF-8 JSON
     text holds) is refused as not UTF-8 (400 body_not_utf8), as it streams in."""
 
+    BINARY = frozenset({"/api/runs/import"})  # routes whose body is bytes (a run file), never JSON
+
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         content_type = _header(scope, b"content-type") if scope["type"] == "http" else None
-        if scope["type"] == "http" and _json_type(content_type):
+        sniff = scope["type"] == "http" and _json_type(content_type) and scope.get("path") not in self.BINARY
+        if sniff:
             seen = 0
             inner = receive
 
@@ -193,7 +196,22 @@ class Utf8Json:
                                  "UTF-8 (Content-Type: application/json, or with charset=utf-8)",
                                  {"charset": charset[:40]})
                 return
-        await self.app(scope, receive, send)
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except UnicodeDecodeError as err:  # read outside FastAPI's body parsing (which answers 400 itself)
+            if not sniff or started:
+                raise
+            byte = bytes(err.object[err.start:err.start + 1]).hex()
+            await send_error(send, 400, "body_not_utf8", f"the request body is not valid UTF-8 (byte 0x{byte} at "
+                             f"offset {err.start}): send JSON encoded as UTF-8", {"byte": f"0x{byte}",
+                                                                                   "offset": err.start})
 
 
 class BodyTooLarge(Exception):

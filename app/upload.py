@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from attnscope.model.runs.disk import TMP_PREFIX, host_name
 
-BUFFER = 4 << 20  # bytes gathered before each write (one thread hop per 4 MiB, not per network chunk)
+BUFFER = 1 << 20  # bytes gathered before each write (one thread hop per MiB, not per network chunk)
 
 
 @asynccontextmanager
@@ -32,10 +32,10 @@ async def spooled(request: Request, folder: Path | None) -> AsyncIterator[Path]:
         async for chunk in request.stream():
             buffer += chunk
             if len(buffer) >= BUFFER:
-                await run_in_threadpool(handle.write, bytes(buffer))
-                buffer.clear()
+                await run_in_threadpool(handle.write, buffer)  # the loop waits: the buffer is not touched meanwhile
+                del buffer[:]
         if buffer:
-            await run_in_threadpool(handle.write, bytes(buffer))
+            await run_in_threadpool(handle.write, buffer)
         await run_in_threadpool(handle.close)
         yield path
     finally:
