@@ -27,12 +27,22 @@ export async function check(response) {
 
 // fetch, whose failure to reach the server at all is an ApiError with code "network" (an abort stays
 // an AbortError: a newer request replaced it on purpose).
+// A GET answered 503 with a short Retry-After (a run another worker is still writing, a busy model) is
+// asked again after that wait, three times at most, before its refusal is shown.
 export async function request(url, init = {}) {
-  try {
-    return await fetch(url, init);
-  } catch (err) {
-    if (err && err.name === "AbortError") throw err;
-    throw new ApiError(0, String(err && err.message ? err.message : err), "network");
+  for (let attempt = 0; ; attempt += 1) {
+    let response;
+    try {
+      response = await fetch(url, init);
+    } catch (err) {
+      if (err && err.name === "AbortError") throw err;
+      throw new ApiError(0, String(err && err.message ? err.message : err), "network");
+    }
+    const wait = Number(response.headers.get("Retry-After"));
+    const get = !init.method || init.method === "GET";
+    if (response.status !== 503 || !get || attempt >= 3 || !(wait > 0 && wait <= 5)) return response;
+    await new Promise((resolve) => setTimeout(resolve, wait * 1000));
+    if (init.signal && init.signal.aborted) throw new DOMException("aborted", "AbortError");
   }
 }
 
