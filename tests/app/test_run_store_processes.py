@@ -106,6 +106,9 @@ def test_sigkill_during_an_analyse_and_during_the_late_scores_leaves_only_whole_
         with attnscope(["serve"], tiny_dirs["llama"], runs, tmp_path / f"kill{round_}.log") as url:
             health = httpx.get(f"{url}/api/health").json()
             made = httpx.post(f"{url}/api/runs", json={"text": TEXT * 3}, timeout=60).json()["run_id"]
+            # the analyse answers before its file is written (stored: false); once the server says the file
+            # is on disk, the run is promised to survive the kill (#36)
+            assert fresh(url, f"/api/runs/{made}/stored", wait=10).json()["stored"] is True
             kept[made] = fresh(url, f"/api/runs/{made}/attention", layer=0, head=1, format="f32").content
             # a second analyse in flight, its late scores and the files' writes racing the kill
             with suppress(httpx.TimeoutException):

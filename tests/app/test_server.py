@@ -50,6 +50,7 @@ def test_disconnect_stops_generation(base_url: str, engine: Engine) -> None:
 
 def test_server_keeps_answering_after_garbage(base_url: str) -> None:
     with httpx.Client(base_url=base_url, timeout=30) as c:
-        for body in (b"\xff\xfe", b"{", b"[]", b'{"text": null}'):
-            assert c.post("/api/runs", content=body, headers={"content-type": "application/json"}).status_code == 422
+        # a UTF-16 byte-order mark is not UTF-8 JSON (400 body_not_utf8, #36); the rest is JSON that does not fit
+        for body, status in ((b"\xff\xfe", 400), (b"{", 422), (b"[]", 422), (b'{"text": null}', 422)):
+            assert c.post("/api/runs", content=body, headers={"content-type": "application/json"}).status_code == status
         assert c.post("/api/runs", json={"text": "still alive"}).status_code == 201
