@@ -62,19 +62,11 @@ def _checked(run_id: str) -> str:
 
 def host_name() -> str:
     """This host's name as file names and markers carry it."""
-    return _host()
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
 
 
 def alive(pid: int) -> bool:
     """Whether a process of this host with this id is running."""
-    return _alive(pid)
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:64] or "host"
-
-
-def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -118,7 +110,7 @@ class RunDir:
     def __init__(self, path: Path, max_bytes: int) -> None:
         self.path = path
         self.max_bytes = max_bytes
-        self._host = _host()
+        self._host = host_name()
 
     @classmethod
     def open(cls, path: Path | str, max_bytes: int) -> RunDir:
@@ -128,7 +120,7 @@ class RunDir:
         try:
             where.mkdir(parents=True, exist_ok=True)
             (where / LOCKS).mkdir(exist_ok=True)
-            probe = where / f"{TMP_PREFIX}{_host()}.{os.getpid()}.{secrets.token_hex(4)}.probe"
+            probe = where / f"{TMP_PREFIX}{host_name()}.{os.getpid()}.{secrets.token_hex(4)}.probe"
             fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
                 os.write(fd, b"attnscope")
@@ -319,7 +311,7 @@ class RunDir:
                 age = now - path.stat().st_mtime
             except FileNotFoundError:
                 continue
-            dead = len(parts) == 6 and parts[2] == self._host and parts[3].isdigit() and not _alive(int(parts[3]))
+            dead = len(parts) == 6 and parts[2] == self._host and parts[3].isdigit() and not alive(int(parts[3]))
             if dead or age > STALE_TMP_S:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
