@@ -73,7 +73,7 @@ def architecture(path: Path) -> str | None:
 
     try:
         field = GGUFReader(str(path)).get_field("general.architecture")
-    except Exception:  # a damaged file: transformers says more below
+    except Exception:  # noqa: BLE001 -- a damaged file: transformers says more below
         return None
     if field is None:
         return None

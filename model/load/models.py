@@ -39,7 +39,6 @@ from attnscope.model import compat
 from attnscope.model.capture import interface as capture
 from attnscope.model.errors import AttentionUnavailable, ModelLoadError
 from attnscope.model.families.config import Dimensions, dimensions
-from attnscope.model.load import sources
 from attnscope.model.families.table import (
     ArchSpec,
     PositionEncoding,
@@ -50,6 +49,7 @@ from attnscope.model.families.table import (
     max_positions,
     spec_for,
 )
+from attnscope.model.load import sources
 
 log = logging.getLogger(__name__)
 
