@@ -22,11 +22,17 @@ log = logging.getLogger("attnscope")
 
 def model_overrides(items: list[str]) -> dict[str, Any]:
     """``--model NAME=SOURCE`` (repeatable): exactly these models, the first the default;
-    ``--model NAME`` alone: the default among the configured (or given) ones."""
+    ``--model SOURCE`` for a source that names itself (``smollm2-135m``, a ``.gguf`` file,
+    ``ollama:MODEL[:TAG]``): the same, under that name; ``--model NAME`` alone: the default among
+    the configured (or given) ones."""
+    from attnscope.model.load.sources import bare_name
+
     models: dict[str, str] = {}
     default: str | None = None
     for item in items:
         name, eq, source = (part.strip() for part in item.partition("="))
+        if not eq and (own := bare_name(name)) is not None:
+            name, source, eq = own, name, "="
         if not eq:
             default = name
             continue
@@ -190,11 +196,15 @@ def _analyze(args: argparse.Namespace) -> int:
     from attnscope.app.settings import Settings
     from attnscope.model.errors import EngineError
     from attnscope.model.load.models import load_model
+    from attnscope.model.load.sources import bare_name
     from attnscope.model.runs.record import RunStore
     from attnscope.model.services.engine import Engine
 
     settings = Settings()
     name = args.model or settings.default_model
+    if name not in settings.models and (own := bare_name(name)) is not None:  # analyze --model smollm2-135m
+        settings = settings.model_copy(update={"models": {**settings.models, own: name}})
+        name = own
     try:
         if name not in settings.models:
             raise EngineError(f"unknown model {name!r}; configured models: {', '.join(settings.models)}")
@@ -270,13 +280,16 @@ def main(argv: list[str] | None = None) -> int:
         command.add_argument("--port", type=int, default=None, help="default 8000")
         command.add_argument("--model", action="append", default=None, metavar="NAME[=SOURCE]",
                              help="NAME=SOURCE serves exactly the models given (repeatable; the first is the default; "
-                                  "SOURCE is a local folder, bundled:NAME, package:MODULE or a hub id such as "
-                                  "Qwen/Qwen2.5-0.5B-Instruct); NAME alone picks the default among ATTNSCOPE_MODELS")
+                                  "SOURCE is a local folder, a .gguf file, ollama:MODEL[:TAG], smollm2-135m, "
+                                  "bundled:NAME, package:MODULE or a hub id such as Qwen/Qwen2.5-0.5B-Instruct); "
+                                  "a .gguf file, ollama:MODEL or smollm2-135m alone is served under its own name; "
+                                  "NAME alone picks the default among ATTNSCOPE_MODELS")
     serve.add_argument("--workers", type=int, default=1,
                        help="processes on one port sharing ATTNSCOPE_RUN_DIR (each loads the models)")
     analyze = sub.add_parser("analyze", help="analyse one prompt and print the run")
     analyze.add_argument("text")
-    analyze.add_argument("--model", default=None)
+    analyze.add_argument("--model", default=None, metavar="NAME|SOURCE",
+                         help="a configured name, or a .gguf file, ollama:MODEL[:TAG] or smollm2-135m")
     analyze.add_argument("--top-k", type=int, default=5)
     analyze.add_argument("--json", action="store_true",
                          help="print the run as JSON, every head's attention included (the export format): "

