@@ -12,7 +12,8 @@ import { report, showError } from "./errors.js";
 import { drawFocus, drawHead, drawNextSoon, readout } from "./draw.js";
 import { isLong, noteWheel, onRelayout, tiles } from "./zoom.js";
 
-export const grid = new HeadGrid($("#head-grid"), { onSelect: (layer, head) => selectHead(layer, head), onError: report, getTile });
+export const grid = new HeadGrid($("#head-grid"), { onSelect: (layer, head) => selectHead(layer, head), onError: report, getTile, note: $("#grid-note") });
+$("#grid-filter")?.addEventListener("change", (ev) => grid.setFilter(ev.target.value)); // badges and rules: the grid's filter
 export const tools = new Tools($("#tools"), { selectHead, error: showError, prompt: () => $("#prompt").value });
 
 function moveCell() {
