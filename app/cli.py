@@ -63,7 +63,7 @@ def _settings(args: argparse.Namespace) -> Settings | None:
         return None
     settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     if "models" in overrides:  # exactly these: pydantic-settings would merge them into ATTNSCOPE_MODELS
-        settings = settings.model_copy(update={"models": overrides["models"]})
+        settings = settings.model_copy(update={"models": overrides["models"], "offer_installed": False})
     return settings
 
 
@@ -269,6 +269,12 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    return {"serve": _serve, "open": _open, "analyze": _analyze, "export": _export}[args.command](args)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnscope", description="see inside a transformer")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="start the web app")
@@ -300,9 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     export.add_argument("--layer", type=int, required=True)
     export.add_argument("--head", type=int, required=True)
     export.add_argument("--svg", type=Path, required=True, help="where to write the figure")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    return {"serve": _serve, "open": _open, "analyze": _analyze, "export": _export}[args.command](args)
+    return parser
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ from attnscope.app.errors import ErrorOut
 from attnscope.app.gate import Gate
 from attnscope.app.middleware import AllowedHosts, BodyLimit, Cors, SecurityHeaders, UrlLimit, Utf8Json
 from attnscope.app.settings import Settings
+from attnscope.model.load import sources
 from attnscope.model.load.models import load_model
 from attnscope.model.runs.budget import mib
 from attnscope.model.runs.disk import RunDir
@@ -138,6 +140,11 @@ def build_engine(settings: Settings) -> Engine:
     if folder is not None:
         store.backing = RunFiles(folder, engine.origin)
         log.info("runs are kept in %s (at most %s)", folder.path, mib(settings.run_dir_bytes))
+    if settings.offer_installed:
+        configured = set(settings.models.values())
+        for name in sources.installed_known():
+            if name not in settings.models and name not in configured:
+                engine.offer(name, sources.KNOWN[name].about, partial(load_model, name, name, placement))
     engine.warm_up()  # the Learn views' once-per-model sweeps, in the background
     return engine
 

@@ -52,8 +52,17 @@ class ModelOut(BaseModel):
         description="[layer][head] induction score on a random sequence repeated twice")
 
 
+class AvailableModelOut(BaseModel):
+    name: str
+    about: str = Field(description="what the model is and where it comes from")
+
+
 class ModelsOut(BaseModel):
-    models: list[ModelOut]
+    models: list[ModelOut] = Field(description="the loaded models")
+    available: list[AvailableModelOut] = Field(
+        default_factory=list, description="models offered but not loaded yet (a real model whose package is "
+        "installed): the first request naming one loads it (seconds; a GGUF file's first de-quantization, a "
+        "minute), then it is listed in `models`")
 
 
 class HealthOut(BaseModel):
@@ -389,7 +398,10 @@ class EmbeddingOut(BaseModel):
     double: list[Neighbour] = Field(description="the id 2k, when the vocabulary has it")
     untrained: bool = Field(
         description="this row is one of the near-identical rows of tokens training never saw")
-    untrained_count: int = Field(description="how many rows of E are flagged as untrained")
+    untrained_count: int = Field(description="how many rows of E are flagged as untrained (an estimate from "
+                                              "`untrained_examined` rows drawn at random where that is less than V)")
+    untrained_examined: int = Field(description="rows of E whose near-twins were counted: the vocabulary size, or "
+                                                "a random sample where the V x V sweep is too costly")
     random_mean: float = Field(description="mean cosine between random pairs of trained rows, for scale")
     random_std: float
 

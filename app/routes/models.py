@@ -8,7 +8,8 @@ from fastapi import APIRouter
 
 from attnscope.app.deps import EngineDep, TilesDep
 from attnscope.app.memory import rss_bytes
-from attnscope.app.schemas import HealthOut, ModelOut, ModelsOut
+from attnscope.app.schemas import AvailableModelOut, HealthOut, ModelOut, ModelsOut
+from attnscope.model.load.models import LoadedModel
 from attnscope.model.runs.persist import RunFiles
 from attnscope.model.scores import probes
 from attnscope.model.services.engine import Engine
@@ -16,14 +17,25 @@ from attnscope.model.services.engine import Engine
 router = APIRouter(tags=["models"])
 
 
+def model_out(engine: Engine, name: str, lm: LoadedModel) -> ModelOut:
+    return ModelOut(**asdict(lm.info), default=name == engine.default, family=lm.info.architecture,
+                    max_tokens=engine.token_limit(lm), induction_scores=probes.induction(lm))
+
+
 @router.get("/models", response_model=ModelsOut, summary="The models this server offers")
 def list_models(engine: EngineDep) -> ModelsOut:
-    out = []
-    for name, lm in engine.models.items():
-        out.append(ModelOut(**asdict(lm.info), default=name == engine.default, family=lm.info.architecture,
-                            max_tokens=engine.token_limit(lm),
-                            induction_scores=probes.induction(lm)))
-    return ModelsOut(models=out)
+    out = [model_out(engine, name, lm) for name, lm in engine.models.items()]
+    return ModelsOut(models=out, available=[AvailableModelOut(name=name, about=about)
+                                            for name, (about, _loader) in engine.loadable.items()])
+
+
+@router.post("/models/{name}/load", response_model=ModelOut,
+             summary="Load an offered model now (the explorer's picker does, before the first analyse)",
+             description="Answers once the model is loaded (seconds; a GGUF file's first de-quantization, about a "
+                         "minute); a loaded model answers at once. 404 `unknown_model` for a name neither loaded "
+                         "nor offered.")
+def load_offered(name: str, engine: EngineDep) -> ModelOut:
+    return model_out(engine, name, engine.model(name))
 
 
 @router.get("/health", response_model=HealthOut, summary="Liveness, the run cache's size and the process's memory")

@@ -15,6 +15,7 @@ import atexit
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -81,6 +82,10 @@ class Engine:
         self._warm_thread: threading.Thread | None = None
         self._origins: dict[str, Origin] = {}  # model name -> its fingerprints, computed once (run files)
         self._origins_lock = threading.Lock()
+        # name -> what loads it: models offered but loaded on first use (an installed real model beside the
+        # bundled default, which must start in seconds); ``model(name)`` loads one once, under this lock
+        self.loadable: dict[str, tuple[str, Callable[[], LoadedModel]]] = {}  # name -> (about, loader)
+        self._load_lock = threading.Lock()
         store.on_load = self.owe_scores  # a run read back from its file may still owe head scores
         for lm in self.models.values():
             probes.check_attention(lm)  # a model whose attention returns no weights never serves
@@ -123,12 +128,38 @@ class Engine:
     def model(self, name: str | None) -> LoadedModel:
         key = self.default if name is None else name
         if key not in self.models:
-            raise UnknownModel(key, list(self.models))
+            if key in self.loadable:
+                return self._load(key)
+            raise UnknownModel(key, list(self.models) + list(self.loadable))
         return self.models[key]
+
+    def offer(self, name: str, about: str, loader: Callable[[], LoadedModel]) -> None:
+        """Offer a model that ``model(name)`` loads on first use (``GET /api/models`` lists it as available)."""
+        if name not in self.models:
+            self.loadable = {**self.loadable, name: (about, loader)}
+
+    def _load(self, name: str) -> LoadedModel:
+        """Load an offered model once; requests for it meanwhile wait here (others go on). The dicts are
+        replaced, never changed in place, so a reader iterating the old one is undisturbed."""
+        with self._load_lock:
+            if name in self.models:
+                return self.models[name]
+            _about, loader = self.loadable[name]
+            t0 = time.perf_counter()
+            log.info("loading %s on first use", name)
+            lm = loader()
+            lm = lm if lm.info.name == name else replace(lm, info=replace(lm.info, name=name))
+            probes.check_attention(lm)
+            self.models = {**self.models, name: lm}
+            self.loadable = {k: v for k, v in self.loadable.items() if k != name}
+            log.info("loaded %s on first use in %.1f s", name, time.perf_counter() - t0)
+            return lm
 
     def model_of(self, cache: RunRecord) -> LoadedModel:
         """The model that made this run, as it was: a run read back from its file whose model is not
         loaded here, or has changed since, is refused (409) by every tool that runs the model."""
+        if cache.model not in self.models and cache.model in self.loadable:
+            self._load(cache.model)
         if cache.model not in self.models:
             raise RunDetached(f"this run was made with the model {cache.model!r}, which is not loaded here "
                               f"(loaded: {', '.join(sorted(self.models))}): its attention is read from the run, "

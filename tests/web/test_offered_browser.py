@@ -1,0 +1,52 @@
+"""The explorer's picker lists an offered model (installed, not loaded), loads it when picked, and then
+analyses with it like any other; in Chinese too."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from attnscope.app.main import create_app
+from attnscope.app.settings import Settings
+from attnscope.model.load.models import LoadedModel, load_model
+from tests.support.tiny import make_engine
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def offered_url(tiny_dirs: dict[str, Path]) -> Iterator[str]:
+    from tests.support.servers import serve
+
+    engine = make_engine({"tiny-gpt2": load_model("tiny-gpt2", str(tiny_dirs["gpt2"]))}, "tiny-gpt2")
+
+    def loader() -> LoadedModel:
+        return load_model("later", str(tiny_dirs["llama"]))
+
+    engine.offer("later", "a tiny llama offered here", loader)
+    with serve(create_app(Settings(models={}, default_model="tiny-gpt2"), engine)) as url:
+        yield url
+    engine.close()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_picking_an_offered_model_loads_it_and_analyses_with_it(page: object, offered_url: str, lang: str) -> None:
+    page.goto(f"{offered_url}/?lang={lang}")
+    page.wait_for_function("() => document.querySelectorAll('#model-picker option').length === 2")
+    offered = page.locator("#model-picker option").nth(1)
+    assert offered.get_attribute("value") == "later"
+    assert ("loads when picked" if lang == "en" else "选中后加载") in offered.text_content()
+    page.select_option("#model-picker", "later")
+    page.wait_for_function("() => !document.querySelector('#model-picker').disabled "
+                           "&& document.querySelector('#model-note').hidden")
+    assert page.input_value("#model-picker") == "later"
+    loaded = page.locator("#model-picker option").nth(1).text_content()
+    assert "llama" in loaded and "loads when picked" not in loaded and "选中后加载" not in loaded
+    page.get_by_test_id("prompt-input").fill("the cat sat on the mat")
+    with page.expect_response(lambda r: r.url.endswith("/api/runs") and r.request.method == "POST") as resp:
+        page.get_by_test_id("analyze-button").click()
+    assert resp.value.status == 201 and resp.value.json()["model"] == "later"
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt"
+                           " && !document.body.dataset.busy", timeout=60_000)
