@@ -24,6 +24,7 @@ import { exportGrid, exportHeatmap, exportKept, exportRunJSON, exporting, showEx
 import { analyse, repaintRun, sortGrid, updateChatForm } from "./explorer/analyse.js";
 import { continueGeneration, generateAndRecord } from "./explorer/generate.js";
 import { linkedRun, openStored, repaintRunFiles, wireRunFiles } from "./explorer/runfiles.js";
+import { isOffered, loadOffered, offeredOptions, setOffered } from "./explorer/offered.js";
 
 const DEFAULT_PROMPT = "I love artificial intelligence";
 
@@ -53,13 +54,15 @@ async function repaint(fillModels) {
 }
 
 async function init() {
-  const [{ models }] = await Promise.all([getJSON("/api/models"), initLanguage()]);
+  const [{ models, available }] = await Promise.all([getJSON("/api/models"), initLanguage()]);
   set({ models });
+  setOffered(available);
   tools.labels(); // built before the language was chosen
   const picker = $("#model-picker");
   const fillModels = () => {
     const keep = picker.value;
-    picker.replaceChildren(...models.map((m) => el("option", { value: m.name, text: t("x.model.option", { name: m.name, family: m.causal ? m.family : t("x.model.encoder_family", { family: m.family }), dtype: m.dtype, device: m.device }) })));
+    picker.replaceChildren(...state.models.map((m) => el("option", { value: m.name, text: t("x.model.option", { name: m.name, family: m.causal ? m.family : t("x.model.encoder_family", { family: m.family }), dtype: m.dtype, device: m.device }) })),
+      ...offeredOptions());
     if (keep) picker.value = keep;
   };
   fillModels();
@@ -75,6 +78,15 @@ async function init() {
   for (const b of document.querySelectorAll(".example")) {
     b.addEventListener("click", () => { $("#prompt").value = b.dataset.example; analyse(); });
   }
+  picker.addEventListener("change", async () => { // an offered model loads when picked, then is like the others
+    const name = picker.value;
+    if (!isOffered(name)) return;
+    const loaded = await loadOffered(name);
+    fillModels();
+    picker.value = loaded ? name : (state.models.find((m) => m.default) || state.models[0]).name;
+    updateGenerate();
+    updateChatForm();
+  });
   picker.addEventListener("change", updateGenerate);
   picker.addEventListener("change", updateChatForm);
   $("#chat-mode").addEventListener("change", updateChatForm);
