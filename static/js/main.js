@@ -25,6 +25,7 @@ import { analyse, repaintRun, sortGrid, updateChatForm } from "./explorer/analys
 import { continueGeneration, generateAndRecord } from "./explorer/generate.js";
 import { linkedRun, openStored, repaintRunFiles, wireRunFiles } from "./explorer/runfiles.js";
 import { isOffered, loadOffered, offeredOptions, setOffered } from "./explorer/offered.js";
+import { watchFaint } from "./explorer/faint.js";
 
 const DEFAULT_PROMPT = "I love artificial intelligence";
 
@@ -93,6 +94,7 @@ async function init() {
   updateChatForm();
   $("#layer-picker").addEventListener("change", (ev) => selectHead(Number(ev.target.value), state.head));
   $("#head-picker").addEventListener("change", (ev) => selectHead(state.layer, Number(ev.target.value)));
+  watchFaint(); // a view almost white on the linear scale says which scale shows it
   $("#colour-scale").addEventListener("change", safely((ev) => { set({ colour: ev.target.value }); return state.run && drawHead(); }));
   $("#grid-sort").addEventListener("change", safely((ev) => sortGrid(ev.target.value)));
   $("#temperature").addEventListener("input", (ev) => {

@@ -28,10 +28,16 @@ export function set(patch) {
 export const urlExtras = [];
 
 // The view's state as a shareable URL: everything a person set, so a link reopens the same view.
+// A prompt longer than this goes into the shareable URL as its run's id (run=…: the server keeps the run,
+// in its run directory across restarts), not as its text: a 6,500-character link is no link to share.
+export const LINK_TEXT_MAX = 1000;
+
 export function toURL() {
   if (!state.run) return;
+  const text = document.getElementById("prompt").value;
+  const byId = text.length > LINK_TEXT_MAX && state.run.run_id && state.run.text === text;
   const params = new URLSearchParams({
-    text: document.getElementById("prompt").value,
+    ...(byId ? { run: state.run.run_id } : { text }),
     model: state.run.model,
     layer: state.layer,
     head: state.head,

@@ -3,7 +3,7 @@
 import { $ } from "../dom.js";
 import { getTile } from "../api.js";
 import { state, set, toURL } from "../state.js";
-import { rangesFrom, tickBudget, ticks } from "../views/heatmap.js";
+import { rangesFrom, refreshPeak, tickBudget, ticks } from "../views/heatmap.js";
 import { EXACT_MAX, TileView, poolingText, windowFrom } from "../views/tiled.js";
 import { sentences, t } from "../i18n.js";
 import { report } from "./errors.js";
@@ -75,6 +75,7 @@ export function onRelayout(ev) {
   const n = state.run.tokens.length;
   const zoom = rangesFrom($("#heatmap"), n);
   set({ zoom });
+  if (state.slice) refreshPeak($("#heatmap"), state.slice, zoom, state.colour);
   showZoomInputs();
   relabelling = true;
   Promise.resolve(window.Plotly.relayout($("#heatmap"), relabel(zoom))).finally(() => { relabelling = false; });
@@ -112,6 +113,7 @@ export function zoom() {
   Promise.resolve(window.Plotly.relayout($("#heatmap"), {
     "xaxis.range": [k0 - 0.5, k1 + 0.5], "yaxis.range": [q1 + 0.5, q0 - 0.5], ...relabel(z),
   })).finally(() => { relabelling = false; });
+  if (state.slice) refreshPeak($("#heatmap"), state.slice, z, state.colour);
   showZoomInputs();
   toURL();
 }

@@ -26,3 +26,18 @@ export function rgb(t) {
   }
   return STOPS[STOPS.length - 1].slice(1);
 }
+
+// The heatmap's colour scales: "linear" (0 to 1), "sqrt" (0 to 1 on a square-root scale: small weights
+// of a long prompt show) and "view" (0 to the largest weight in view: a diffuse head, or an exact zoom
+// into one, is not all white). ``scaleFor`` -> { map(v), zmax, colorbar } for a view whose largest weight
+// is ``peak``.
+export function scaleFor(colour, peak, title) {
+  if (colour === "sqrt") {
+    return { map: Math.sqrt, zmax: 1, colorbar: { title: { text: title }, tickvals: [0, 0.1, 0.3, 0.5, 0.7, 1].map(Math.sqrt), ticktext: ["0", "0.1", "0.3", "0.5", "0.7", "1"], thickness: 12 } };
+  }
+  const top = colour === "view" && peak > 0 ? peak : 1;
+  return { map: (v) => v, zmax: top, colorbar: { title: { text: title }, thickness: 12 } };
+}
+
+// Below this largest weight, the linear scale draws a view almost white: the page says so.
+export const FAINT = 0.1;

@@ -1,7 +1,7 @@
 // The attention heatmap of one head: queries down, keys across, the causal mask hatched.
 import { plotlyText, showToken } from "../dom.js";
 import { rowOf } from "../slice.js";
-import { SCALE, maskColours } from "./colour.js";
+import { FAINT, SCALE, maskColours, scaleFor } from "./colour.js";
 import { plotConfig } from "../plotconfig.js";
 import { t } from "../i18n.js";
 
@@ -51,22 +51,27 @@ export function cellShape(q, k) {
 
 export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "", zoom = null, cell = null } = {}) {
   const n = slice.n;
+  const clampZ = (v) => Math.max(0, Math.min(n - 1, v));
+  const zq = zoom ? [clampZ(zoom.q0), clampZ(zoom.q1)] : [0, n - 1];
+  const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
+  let peak = 0; // the largest weight in view (the zoom window's, when zoomed)
+  for (let i = zq[0]; i <= zq[1]; i++) {
+    const row = rowOf(slice, i);
+    for (let j = zk[0]; j <= Math.min(zk[1], row.length - 1); j++) if (row[j] > peak) peak = row[j];
+  }
+  const scale = scaleFor(colour, peak, t("heat.weight"));
   const z = new Array(n);
   for (let i = 0; i < n; i++) {
     const row = rowOf(slice, i);
     const full = new Array(n).fill(null);
-    for (let j = 0; j < row.length; j++) full[j] = colour === "sqrt" ? Math.sqrt(row[j]) : row[j];
+    for (let j = 0; j < row.length; j++) full[j] = scale.map(row[j]);
     z[i] = full;
   }
-  const clampZ = (v) => Math.max(0, Math.min(n - 1, v));
-  const zq = zoom ? [clampZ(zoom.q0), clampZ(zoom.q1)] : [0, n - 1];
-  const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
   const budget = tickBudget(div);
-  const colorbar = colour === "sqrt"
-    ? { title: { text: t("heat.weight") }, tickvals: [0, 0.1, 0.3, 0.5, 0.7, 1].map(Math.sqrt), ticktext: ["0", "0.1", "0.3", "0.5", "0.7", "1"], thickness: 12 }
-    : { title: { text: t("heat.weight") }, thickness: 12 };
+  div.dataset.peak = String(peak);
+  div.dataset.faint = String(colour === "linear" && peak < FAINT);
   const heat = {
-    type: "heatmap", z, zmin: 0, zmax: 1, colorscale: SCALE, hoverinfo: "none", xgap: 0, ygap: 0, colorbar,
+    type: "heatmap", z, zmin: 0, zmax: scale.zmax, colorscale: SCALE, hoverinfo: "none", xgap: 0, ygap: 0, colorbar: scale.colorbar,
   };
   const traces = slice.causal && n > 1 ? [maskTrace(n), heat] : [heat];
   const layout = {
@@ -126,4 +131,24 @@ export function cellText({ run, slice, exact }, q, k) {
   if (masked) return head + t("heat.tip.masked");
   const idx = slice.causal ? (q * (q + 1)) / 2 + k : q * slice.n + k;
   return head + weightText(exact && exact.length > idx ? exact[idx] : null, rowOf(slice, q)[k]);
+}
+
+// A zoom of a short run is a relayout of the drawn heatmap: the largest weight in view is measured
+// again over the zoom window (null: the whole head), and the "view" scale spans it.
+export function refreshPeak(div, slice, zoom, colour) {
+  const n = slice.n;
+  const clampZ = (v) => Math.max(0, Math.min(n - 1, v));
+  const zq = zoom ? [clampZ(zoom.q0), clampZ(zoom.q1)] : [0, n - 1];
+  const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
+  let peak = 0;
+  for (let i = zq[0]; i <= zq[1]; i++) {
+    const row = rowOf(slice, i);
+    for (let j = zk[0]; j <= Math.min(zk[1], row.length - 1); j++) if (row[j] > peak) peak = row[j];
+  }
+  div.dataset.peak = String(peak);
+  div.dataset.faint = String(colour === "linear" && peak < FAINT);
+  if (colour === "view" && div.data) {
+    const heat = div.data.findIndex((tr) => tr.type === "heatmap" && tr.colorscale === SCALE);
+    if (heat >= 0) window.Plotly.restyle(div, { zmax: [scaleFor(colour, peak, "").zmax] }, [heat]);
+  }
 }

@@ -4,7 +4,7 @@
 // pair and the axes carry the tokens themselves. The newest view wins: a tile that arrives
 // after a newer zoom was asked for is dropped, and its request aborted.
 import { isAbort, plotlyText, showToken } from "../dom.js";
-import { SCALE, maskColours } from "./colour.js";
+import { FAINT, SCALE, maskColours, scaleFor } from "./colour.js";
 import { cellShape, tickBudget, ticks } from "./heatmap.js";
 import { plotConfig } from "../plotconfig.js";
 import { t } from "../i18n.js";
@@ -134,21 +134,23 @@ function axisTicks(tokens, edges, exact, budget) {
 
 export function drawTile(div, tile, tokens, { colour = "linear", cell = null, title = "" } = {}) {
   const { rows, cols, values } = tile;
+  let peak = 0; // the largest weight in the tile (NaN: masked bins)
+  for (let i = 0; i < values.length; i++) if (values[i] > peak) peak = values[i];
+  const scale = scaleFor(colour, peak, t("heat.weight"));
   const z = new Array(rows);
   let nulls = false;
   for (let i = 0; i < rows; i++) {
     const row = new Array(cols);
     for (let j = 0; j < cols; j++) {
       const v = values[i * cols + j];
-      if (Number.isNaN(v)) { row[j] = null; nulls = true; } else row[j] = colour === "sqrt" ? Math.sqrt(v) : v;
+      if (Number.isNaN(v)) { row[j] = null; nulls = true; } else row[j] = scale.map(v);
     }
     z[i] = row;
   }
+  div.dataset.peak = String(peak);
+  div.dataset.faint = String(colour === "linear" && peak < FAINT);
   const x = Array.from(tile.kEdges, (e) => e - 0.5), y = Array.from(tile.qEdges, (e) => e - 0.5);
-  const colorbar = colour === "sqrt"
-    ? { title: { text: t("heat.weight") }, tickvals: [0, 0.1, 0.3, 0.5, 0.7, 1].map(Math.sqrt), ticktext: ["0", "0.1", "0.3", "0.5", "0.7", "1"], thickness: 12 }
-    : { title: { text: t("heat.weight") }, thickness: 12 };
-  const heat = { type: "heatmap", z, x, y, zmin: 0, zmax: 1, colorscale: SCALE, hoverinfo: "none", xgap: 0, ygap: 0, colorbar };
+  const heat = { type: "heatmap", z, x, y, zmin: 0, zmax: scale.zmax, colorscale: SCALE, hoverinfo: "none", xgap: 0, ygap: 0, colorbar: scale.colorbar };
   const x0 = x[0], x1 = x[x.length - 1], y0 = y[0], y1 = y[y.length - 1];
   const budget = tickBudget(div);
   const layout = {
