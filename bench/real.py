@@ -51,6 +51,56 @@ def text_of(lm: LoadedModel, n: int, seed: int = 0) -> str:
     return text
 
 
+CLICK_TO_HEATMAP = """async ([layer, head]) => {
+  const div = document.querySelector('[data-testid=heatmap]');
+  const before = div.dataset.drawnAt;
+  const t0 = performance.now();
+  const lp = document.querySelector('#layer-picker'), hp = document.querySelector('#head-picker');
+  lp.value = String(layer); lp.dispatchEvent(new Event('change'));
+  hp.value = String(head); hp.dispatchEvent(new Event('change'));
+  while (!(div.dataset.drawnAt !== before && div.dataset.layer === String(layer) && div.dataset.head === String(head)
+           && !document.body.dataset.busy)) {
+    await new Promise((r) => requestAnimationFrame(r));
+  }
+  return performance.now() - t0;
+}"""
+
+
+def chromium_clicks(lm: LoadedModel, text: str, heads: int = 6) -> dict[str, float]:
+    """The explorer in headless Chromium serving ``lm``: Analyse → the first heatmap drawn, then picking
+    another head → its heatmap drawn (median over ``heads`` picks across the layers)."""
+    import statistics
+
+    from playwright.sync_api import sync_playwright
+
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+    from tests.support.browser import ARGS, CHROMIUM
+    from tests.support.servers import serve
+    from tests.support.tiny import make_engine
+
+    engine = make_engine({NAME: lm}, NAME, cache_bytes=16 << 30, max_tokens=8192)
+    with serve(create_app(Settings(models={}, default_model=NAME, max_body_bytes=8 << 20), engine)) as url, \
+            sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        drawn = "() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt && !document.body.dataset.busy"
+        page.goto(url + "/")
+        page.wait_for_function(drawn, timeout=600_000)
+        page.fill("[data-testid=prompt-input]", text)
+        before = page.evaluate("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt")
+        t0 = time.perf_counter()
+        page.click("[data-testid=analyze-button]")
+        page.wait_for_function("(b) => document.querySelector('[data-testid=heatmap]').dataset.drawnAt !== b "
+                               "&& !document.body.dataset.busy", arg=before, timeout=600_000)
+        analyse_ms = 1e3 * (time.perf_counter() - t0)
+        picks = [((7 * i + 3) % lm.info.n_layers, (5 * i + 1) % lm.info.n_heads) for i in range(heads)]
+        clicks = [float(page.evaluate(CLICK_TO_HEATMAP, list(p))) for p in picks]
+        browser.close()
+    engine.close()
+    return {"analyse_ms": analyse_ms, "click_ms": statistics.median(clicks), "click_max_ms": max(clicks)}
+
+
 def starts() -> tuple[float, float]:
     """Seconds to the loaded model: into an empty cache (de-quantize + write), then from the cached folder."""
     with tempfile.TemporaryDirectory() as cache:
@@ -84,13 +134,17 @@ def main(argv: list[str] | None = None) -> None:
     first = None if args.no_starts else starts()
     lm = load_model(NAME, NAME)
     browser_at = {int(n) for n in args.browser_lengths.split(",") if n} if args.browser else set()
-    hook = None
-    if browser_at:
-        from bench.browser import chromium_for
-
-        hook = chromium_for
-    rows = [row(NAME, lm, int(n), hook if int(n) in browser_at else None, text=text_of(lm, int(n)))
-            for n in args.lengths.split(",") if n]
+    rows = []
+    for n in (int(n) for n in args.lengths.split(",") if n):
+        text = text_of(lm, n)
+        r = row(NAME, lm, n, None, text=text)
+        for key in ("Chromium: response → overview", "Chromium: zoom step, median (max)"):
+            r.pop(key, None)
+        clicks = chromium_clicks(lm, text) if n in browser_at else None
+        r["Chromium: Analyse → heatmap"] = "—" if clicks is None else f"{clicks['analyse_ms']:,.0f} ms"
+        r["Chromium: pick a head → heatmap, median (max)"] = ("—" if clicks is None else
+                                                             f"{clicks['click_ms']:,.0f} ms ({clicks['click_max_ms']:,.0f} ms)")
+        rows.append(r)
     columns = list(rows[0])
     table = "\n".join(["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
                       + ["| " + " | ".join(r[c] for c in columns) + " |" for r in rows])
@@ -104,7 +158,10 @@ def main(argv: list[str] | None = None) -> None:
             "576, 8,192 positions) on the CPU; ordinary English words cut to n tokens. Columns as in the long "
             "section (`bench/long.py`): 'SDPA forward' is a plain forward of the same model with "
             "attn_implementation='sdpa', the physical limit; 'kept' is what the run holds in the store (its "
-            "nbytes), 'peak RSS' the process's high-water mark during the analyse.\n\n" + table)
+            "nbytes), 'peak RSS' the process's high-water mark during the analyse. 'Chromium' (with --browser): the "
+            "explorer in headless Chromium at 1,400 px serving the same model — from clicking Analyse to the first "
+            "heatmap drawn, and from picking another head (layer and head menus) to its heatmap drawn, median of "
+            "6 picks across the layers.\n\n" + table)
     command = "python bench/real.py" + ("" if argv is None else " " + " ".join(argv))
     if not args.no_write:
         write_section(args.out, "real", body, command)
