@@ -173,3 +173,18 @@ def test_an_ollama_model_and_a_gguf_file_serve(source: str, tmp_path: Path, monk
         run = client.post("/api/runs", json={"text": "Hello there, how are you?"}).json()
         assert [t["id"] for t in run["tokens"]] == smollm2.tokenizer("Hello there, how are you?").input_ids
         assert len(run["heads"]) == 270
+
+
+@pytest.mark.parametrize("how", ["name", "file"])
+def test_analyze_takes_the_named_model_and_a_gguf_path(how: str, smollm2: LoadedModel,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from attnscope.app import cli
+
+    file = sources.known_file(NAME)
+    assert file is not None
+    model = NAME if how == "name" else str(file)
+    assert cli.main(["analyze", "--model", model, "--top-k", "3", "The capital of France is"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ids = smollm2.tokenizer("The capital of France is").input_ids
+    assert [int(line.split()[1]) for line in lines] == ids
+    assert "->" in lines[-1]  # the next-token guess at each position
