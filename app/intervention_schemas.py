@@ -149,6 +149,22 @@ class PromptOut(BaseModel):
     metric: float = Field(description="logit(answer) - logit(wrong) at position")
 
 
+class PatchExampleOut(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+    model: str
+    clean: str
+    corrupted: str
+    answer: str
+    wrong: str
+    clean_metric: float = Field(description="logit(answer) - logit(wrong) at the last position, clean prompt")
+    corrupted_metric: float
+    separated: bool = Field(description="clean > 0 and clean - corrupted >= 0.5: the pair suits this model "
+                                        "(else it is the best of the pairs tried)")
+    forwards: int = Field(description="patched rows patching this pair runs")
+    tflop: float
+    seconds: float = Field(description="how long patching it should take here, from the probe forward's speed")
+
+
 class PatchOut(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
     model: str

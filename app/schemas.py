@@ -43,6 +43,9 @@ class ModelOut(BaseModel):
                                     "device when layers are spread over several)")
     dtype: str = Field(description="the weights' dtype: float32, bfloat16 or float16 (analysis is float32)")
     has_chat_template: bool = Field(description="the tokenizer has a chat template: POST /api/runs accepts messages")
+    weights: str | None = Field(None, description="where the weights came from when that changes what they are: "
+                                "\"GGUF Q4_1, de-quantized to float32\" — the quantized model itself, in float32; its "
+                                "attention is exact for those weights (null: the checkpoint's own weights)")
     position_encoding: PositionEncoding
     causal: bool
     has_lm_head: bool

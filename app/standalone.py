@@ -15,7 +15,8 @@ the file holds —
   server computes tiles from the run's Q and K, so these agree with it within float32 rounding).
 
 Every head's exact cells are kept while they fit ``EXACT_BUDGET`` (a 64-token run of the bundled
-model); above it, every head's thumbnail and the exact cells of the heads asked for
+model), and for any run of at most ``EXACT_TOKENS`` up to ``EXACT_CAP`` (a 64-token run of a model
+with 1,000 heads); above it, every head's thumbnail and the exact cells of the heads asked for
 (``heads="4.0,2.3"``, default the first) as far as ``HEADS_CAP`` holds them — a head over it (16k
 tokens: 537 MB) keeps its overview tile and the last query's row. A request for a head it does not
 keep answers the client-side code ``offline_head``, for anything else it did not save
@@ -62,7 +63,11 @@ TILE = 256  # static/js/views/tiled.js's TILE: a long run's overview tile, at mo
 EXACT_MAX = 256  # static/js/views/tiled.js's EXACT_MAX: longer runs are drawn from tiles
 SPARSITY_AUTO_MAX = 2048  # static/js/explorer/analyse.js: the page asks for sparsity up to this length
 NEXT_EVERY_MAX = 2048  # next-token distributions at every position up to this length, else the last only
-EXACT_BUDGET = 1 << 20  # float32 bytes of exact cells: every head's while they fit (64 tokens: 400 KB)
+EXACT_BUDGET = 1 << 20  # float32 bytes of exact cells: every head's while they fit (bundled model, 64 tokens: 400 KB)
+# a run of at most EXACT_TOKENS keeps every head's exact cells up to EXACT_CAP, whatever the model: a real
+# model has hundreds of heads (SmolLM2-135M: 270, 64 tokens 2.2 MB of float32, about 1.3 MB in the file)
+EXACT_TOKENS = 64
+EXACT_CAP = 8 << 20  # 1,000 heads of 64 tokens
 HEADS_CAP = 64 << 20  # float32 bytes of the chosen heads' exact cells, and of their overview tiles, at most
 SCORES_WAITS = 5  # a minute each: a long run's late head scores
 TOP_K = 10  # the page asks for the top 10 (static/js/explorer/analyse.js, api.js's getNext)
@@ -156,7 +161,8 @@ def plan(run: dict[str, Any], heads: str | None) -> Plan:
     n, layers, per_layer = len(run["tokens"]), int(run["n_layers"]), int(run["n_heads"])
     causal = bool(run["causal"])
     cells = n * (n + 1) // 2 if causal else n * n
-    if heads is None and 4 * cells * layers * per_layer <= EXACT_BUDGET:
+    every = 4 * cells * layers * per_layer
+    if heads is None and (every <= EXACT_BUDGET or (n <= EXACT_TOKENS and every <= EXACT_CAP)):
         chosen = [(layer, head) for layer in range(layers) for head in range(per_layer)]
     else:
         chosen = parse_heads(heads or "0.0", layers, per_layer)

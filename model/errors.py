@@ -34,7 +34,7 @@ EngineCode = Literal[
     "watch_out_of_range",
     "different_models",
     # the Patch tool
-    "patch_space", "patch_one", "patch_lengths", "patch_same_token", "patch_same", "patch_flops",
+    "patch_space", "patch_one", "patch_lengths", "patch_same_token", "patch_same", "patch_flops", "patch_no_example",
     # loading a model (start-up, and a request for a model not loaded yet)
     "loading", "device_invalid", "device_unavailable", "package_missing", "model_folder_missing",
     "hub_unreachable", "architecture_unsupported",
@@ -86,6 +86,7 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "patch_space": ("field", "text", "tokens", "pieces"), "patch_one": ("field", "text", "tokens", "pieces"),
     "patch_lengths": ("clean", "corrupted"), "patch_same_token": ("answer",),
     "patch_same": ("clean", "corrupted"), "patch_flops": ("forwards", "tokens", "tflop", "limit"),
+    "patch_no_example": ("model",),
     "loading": (), "device_invalid": ("device",), "device_unavailable": ("device",),
     "package_missing": ("package",), "model_folder_missing": ("model", "folder"),
     "hub_unreachable": ("model", "source"), "architecture_unsupported": ("model", "reason"),

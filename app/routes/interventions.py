@@ -1,14 +1,18 @@
 """Causal tools on a stored run or a pair of prompts: attribute, ablate, patch.
 
-Each handler is a plain ``def`` (FastAPI runs it in the thread pool), passes the model's gate and
+Each handler is a plain ``def`` (FastAPI runs it in the thread pool; patching runs there too, from an
+``async`` handler that watches for the client going away and stops it between forwards), passes the model's gate and
 maps the typed result of ``model.services.tools`` (which validates, budgets and locks) to its schema.
 """
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request, Response
+from starlette.concurrency import run_in_threadpool
 
 from attnscope.app.deps import EngineDep, GateDep
 from attnscope.app.errors import ERRORS
@@ -16,12 +20,14 @@ from attnscope.app.intervention_schemas import (
     AblateOut,
     AblateRequest,
     AttributionOut,
+    PatchExampleOut,
     PatchOut,
     PatchRequest,
     ScanOut,
     ScanRequest,
 )
 from attnscope.model.services import tools
+from attnscope.model.tools import patching
 
 router = APIRouter(tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
@@ -73,9 +79,35 @@ def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep
                          "nothing. The prompts must have the same token count; answer and wrong must each "
                          "be one token. Every site is patched in its own forward: past about 20 TFLOP of them "
                          "(long prompts on a large model) the request is refused (422) before it runs.")
-def patch(body: PatchRequest, engine: EngineDep, gate: GateDep) -> PatchOut:
+async def patch(body: PatchRequest, request: Request, engine: EngineDep, gate: GateDep) -> Response:
     lm = engine.model(body.model)
+    stop = threading.Event()  # set when the client goes away (the page's Cancel): the loop stops between forwards
+
+    def work() -> PatchOut:
+        with gate.enter(lm.info.name):
+            result = tools.patch(engine, model=lm.info.name, clean=body.clean, corrupted=body.corrupted,
+                                 answer=body.answer, wrong=body.wrong, position=body.position, stop=stop)
+        return PatchOut.model_validate(result, from_attributes=True)
+
+    task = asyncio.ensure_future(run_in_threadpool(work))
+    while not task.done():
+        await asyncio.wait({task}, timeout=0.5)
+        if not task.done() and await request.is_disconnected():
+            stop.set()
+    try:
+        out = task.result()
+    except patching.Cancelled:
+        return Response(status_code=499)  # nobody reads it: the client closed the connection
+    return Response(out.model_dump_json(), media_type="application/json")
+
+
+@router.get("/models/{name}/patch-example", response_model=PatchExampleOut, responses=ERRORS,
+            summary="The Patch tool's default pair for this model, checked on it by one cheap forward",
+            description="The first of a few candidate pairs (IOI, a copied sentence, a repeated colour) whose "
+                        "clean metric is positive and at least 0.5 above the corrupted one; with it, what "
+                        "patching it costs (patched rows, TFLOP, and seconds estimated on this server).")
+def patch_example(name: str, engine: EngineDep, gate: GateDep) -> PatchExampleOut:
+    lm = engine.model(name)
     with gate.enter(lm.info.name):
-        result = tools.patch(engine, model=lm.info.name, clean=body.clean, corrupted=body.corrupted,
-                             answer=body.answer, wrong=body.wrong, position=body.position)
-    return PatchOut.model_validate(result, from_attributes=True)
+        result = tools.patch_example(engine, model=lm.info.name)
+    return PatchExampleOut.model_validate(result, from_attributes=True)

@@ -28,6 +28,11 @@ _untrained_lock = threading.Lock()
 # (1.9e12) or a 128k x 4096 vocabulary (6.9e13) would be minutes to hours of CPU beside every request,
 # for a view that may never be opened, and is left to the first request that asks for it
 WARM_FLOPS = 10**12
+# a vocabulary whose sweep costs more (SmolLM2's 49k x 576: 1.4e12, over a minute of 2 CPU cores) is
+# never swept for the view: the rows it shows are checked one by one (V x d each) and the untrained
+# count and the random pairs come from this many rows drawn at random (V x d each: under a second)
+SAMPLE_ROWS = 256
+_sampled: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (rows, their flags), by model
 
 
 class Stopped(Exception):
@@ -54,7 +59,8 @@ class Neighbourhood:
     vector: list[float]  # the row itself (d_model values)
     norm: float
     untrained: bool
-    untrained_count: int  # rows of E flagged as untrained
+    untrained_count: int  # rows of E flagged as untrained (estimated from the sample where sampled)
+    untrained_examined: int  # rows of E whose twins were counted: V (all), or SAMPLE_ROWS drawn at random
     neighbours: list[Row]  # the nearest rows by cosine, nearest first
     adjacent: list[Row]  # ids k - 1 and k + 1, where the vocabulary has them
     double: list[Row]  # id 2k, where the vocabulary has it
@@ -122,6 +128,37 @@ def sweep_bytes(vocab: int, d: int) -> int:
     return 4 * vocab * d + 5 * TWIN_BLOCK * vocab + 24 * vocab + 2 * 4 * RANDOM_PAIRS * d
 
 
+def twin_flags(unit: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """(len(ids),) bool: whether each of these unit rows has MIN_TWINS other rows at cosine >= TWIN_COS
+    (one V x d pass per row: what ``untrained_rows`` says of them, without the V x V sweep)."""
+    with torch.inference_mode():
+        near = (unit[torch.tensor(ids, dtype=torch.long, device=unit.device)] @ unit.T) >= TWIN_COS  # (k, V)
+        return ((near.sum(-1) - 1) >= MIN_TWINS).cpu()
+
+
+def sampled_rows(lm: LoadedModel, unit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """SAMPLE_ROWS ids of E drawn at random (seeded) and their untrained flags, computed once per model."""
+    E = input_embeddings(lm.model)
+    key = (id(lm.model), E.data_ptr())
+    with _untrained_lock:
+        if key in _sampled:
+            return _sampled[key]
+    V = unit.shape[0]
+    rows = torch.randperm(V, generator=torch.Generator().manual_seed(0))[: min(SAMPLE_ROWS, V)]
+    found = (rows, twin_flags(unit, rows.tolist()))
+    with _untrained_lock:
+        _sampled[key] = found
+    return found
+
+
+def swept(lm: LoadedModel) -> bool:
+    """Whether the view reads every row's flag (the V x V sweep: cheap enough, or done already)."""
+    E = input_embeddings(lm.model)
+    with _untrained_lock:
+        done = (id(lm.model), E.data_ptr()) in _untrained
+    return done or sweep_flops(lm) <= WARM_FLOPS
+
+
 def warm(lm: LoadedModel, stop: threading.Event | None = None) -> bool:
     """What the Learn views compute once per model, computed now (``Engine.warm_up`` calls it in a
     background thread at start-up, so the first embedding request answers as fast as the next).
@@ -135,18 +172,31 @@ def warm(lm: LoadedModel, stop: threading.Event | None = None) -> bool:
 def neighbours(lm: LoadedModel, token_id: int, top: int) -> Neighbourhood:
     """Row ``token_id`` of E (0 <= token_id < V, checked by the caller), its ``top`` nearest rows by
     cosine, its numeric neighbours, and random pairs of trained rows for scale; every row's token
-    decoded."""
+    decoded. A vocabulary too large to sweep (``swept``) flags the rows shown one by one and estimates
+    the rest from SAMPLE_ROWS rows drawn at random: seconds instead of minutes."""
     E = input_embeddings(lm.model).detach()  # (V, d)
     V = E.shape[0]
-    untrained = untrained_rows(lm)
     unit = torch.nn.functional.normalize(E.float(), dim=-1)
     cos = (unit @ unit[token_id]).cpu()  # (V,)
     cos_others = cos.clone()
     cos_others[token_id] = -2
     best = cos_others.topk(top)
+    near = best.indices.tolist()
+    adjacent = [i for i in (token_id - 1, token_id + 1) if 0 <= i < V]
+    double = [2 * token_id] if 0 < 2 * token_id < V else []
+    shown = [token_id, *near, *adjacent, *double]
+    if swept(lm):
+        flags = untrained_rows(lm)
+        untrained = {i: bool(flags[i]) for i in shown}
+        count, examined = int(flags.sum()), V
+        trained = (~flags).nonzero().flatten()
+    else:  # too large to sweep: the shown rows one by one, the count and the baseline from a sample
+        untrained = dict(zip(shown, twin_flags(unit, shown).tolist(), strict=True))
+        sample, sample_flags = sampled_rows(lm, unit)
+        count, examined = round(float(sample_flags.float().mean()) * V), int(sample.numel())
+        trained = sample[~sample_flags]
     # the baseline: random pairs of *trained* rows (untouched rows are near-copies of each
     # other and would make any pair look close)
-    trained = (~untrained).nonzero().flatten()
     pool = trained if trained.numel() >= 2 else torch.arange(V)
     gen = torch.Generator().manual_seed(0)
     a = pool[torch.randint(0, pool.numel(), (RANDOM_PAIRS,), generator=gen)]
@@ -154,10 +204,7 @@ def neighbours(lm: LoadedModel, token_id: int, top: int) -> Neighbourhood:
     keep = a != b
     random_cos = (unit[a[keep].to(unit.device)] * unit[b[keep].to(unit.device)]).sum(-1).cpu()
 
-    near = best.indices.tolist()
-    adjacent = [i for i in (token_id - 1, token_id + 1) if 0 <= i < V]
-    double = [2 * token_id] if 0 < 2 * token_id < V else []
-    strings = token_map(lm.tokenizer, [token_id, *near, *adjacent, *double])
+    strings = token_map(lm.tokenizer, shown)
 
     def rows(ids: list[int]) -> list[Row]:
         return [Row(id=i, token=strings[i], cos=float(cos[i]), untrained=bool(untrained[i])) for i in ids]
@@ -165,6 +212,6 @@ def neighbours(lm: LoadedModel, token_id: int, top: int) -> Neighbourhood:
     own = E[token_id].float()
     return Neighbourhood(
         model=lm.info.name, id=token_id, token=strings[token_id], vector=own.tolist(), norm=float(own.norm()),
-        untrained=bool(untrained[token_id]), untrained_count=int(untrained.sum()),
+        untrained=untrained[token_id], untrained_count=count, untrained_examined=examined,
         neighbours=rows(near), adjacent=rows(adjacent), double=rows(double),
         random_mean=float(random_cos.mean()), random_std=float(random_cos.std()))

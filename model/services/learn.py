@@ -5,8 +5,9 @@ Keyword-only and typed, like ``model.services.runs``: the HTTP routes and the Py
 same functions. Each checks its ranges once, reserves the memory it holds from the engine's budget,
 takes the model's lock where it runs the model (the timing a turn at a time, ``learn.timing.Turns``),
 and returns typed results with token strings decoded. The views that only read weights or kept runs
-(embedding, anatomy, positions, compare) take no lock: the embedding's V x V sweep, minutes for a
-large vocabulary when it was not warmed up, must not stop every forward.
+(embedding, anatomy, positions, compare) take no lock: the embedding's V x V sweep (seconds, warmed up
+at start; a vocabulary too large for it is sampled instead, ``learn.embedding.SAMPLE_ROWS``) must not
+stop every forward.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ returns typed results whose token ids come with their display strings.
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -17,7 +19,7 @@ from attnscope.model.load.tokens import Token, ids_tensor, token_map
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.runs import check_position, check_top_k
 from attnscope.model.tools import ablation, attribution, patching
-from attnscope.model.tools.intervene import batch_bytes
+from attnscope.model.tools.intervene import batch_bytes, require_decoder
 
 Mode = Literal["zero", "mean"]
 
@@ -178,8 +180,69 @@ def ablate_scan(engine: Engine, *, run_id: str, position: int, token: int | None
                 effects=result.heads, mlp=result.mlp, forwards=result.forwards)
 
 
+@dataclass(frozen=True, slots=True)
+class PatchExample:
+    """The default pair for ``model`` (the first of ``patching.PAIRS`` it separates, by one cheap forward
+    each), its two metrics, and what patching it costs: ``forwards`` patched rows, ``tflop``, and
+    ``seconds`` estimated from the probe's own speed."""
+
+    model: str
+    clean: str
+    corrupted: str
+    answer: str
+    wrong: str
+    clean_metric: float
+    corrupted_metric: float
+    separated: bool  # clean > 0 and clean - corrupted >= patching.MIN_GAP; else the best pair tried
+    forwards: int
+    tflop: float
+    seconds: float
+
+
+_examples: dict[tuple[str, int], PatchExample] = {}  # by model name and id(model): a few forwards each, once
+
+
+def patch_example(engine: Engine, *, model: str | None = None) -> PatchExample:
+    lm = engine.model(model)
+    key = (lm.info.name, id(lm.model))
+    if key in _examples:
+        return _examples[key]
+    require_decoder(lm, "activation patching")
+    best: PatchExample | None = None
+    for pair in patching.PAIRS:
+        clean_tokens, corrupted_tokens = engine.tokenize(lm, pair.clean), engine.tokenize(lm, pair.corrupted)
+        try:
+            answer_id = patching.single_token(lm, pair.answer, "answer")
+            wrong_id = patching.single_token(lm, pair.wrong, "wrong")
+        except BadInput:
+            continue
+        if len(clean_tokens) != len(corrupted_tokens):
+            continue
+        clean_ids, corrupted_ids = ids_tensor(clean_tokens), ids_tensor(corrupted_tokens)
+        with engine.budget.reserve(batch_bytes(lm, len(clean_tokens), 2)), lm.lock:
+            t0 = time.perf_counter()
+            clean_m, corrupted_m = patching.separates(lm, clean_ids, corrupted_ids, answer_id, wrong_id)
+            probe_s = time.perf_counter() - t0
+        forwards, flops = patching.cost(lm, clean_ids, corrupted_ids)
+        rate = 2 * patching.forward_flops(lm, len(clean_tokens)) / max(probe_s, 1e-6)  # FLOP/s of this machine
+        found = PatchExample(model=lm.info.name, clean=pair.clean, corrupted=pair.corrupted, answer=pair.answer,
+                             wrong=pair.wrong, clean_metric=clean_m, corrupted_metric=corrupted_m,
+                             separated=clean_m > 0 and clean_m - corrupted_m >= patching.MIN_GAP,
+                             forwards=forwards, tflop=flops / 1e12, seconds=flops / rate)
+        if found.separated:
+            best = found
+            break
+        if best is None or found.clean_metric - found.corrupted_metric > best.clean_metric - best.corrupted_metric:
+            best = found
+    if best is None:
+        raise BadInput(f"none of the example pairs fits {lm.info.name!r}'s tokenizer (same token count, one-token "
+                       "answers): type a pair of your own", code="patch_no_example", params={"model": lm.info.name})
+    _examples[key] = best
+    return best
+
+
 def patch(engine: Engine, *, clean: str, corrupted: str, answer: str, wrong: str, position: int | None = None,
-          model: str | None = None) -> Patch:
+          model: str | None = None, stop: threading.Event | None = None) -> Patch:
     lm = engine.model(model)
     clean_tokens = engine.tokenize(lm, clean)
     corrupted_tokens = engine.tokenize(lm, corrupted)
@@ -190,7 +253,7 @@ def patch(engine: Engine, *, clean: str, corrupted: str, answer: str, wrong: str
                        code="patch_same_token", params={"answer": answer})
     clean_ids, corrupted_ids = ids_tensor(clean_tokens), ids_tensor(corrupted_tokens)
     with engine.budget.reserve(batch_bytes(lm, len(clean_tokens), 1)), lm.lock:
-        result = patching.patch(lm, clean_ids, corrupted_ids, answer_id, wrong_id, position)
+        result = patching.patch(lm, clean_ids, corrupted_ids, answer_id, wrong_id, position, stop=stop)
     named = refs(lm, [answer_id, wrong_id])
     return Patch(model=lm.info.name, clean=PatchPrompt(clean, clean_tokens, result.clean_metric),
                  corrupted=PatchPrompt(corrupted, corrupted_tokens, result.corrupted_metric),

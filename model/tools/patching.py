@@ -17,6 +17,7 @@ runs are identical there) — those are skipped unless ``skip_unaffected`` is Fa
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,8 +45,70 @@ from attnscope.model.tools.intervene import (
 
 Site = Literal["resid", "attn_out", "mlp_out", "heads"]
 SITES: tuple[Site, ...] = ("resid", "attn_out", "mlp_out", "heads")
+# a job: (site, layer or stage, position or head)
+Job = tuple[Site, int, int]
 # the most arithmetic one patching request may ask for (about a minute of two CPU cores)
 MAX_FLOPS = 2e13
+# below this |clean - corrupted| (in logits) the normalised maps divide by noise: the page says so instead
+MIN_GAP = 0.5
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A clean / corrupted prompt pair and the two answers its metric compares."""
+
+    clean: str
+    corrupted: str
+    answer: str
+    wrong: str
+
+
+# Default pairs, tried in order on a model with one cheap forward each (``separates``): the first it
+# separates is the tool's example. IOI (SmolLM2-135M: clean +6.1, corrupted -5.5) needs a model that can
+# do IOI and " Mary" as one token; the copied sentence suits the bundled model (+0.43 / -0.25: its
+# induction head, layer 4 head 0, restores the most); the repeated colour any small model.
+PAIRS = (
+    Pair("When Mary and John went to the store, John gave a drink to",
+         "When Mary and John went to the store, Mary gave a drink to", " Mary", " John"),
+    Pair("My friend John lives in the city. My friend John lives in the",
+         "My friend John lives in the country. My friend John lives in the", " city", " country"),
+    Pair("The key is red. The key is red. The key is", "The key is blue. The key is blue. The key is", " red", " blue"),
+)
+
+
+class Cancelled(Exception):
+    """The patching was asked to stop (its client went away) between two batched forwards."""
+
+
+def separates(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, answer: int,
+              wrong: int) -> tuple[float, float]:
+    """(clean metric, corrupted metric) of one pair of equal-length prompts: one batched forward of two."""
+    with torch.inference_mode():
+        out = logits(lm, torch.stack([clean_ids, corrupted_ids]), keep=1)[:, -1]  # (2, V)
+    clean, corrupted = metric_of(out, answer, wrong).tolist()
+    return float(clean), float(corrupted)
+
+
+def jobs_for(n_layers: int, n_heads: int, lowest: int, pos: int, sites: tuple[Site, ...]) -> list[Job]:
+    """Every patch one request runs: (site, layer or stage, position or head)."""
+    jobs: list[Job] = []
+    if "resid" in sites:
+        jobs += [("resid", s, p) for s in range(n_layers + 1) for p in range(lowest, pos + 1)]
+    for site in ("attn_out", "mlp_out"):
+        if site in sites:
+            jobs += [(site, layer, p) for layer in range(n_layers) for p in range(lowest, pos + 1)]
+    if "heads" in sites:
+        jobs += [("heads", layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    return jobs
+
+
+def cost(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor) -> tuple[int, float]:
+    """(patched forwards, FLOP) of patching every site at the last position (what ``patch`` runs)."""
+    n = int(clean_ids.shape[0])
+    differ = (clean_ids != corrupted_ids).nonzero()
+    first_diff = int(differ[0, 0]) if differ.numel() else n
+    jobs = jobs_for(lm.info.n_layers, lm.info.n_heads, min(first_diff, n), n - 1, SITES)
+    return len(jobs), len(jobs) * forward_flops(lm, n)
 
 
 @dataclass(frozen=True)
@@ -115,9 +178,6 @@ def capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) -
                   z=[store[("z", i)] for i in range(n_layers)],
                   metric=float(metric_of(out, answer, wrong)[0]))
 
-
-# a job: (site, layer or stage, position or head)
-Job = tuple[Site, int, int]
 
 
 def patch_hooks(lm: LoadedModel, clean: CleanRun, part: list[Job], first_row: int = 2) -> list[Registration]:
@@ -197,8 +257,9 @@ def single_token(lm: LoadedModel, text: str, what: str) -> int:
 
 def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, answer: int, wrong: int,
           position: int | None = None, sites: tuple[Site, ...] = SITES, skip_unaffected: bool = True,
-          max_flops: float = MAX_FLOPS) -> PatchResult:
-    """Patch every site of ``sites`` from the clean prompt into the corrupted one, one at a time."""
+          max_flops: float = MAX_FLOPS, stop: threading.Event | None = None) -> PatchResult:
+    """Patch every site of ``sites`` from the clean prompt into the corrupted one, one at a time.
+    ``stop`` set: Cancelled, between two batched forwards (the client went away)."""
     require_decoder(lm, "activation patching")
     n = int(clean_ids.shape[0])
     if corrupted_ids.shape[0] != n:
@@ -221,14 +282,7 @@ def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
                        f"and {corrupted_metric:.6g}): there is no difference for patching to recover",
                        code="patch_same",
                        params={"clean": f"{clean.metric:.6g}", "corrupted": f"{corrupted_metric:.6g}"})
-    jobs: list[Job] = []
-    if "resid" in sites:
-        jobs += [("resid", s, p) for s in range(n_layers + 1) for p in range(lowest, pos + 1)]
-    for site in ("attn_out", "mlp_out"):
-        if site in sites:
-            jobs += [(site, layer, p) for layer in range(n_layers) for p in range(lowest, pos + 1)]
-    if "heads" in sites:
-        jobs += [("heads", layer, h) for layer in range(n_layers) for h in range(n_heads)]
+    jobs: list[Job] = jobs_for(n_layers, n_heads, lowest, pos, sites)
     flops = len(jobs) * forward_flops(lm, pos + 1)
     if flops > max_flops:
         raise BadInput(f"patching these prompts takes {len(jobs)} patched forwards of {pos + 1} tokens "
@@ -241,6 +295,8 @@ def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
     values: dict[Job, float] = {}
     forwards = 0
     for start in range(0, len(jobs), chunk):
+        if stop is not None and stop.is_set():
+            raise Cancelled
         part = jobs[start : start + chunk]
         # the references ride in the batch, so that an identical row gives exactly 0 or 1
         batch = torch.cat([corrupted_prefix[None], clean_prefix[None],

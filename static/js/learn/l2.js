@@ -46,7 +46,31 @@ function prefixSpans(run, i, max = 48) {
   return parts.flatMap((p, k) => (k ? [el("wbr"), p] : [p]));
 }
 
+// A timing the server refuses as too slow (timing_over_budget, with its estimate) is asked again
+// smaller: one repeat for the prompt itself; one repeat and fewer tokens (its cost grows about with
+// them) for the repeated one, or none if that would not be longer than the prompt (skippedLong).
+async function timeWithin(body, n) {
+  try {
+    return await postJSON("/api/timing", body);
+  } catch (err) {
+    if (!(err && err.code === "timing_over_budget")) throw err;
+    const { seconds, budget } = err.params;
+    if (!body.repeat_to) return postJSON("/api/timing", { ...body, repeats: 1 });
+    const fit = Math.min(body.repeat_to, Math.floor((body.repeat_to * 0.6 * budget * body.repeats) / seconds));
+    const skip = () => { skippedLong = { n: body.repeat_to, seconds: Math.round(seconds) }; return null; };
+    if (fit <= n) return skip();
+    try {
+      return await postJSON("/api/timing", { ...body, repeats: 1, repeat_to: fit });
+    } catch (again) {
+      if (again && again.code === "timing_over_budget") return skip();
+      throw again;
+    }
+  }
+}
+let skippedLong = null; // {n, seconds}: the long timing the server would take too long for (a large model)
+
 export async function render(body, ctx) {
+  skippedLong = null;
   const { run, t } = ctx;
   const n = run.tokens.length;
   const facts = el("p", { class: "facts", "data-testid": "l2-facts" });
@@ -104,7 +128,7 @@ export async function render(body, ctx) {
 
   async function paintTiming() {
     if (!times) return;
-    timingTitle.textContent = t("l2.timing.title");
+    timingTitle.textContent = sentences([t("l2.timing.title"), skippedLong ? t("l2.timing.skipped", skippedLong) : ""]);
     const draw = (div, tm, titleKey) => {
       const x = tm.serial_cache_ms.map((_, i) => i + 1);
       return plot(div, [
@@ -169,9 +193,10 @@ export async function render(body, ctx) {
   // timed after the other lessons are drawn: it holds the model for a few seconds
   ctx.later(async () => {
     timingTitle.textContent = t("l2.timing.running");
-    const short = await postJSON("/api/timing", { text, model: run.model, repeats: 3 });
+    const short = await timeWithin({ text, model: run.model, repeats: 3 }, n);
     // a short prompt is timed again repeated to LONG tokens, where the cache has room to pay off
-    const long = n < LONG ? await postJSON("/api/timing", { text, model: run.model, repeats: 3, repeat_to: LONG }) : null;
+    // (fewer on a model too slow to time LONG tokens in the server's budget: it says so)
+    const long = n < LONG ? await timeWithin({ text, model: run.model, repeats: 3, repeat_to: LONG }, n) : null;
     times = long ? [short, long] : [short];
     await paintTiming();
   });

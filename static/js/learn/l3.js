@@ -22,6 +22,11 @@ async function defaultId(run, vocab) {
   return embedding(run.model, (candidates[0] || run.tokens[0]).id);
 }
 
+// What a large vocabulary's embedding view skips (the V x V sweep for untrained rows): said, or "".
+export function sampledNote(e, vocab, t) {
+  return e.untrained_examined < vocab ? t("l3.sampled", { examined: e.untrained_examined, vocab, count: e.untrained_count }) : "";
+}
+
 export async function render(body, ctx) {
   const { run, t } = ctx;
   const table = el("table", { "data-testid": "l3-table" });
@@ -31,9 +36,10 @@ export async function render(body, ctx) {
   chart.dataset.tokenX = "1"; // its categories are token text (tests/i18n_check.py)
   const note = el("p", { class: "muted", "data-testid": "l3-note" });
   const warn = el("p", { class: "warn", "data-testid": "l3-untrained", hidden: "" });
+  const sampled = el("p", { class: "muted", "data-testid": "l3-sampled", hidden: "" });
   // a refused ID is said beside the box it was typed in (and cleared by the next good one)
   body.replaceChildren(el("div", { class: "scroll" }, table), el("div", { class: "controls" }, el("label", {}, idLabel, " ", idBox), ctx.errorBox()),
-    el("div", { class: "wide" }, warn, chart.box, note));
+    el("div", { class: "wide" }, warn, chart.box, note, sampled));
   let e = await defaultId(run, ctx.model.vocab_size);
   idBox.value = String(e.id);
 
@@ -86,6 +92,8 @@ export async function render(body, ctx) {
       near.length ? t(near[0].cos > hi ? "l3.nearest" : "l3.nearest.in_band", { token: showToken(near[0].token), cos: fmt(near[0].cos, 2), mean: fmt(e.random_mean, 2) }) : ""]);
     warn.hidden = !e.untrained;
     warn.textContent = e.untrained ? t("l3.untrained", { k: e.id, count: e.untrained_count }) : "";
+    sampled.textContent = sampledNote(e, ctx.model.vocab_size, t);
+    sampled.hidden = !sampled.textContent;
   }
 
   idBox.addEventListener("change", async () => {

@@ -2,6 +2,7 @@
 import { el, fmt, showToken } from "../dom.js";
 import { getJSON } from "../api.js";
 import { figure, label, plot } from "../chart.js";
+import { sampledNote } from "./l3.js";
 
 export async function render(body, ctx) {
   const { run, t } = ctx;
@@ -29,7 +30,7 @@ export async function render(body, ctx) {
     listTitle.textContent = t("l4.neighbours");
     list.replaceChildren(...e.neighbours.map((nb) => el("li", { class: "mono", text: t("l4.neighbour", { token: showToken(nb.token), id: nb.id, cos: fmt(nb.cos, 3) }) })));
     warn.hidden = !e.untrained;
-    warn.textContent = e.untrained ? t("l3.untrained", { k: e.id, count: e.untrained_count }) : "";
+    warn.textContent = e.untrained ? `${t("l3.untrained", { k: e.id, count: e.untrained_count })} ${sampledNote(e, ctx.model.vocab_size, t)}`.trim() : "";
   }
   async function load() {
     e = await getJSON(`/api/models/${encodeURIComponent(run.model)}/embedding?id=${pick.value}&top=10`);

@@ -1,6 +1,8 @@
-// The Learn page: run the prompt once on the default decoder, then draw the nine views.
-// Every lesson registers a painter that writes its words from the catalogue; switching the
-// language calls them all again (no request, no reload).
+// The Learn page: run the prompt once on the picked decoder (the picker, or ?model=; the default
+// decoder otherwise), then draw the nine views. Every lesson registers a painter that writes its
+// words from the catalogue; switching the language calls them all again (no request, no reload).
+// On a large model (LAZY_PARAMS) a lesson is drawn when it comes into view, one at a time, so that
+// the page answers in seconds; on a small one all nine are drawn at once, in order.
 import { $, el } from "../dom.js";
 import { getJSON, postJSON } from "../api.js";
 import { errorText, initLanguage, lang, onLanguage, sentences, t } from "../i18n.js";
@@ -17,6 +19,12 @@ import * as l9 from "./l9.js";
 
 const LESSONS = [l1, l2, l3, l4, l5, l6, l7, l8, l9];
 const SEED_PROMPT = "I love artificial intelligence"; // the seed note's own example
+// parameters from which a model's lessons are drawn as they come into view: attnscope-tiny (10M) draws
+// all nine at once in seconds; SmolLM2-135M needs about 15 s for them on 2 cores, most of it below the fold
+const LAZY_PARAMS = 50e6;
+const NEAR = "400px"; // a lesson this far below the window is drawn before it is reached
+let generation = 0; // the current run's number: a lesson queued for an older run is not drawn
+let observer = null; // the current run's IntersectionObserver (lazy lessons)
 let unregister = []; // the painters of the current run's lessons
 let lastError = null; // the whole run's error (the server's words): repainted in the new language too
 // Each lesson's own error line, shown in that lesson (a lesson may move it beside the input it
@@ -76,31 +84,65 @@ function painter(lesson) {
   };
 }
 
+// The decoder Learn runs on: the picker's, else the default decoder, else any.
+function pickedModel(models) {
+  const picked = models.find((m) => m.name === $("#model-picker").value && m.causal);
+  return picked || models.find((m) => m.default && m.causal) || models.find((m) => m.causal) || models[0];
+}
+
 async function runAll(models) {
   const text = $("#prompt").value;
-  const dflt = models.find((m) => m.default && m.causal) || models.find((m) => m.causal) || models[0];
+  const dflt = pickedModel(models);
+  const mine = ++generation;
+  if (observer) observer.disconnect();
+  observer = null;
   for (const off of unregister) off();
   unregister = [];
   lastError = null;
   for (const entry of lessonErrors.values()) entry.error = "";
   paintError();
-  delete document.querySelector(".lessons").dataset.measured;
+  const lessons = document.querySelector(".lessons");
+  delete lessons.dataset.measured;
+  for (const body of document.querySelectorAll(".lesson-body")) delete body.dataset.ready;
   $("#busy").hidden = false;
   $("#run").disabled = true;
+  let run;
   try {
-    const run = await postJSON("/api/runs", { text, model: dflt.name, top_k: 5 });
-    const summary = () => {
-      $("#model-summary").textContent = t("learn.summary", { name: dflt.name, layers: dflt.n_layers, heads: dflt.n_heads, d: dflt.d_model });
-      chineseNote($("#lang-note"), run, text);
-    };
-    unregister.push(onLanguage(summary));
-    summary();
-    const later = []; // slow measurements, run once every lesson is drawn
-    for (const [i, lesson] of LESSONS.entries()) {
-      const n = i + 1;
-      const section = document.querySelector(`#l${n}`);
-      const body = section.querySelector(".lesson-body");
-      delete body.dataset.ready;
+    run = await postJSON("/api/runs", { text, model: dflt.name, top_k: 5 });
+  } catch (err) {
+    showLearnError(err);
+    $("#busy").hidden = true;
+    $("#run").disabled = false;
+    return;
+  }
+  if (mine !== generation) return;
+  const summary = () => {
+    $("#model-summary").textContent = t("learn.summary", { name: dflt.name, layers: dflt.n_layers, heads: dflt.n_heads, d: dflt.d_model });
+    chineseNote($("#lang-note"), run, text);
+  };
+  unregister.push(onLanguage(summary));
+  summary();
+  const lazy = (dflt.n_params || 0) > LAZY_PARAMS;
+  lessons.dataset.lazy = lazy ? "1" : "";
+  const later = []; // slow measurements: after every lesson (all at once), or after their own (lazy)
+  let drawn = 0;
+  let queue = Promise.resolve();
+  const finish = async () => {
+    for (const fn of later.splice(0)) {
+      if (mine !== generation) return;
+      await fn();
+    }
+    if (drawn === LESSONS.length && mine === generation) lessons.dataset.measured = "1";
+  };
+  const draw = (i) => {
+    const n = i + 1;
+    const section = document.querySelector(`#l${n}`);
+    const body = section.querySelector(".lesson-body");
+    if (mine !== generation || body.dataset.queued === String(mine)) return;
+    body.dataset.queued = String(mine);
+    queue = queue.then(async () => {
+      if (mine !== generation) return;
+      $("#busy").hidden = false;
       const ctx = {
         run, text, models, model: dflt, t, error: (message, lead = null) => showLearnError(message, n, lead), errorBox: () => errorBox(n), paint: painter(n),
         later: (fn) => later.push(async () => {
@@ -127,19 +169,45 @@ async function runAll(models) {
         a.href = `${u.pathname}${u.search}`;
       }));
       try {
-        await lesson.render(body, ctx);
-        body.dataset.ready = "1";
+        await LESSONS[i].render(body, ctx);
+        if (mine === generation) body.dataset.ready = "1";
       } catch (err) {
         showLearnError(err, n);
       }
+      drawn += 1;
+      if (lazy || drawn === LESSONS.length) await finish();
+      if (lazy && mine === generation) $("#busy").hidden = true; // until the next lesson comes into view
+    });
+    return queue;
+  };
+  for (const [i] of LESSONS.entries()) { // a lazy lesson says it waits until it is in view
+    const body = document.querySelector(`#l${i + 1} .lesson-body`);
+    delete body.dataset.queued;
+    if (lazy) {
+      const wait = el("p", { class: "muted", "data-testid": "lesson-waiting" });
+      const say = () => { wait.textContent = t("learn.lazy", { model: dflt.name }); };
+      say();
+      unregister.push(onLanguage(say));
+      body.replaceChildren(wait);
     }
-    for (const fn of later) await fn();
-    document.querySelector(".lessons").dataset.measured = "1";
+  }
+  try {
+    if (lazy) {
+      await draw(0); // the first lesson now; the others as they come near the window
+      observer = new IntersectionObserver((entries) => {
+        for (const e of entries) if (e.isIntersecting) draw(Number(e.target.id.slice(1)) - 1);
+      }, { rootMargin: `0px 0px ${NEAR} 0px` });
+      for (const section of document.querySelectorAll(".lesson")) observer.observe(section);
+    } else {
+      for (const i of LESSONS.keys()) await draw(i);
+    }
   } catch (err) {
     showLearnError(err);
   } finally {
-    $("#busy").hidden = true;
-    $("#run").disabled = false;
+    if (mine === generation) {
+      if (!lazy) $("#busy").hidden = true;
+      $("#run").disabled = false;
+    }
   }
 }
 
@@ -151,12 +219,34 @@ async function init() {
   const { models } = await getJSON("/api/models");
   const params = new URLSearchParams(location.search);
   $("#prompt").value = params.get("text") || SEED_PROMPT;
-  $("#run").addEventListener("click", () => {
+  // the picker: the decoders (Learn generates and reads logits), named as in the explorer
+  const picker = $("#model-picker");
+  const decoders = models.filter((m) => m.causal);
+  const fillModels = () => {
+    const keep = picker.value;
+    picker.replaceChildren(...decoders.map((m) => el("option", { value: m.name, text: t("x.model.option", { name: m.name, family: m.family, dtype: m.dtype, device: m.device }) })));
+    if (keep) picker.value = keep;
+  };
+  fillModels();
+  onLanguage(fillModels);
+  const wanted = params.get("model");
+  picker.value = (decoders.find((m) => m.name === wanted) || pickedModel(models)).name;
+  const unknown = () => { // ?model= that is not a decoder here: said, and the default is used
+    const note = $("#model-note");
+    note.textContent = wanted && picker.value !== wanted ? t("x.model.unknown", { wanted, model: picker.value }) : "";
+    note.hidden = !note.textContent;
+  };
+  unknown();
+  onLanguage(unknown);
+  const go = () => {
     const p = new URLSearchParams(location.search);
     p.set("text", $("#prompt").value);
+    p.set("model", picker.value);
     history.replaceState(null, "", `${location.pathname}?${p}`);
     runAll(models);
-  });
+  };
+  $("#run").addEventListener("click", go);
+  picker.addEventListener("change", go);
   $("#prompt").addEventListener("keydown", (ev) => { // Ctrl+Enter runs the prompt, as in the explorer
     if (ev.key === "Enter" && (ev.ctrlKey || ev.metaKey) && !$("#run").disabled) $("#run").click();
   });

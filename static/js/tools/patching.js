@@ -1,17 +1,18 @@
 // Activation patching: copy each activation of a clean prompt into a corrupted one and see
 // how much of logit(answer) − logit(wrong) comes back (1 = all of it, 0 = none).
-import { postJSON } from "../api.js";
-import { el, fmt, plotlyText, showToken } from "../dom.js";
-import { DIVERGING, tokenTicks } from "./common.js";
+import { getJSON, postJSON } from "../api.js";
+import { el, fmt, isAbort, plotlyText, showToken } from "../dom.js";
+import { DIVERGING, longRun, tokenTicks } from "./common.js";
 import { plot } from "../chart.js";
 import { t } from "../i18n.js";
 
-// The default pair: a sentence seen once, then again up to its last word, so that copying
-// (an induction head) is what tells the two answers apart. The bundled model prefers " city"
-// on the clean prompt and " country" on the corrupted one (logit difference 0.43 and -0.25),
-// and its induction head, layer 4 head 0, restores the most; the classic IOI pair ("When Mary
-// and John went to the store, John gave a drink to") needs a model that can do IOI.
-const EXAMPLE = {
+// The default pair comes from the server (GET /api/models/{name}/patch-example): the first of a few
+// candidates the model separates, by one cheap forward — IOI on SmolLM2 (+6.1 / −5.5), the copied
+// sentence below on the bundled model (+0.43 / −0.25; its induction head, layer 4 head 0, restores
+// the most). It runs by itself only when cheap (AUTO_TFLOP); otherwise the form waits for Run.
+const AUTO_TFLOP = 0.2; // attnscope-tiny's default pair: 0.03 TFLOP, seconds; SmolLM2's: 2.2, half a minute
+const MIN_GAP = 0.5; // model/tools/patching.py's MIN_GAP: a smaller |clean − corrupted| is not normalised by
+const EXAMPLE = { // until the server's example arrives, or where it fails
   clean: "My friend John lives in the city. My friend John lives in the",
   corrupted: "My friend John lives in the country. My friend John lives in the",
   answer: " city",
@@ -42,23 +43,50 @@ export async function render(body, ctx) {
   const mlp = el("div", { class: "chart tool-chart", "data-testid": "patch-mlp" });
   const heads = el("div", { class: "chart tool-chart", "data-testid": "patch-heads" });
   charts.append(resid, attn, mlp, heads);
+  const hint = el("p", { class: "legend", "data-testid": "patch-hint", hidden: "" });
+  const gapWarn = el("p", { class: "warn", "data-testid": "patch-gap-warning", hidden: "" });
+  const progress = longRun("patch-progress");
   body.replaceChildren(
     el("div", { class: "patch-form" },
       el("label", {}, t("patch.clean"), clean), el("label", {}, t("patch.corrupted"), corrupted),
       el("label", {}, t("patch.answer"), answer), el("label", {}, t("patch.wrong"), wrong), go),
-    ctx.alert,
+    ctx.alert, hint, progress.box,
     el("p", { class: "legend", text: t("patch.help") }),
-    summary, charts);
+    summary, gapWarn, charts);
+
+  let example = null; // the server's example for this model: its pair, metrics and cost
+  const fromUrl = ["clean", "corrupted", "answer", "wrong"].some((k) => ctx.params[k] != null);
+  try {
+    example = await getJSON(`/api/models/${encodeURIComponent(ctx.run.model)}/patch-example`);
+    if (!fromUrl) for (const [k, input] of [["clean", clean], ["corrupted", corrupted], ["answer", answer], ["wrong", wrong]]) input.value = example[k];
+  } catch (err) {
+    ctx.error(err);
+  }
+  const isExample = () => example && clean.value === example.clean && corrupted.value === example.corrupted
+    && answer.value === example.answer && wrong.value === example.wrong;
 
   async function run() {
     go.disabled = true;
+    hint.hidden = true;
     ctx.error("");
     const req = { clean: clean.value, corrupted: corrupted.value, answer: answer.value, wrong: wrong.value };
     if (ctx.run) req.model = ctx.run.model;
     ctx.setParams(req);
+    const signal = progress.start(isExample() ? example.seconds : 0);
     try {
-      const res = await postJSON("/api/patch", req);
+      const res = await postJSON("/api/patch", req, { signal });
+      const gap = res.clean.metric - res.corrupted.metric;
+      const small = Math.abs(gap) < MIN_GAP;
+      gapWarn.textContent = small ? t("patch.small_gap", { clean: fmt(res.clean.metric, 3), corrupted: fmt(res.corrupted.metric, 3), min: MIN_GAP })
+        : res.clean.metric <= res.corrupted.metric ? t("patch.backwards", { clean: fmt(res.clean.metric, 3), corrupted: fmt(res.corrupted.metric, 3) }) : "";
+      gapWarn.hidden = !gapWarn.textContent;
+      charts.hidden = small; // maps normalised by noise mean nothing: not drawn
+      charts.dataset.normalised = small ? "0" : "1";
       const tokens = res.clean.tokens;
+      summary.textContent = t("patch.summary", { model: res.model, answer: showToken(res.answer.token), wrong: showToken(res.wrong.token),
+        pos: res.position, clean: fmt(res.clean.metric, 3), corrupted: fmt(res.corrupted.metric, 3), diff: res.first_difference,
+        token: showToken(tokens[res.first_difference].text), n: res.forwards });
+      if (small) return;
       const xs = tokens.map((_, i) => i);
       const ticks = tokenTicks(tokens);
       const axis = { xaxis: ticks };
@@ -75,11 +103,21 @@ export async function render(body, ctx) {
         pos: res.position, clean: fmt(res.clean.metric, 3), corrupted: fmt(res.corrupted.metric, 3), diff: res.first_difference,
         token: showToken(tokens[res.first_difference].text), n: res.forwards });
     } catch (err) {
-      ctx.error(err);
+      if (isAbort(err)) summary.textContent = t("patch.cancelled");
+      else ctx.error(err);
     } finally {
+      progress.stop();
       go.disabled = false;
     }
   }
   go.addEventListener("click", run);
-  await run(); // the URL's pair, or the example
+  // the URL's pair or the example: run now where patching it is cheap, else say what Run will cost
+  if (example && (example.tflop <= AUTO_TFLOP)) {
+    await run();
+  } else if (example) {
+    hint.textContent = t("patch.not_started", { model: example.model, forwards: example.forwards, tflop: fmt(example.tflop, 1), s: fmt(example.seconds, 0) });
+    hint.hidden = false;
+  } else {
+    await run();
+  }
 }
