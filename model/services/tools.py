@@ -9,7 +9,6 @@ returns typed results whose token ids come with their display strings.
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Literal
 
@@ -184,7 +183,7 @@ def ablate_scan(engine: Engine, *, run_id: str, position: int, token: int | None
 class PatchExample:
     """The default pair for ``model`` (the first of ``patching.PAIRS`` it separates, by one cheap forward
     each), its two metrics, and what patching it costs: ``forwards`` patched rows, ``tflop``, and
-    ``seconds`` estimated from the probe's own speed."""
+    ``seconds`` estimated from the probe's speed per row (a batched forward of ``patching.PROBE_ROWS``)."""
 
     model: str
     clean: str
@@ -219,16 +218,13 @@ def patch_example(engine: Engine, *, model: str | None = None) -> PatchExample:
         if len(clean_tokens) != len(corrupted_tokens):
             continue
         clean_ids, corrupted_ids = ids_tensor(clean_tokens), ids_tensor(corrupted_tokens)
-        with engine.budget.reserve(batch_bytes(lm, len(clean_tokens), 2)), lm.lock:
-            t0 = time.perf_counter()
-            clean_m, corrupted_m = patching.separates(lm, clean_ids, corrupted_ids, answer_id, wrong_id)
-            probe_s = time.perf_counter() - t0
+        with engine.budget.reserve(batch_bytes(lm, len(clean_tokens), 1)), lm.lock:
+            clean_m, corrupted_m, per_row = patching.separates(lm, clean_ids, corrupted_ids, answer_id, wrong_id)
         forwards, flops = patching.cost(lm, clean_ids, corrupted_ids)
-        rate = 2 * patching.forward_flops(lm, len(clean_tokens)) / max(probe_s, 1e-6)  # FLOP/s of this machine
         found = PatchExample(model=lm.info.name, clean=pair.clean, corrupted=pair.corrupted, answer=pair.answer,
                              wrong=pair.wrong, clean_metric=clean_m, corrupted_metric=corrupted_m,
                              separated=clean_m > 0 and clean_m - corrupted_m >= patching.MIN_GAP,
-                             forwards=forwards, tflop=flops / 1e12, seconds=flops / rate)
+                             forwards=forwards, tflop=flops / 1e12, seconds=per_row * forwards)
         if found.separated:
             best = found
             break

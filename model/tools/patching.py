@@ -18,6 +18,7 @@ runs are identical there) — those are skipped unless ``skip_unaffected`` is Fa
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -80,13 +81,20 @@ class Cancelled(Exception):
     """The patching was asked to stop (its client went away) between two batched forwards."""
 
 
+PROBE_ROWS = 8  # rows of the probe forward: enough for its speed to be a batched forward's, per row
+
+
 def separates(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, answer: int,
-              wrong: int) -> tuple[float, float]:
-    """(clean metric, corrupted metric) of one pair of equal-length prompts: one batched forward of two."""
+              wrong: int) -> tuple[float, float, float]:
+    """(clean metric, corrupted metric, seconds per patched row) of one pair of equal-length prompts: one
+    batched forward of the two and PROBE_ROWS - 2 copies, timed (what ``patch``'s batches cost a row)."""
+    batch = torch.cat([clean_ids[None], corrupted_ids[None].expand(PROBE_ROWS - 1, -1)])  # (PROBE_ROWS, n)
     with torch.inference_mode():
-        out = logits(lm, torch.stack([clean_ids, corrupted_ids]), keep=1)[:, -1]  # (2, V)
-    clean, corrupted = metric_of(out, answer, wrong).tolist()
-    return float(clean), float(corrupted)
+        t0 = time.perf_counter()
+        out = logits(lm, batch, keep=1)[:, -1]  # (PROBE_ROWS, V)
+        per_row = (time.perf_counter() - t0) / PROBE_ROWS
+    clean, corrupted = metric_of(out[:2], answer, wrong).tolist()
+    return float(clean), float(corrupted), per_row
 
 
 def jobs_for(n_layers: int, n_heads: int, lowest: int, pos: int, sites: tuple[Site, ...]) -> list[Job]:
