@@ -81,6 +81,31 @@ def architecture(path: Path) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def file_type(path: Path) -> str | None:
+    """The file's quantization (``general.file_type``: ``Q4_1``, ``Q8_0``, ``F16``, ...), or None."""
+    try:
+        import gguf as gguf_package
+
+        field = gguf_package.GGUFReader(str(path)).get_field("general.file_type")
+        if field is None:
+            return None
+        return str(gguf_package.LlamaFileType(int(field.contents())).name).removeprefix("MOSTLY_")
+    except Exception:  # noqa: BLE001 -- a missing package, an unknown number: said as unknown
+        return None
+
+
+def describe(folder: Path) -> str | None:
+    """What a model folder's weights are, where they came from a GGUF file: "GGUF Q4_1, de-quantized to
+    float32" (None for any other folder)."""
+    data = info(folder)
+    if data is None:
+        return None
+    kind = data.get("file_type")
+    if kind is None and isinstance(data.get("source"), str) and Path(str(data["source"])).is_file():
+        kind = file_type(Path(str(data["source"])))  # a copy made before the type was recorded
+    return f"GGUF {kind}, de-quantized to float32" if kind else "GGUF, de-quantized to float32"
+
+
 def supported_architectures() -> list[str]:
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
 
@@ -166,6 +191,7 @@ def _convert(path: Path, folder: Path, name: str) -> None:
         (tmp / MARK).write_text(json.dumps({
             "source": str(path), "size": path.stat().st_size, "mtime_ns": path.stat().st_mtime_ns,
             "key": file_key(path), "architecture": arch, "model_type": config.model_type,
+            "file_type": file_type(path),
             "dequantized_to": "float32", "seconds": round(time.perf_counter() - start, 1),
         }, indent=1))
         _publish(tmp, folder)

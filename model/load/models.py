@@ -19,7 +19,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,7 +49,7 @@ from attnscope.model.families.table import (
     max_positions,
     spec_for,
 )
-from attnscope.model.load import sources
+from attnscope.model.load import gguf, sources
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,8 @@ class ModelInfo(Dimensions):
     device: str  # the device of the input embedding ("cuda:0", "cpu", ...)
     dtype: str  # the parameters' dtype ("float32", "bfloat16", ...)
     has_chat_template: bool = False
+    # where the weights came from, when that changes what they are: "GGUF Q4_1, de-quantized to float32"
+    weights: str | None = None
 
 
 @dataclass
@@ -294,7 +296,9 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
                              params={"model": name, "source": where, "reason": str(exc)}) from exc
     if placement.device_map is None:
         nn.Module.to(model, device)  # (transformers wraps PreTrainedModel.to with a mistyped decorator)
-    return wrap_model(name, model, tokenizer, source)
+    lm = wrap_model(name, model, tokenizer, source)
+    weights = gguf.describe(Path(where)) if Path(where).is_dir() else None
+    return lm if weights is None else replace(lm, info=replace(lm.info, weights=weights))
 
 
 def wrap_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source: str) -> LoadedModel:

@@ -188,3 +188,7 @@ def test_analyze_takes_the_named_model_and_a_gguf_path(how: str, smollm2: Loaded
     ids = smollm2.tokenizer("The capital of France is").input_ids
     assert [int(line.split()[1]) for line in lines] == ids
     assert "->" in lines[-1]  # the next-token guess at each position
+
+
+def test_a_gguf_models_info_says_its_weights_are_de_quantized(smollm2: LoadedModel) -> None:
+    assert smollm2.info.weights == "GGUF Q4_1, de-quantized to float32"
