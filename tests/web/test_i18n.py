@@ -34,6 +34,7 @@ def test_chinese_keeps_only_the_seeds_english_terms() -> None:
                 "err.device_invalid": "auto cpu cuda mps", "err.package_missing": "pip install",
                 "err.hub_unreachable": "Hugging Face Hub", "err.http_error": "HTTP",
                 "err.unsupported_media_type": "UTF", "err.body_not_utf8": "UTF",
+                "x.model.loading": "GGUF",  # the model file format, by its name
                 }  # a language switch names the other language in its own words
     for key, text in CATALOGUES["zh"].items():
         plain = re.sub(r"\{\w+\}|%\{[^}]*\}|<[^>]*>", " ", text)
