@@ -491,8 +491,8 @@ export default {
  // head overview (static/js/views/overview.js, headgrid.js): a model with more heads than thumbnails fit
  "x.ov.role": "head overview",
  "x.ov.aria": "{n} heads, {layers} layers of {heads}: arrow keys move, Enter opens the head",
- "x.ov.legend_low": "Colour: {score}; dark = low ({lo}), pale = high ({hi}). Click a cell, or move with the arrow keys and press Enter, to open a head.",
- "x.ov.legend_high": "Colour: {score}; dark = high ({hi}), pale = low ({lo}). Click a cell, or move with the arrow keys and press Enter, to open a head.",
+ "x.ov.legend_low": "Colour: {score}; dark = low ({lo}), pale = high ({hi}). A corner in a badge's colour marks a badged head. Click a cell, or move with the arrow keys and press Enter, to open a head.",
+ "x.ov.legend_high": "Colour: {score}; dark = high ({hi}), pale = low ({lo}). A corner in a badge's colour marks a badged head. Click a cell, or move with the arrow keys and press Enter, to open a head.",
  "x.ov.kv": "K/V {g}",
  "x.ov.cell": "layer {layer} head {head}, {score} {value}",
  "x.ov.cell_badges": ", badges: {badges}",

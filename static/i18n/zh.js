@@ -491,8 +491,8 @@ export default {
  // head overview (static/js/views/overview.js, headgrid.js): a model with more heads than thumbnails fit
  "x.ov.role": "注意力头总览",
  "x.ov.aria": "共 {n} 个注意力头，{layers} 层，每层 {heads} 个：方向键移动，回车键打开该头",
- "x.ov.legend_low": "颜色：{score}；深色 = 低（{lo}），浅色 = 高（{hi}）。点击一个格子，或用方向键移动后按回车键，即可打开该头。",
- "x.ov.legend_high": "颜色：{score}；深色 = 高（{hi}），浅色 = 低（{lo}）。点击一个格子，或用方向键移动后按回车键，即可打开该头。",
+ "x.ov.legend_low": "颜色：{score}；深色 = 低（{lo}），浅色 = 高（{hi}）。格子角上带标记颜色的是有标记的头。点击一个格子，或用方向键移动后按回车键，即可打开该头。",
+ "x.ov.legend_high": "颜色：{score}；深色 = 高（{hi}），浅色 = 低（{lo}）。格子角上带标记颜色的是有标记的头。点击一个格子，或用方向键移动后按回车键，即可打开该头。",
  "x.ov.kv": "K/V {g}",
  "x.ov.cell": "第 {layer} 层 头 {head}，{score} {value}",
  "x.ov.cell_badges": "，标记：{badges}",

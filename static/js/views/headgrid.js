@@ -356,13 +356,17 @@ export class HeadGrid {
     const run = this.run, key = this.overviewKey(), n = run.tokens.length;
     const values = new Float64Array(run.n_layers * run.n_heads).fill(NaN);
     const shown = new Uint8Array(values.length);
+    const marks = new Map(); // head index -> the badges its cell shows
     for (const s of run.heads) {
       const i = s.layer * run.n_heads + s.head;
       values[i] = s[key] ?? NaN;
       shown[i] = passes(this.filter, s, n, !this.sinks.common) ? 1 : 0;
+      const names = badgesFor(s, n, !this.sinks.common).map(([name]) => name);
+      if (names.length) marks.set(i, names);
     }
     this.ov.set({ layers: run.n_layers, heads: run.n_heads, values, group: this.group, key,
-                  shown: (layer, head) => shown[layer * run.n_heads + head] === 1 });
+                  shown: (layer, head) => shown[layer * run.n_heads + head] === 1,
+                  marks: (layer, head) => marks.get(layer * run.n_heads + head) || [] });
   }
 
   // "layer L head H, entropy 0.42, badges P": what the live region says of the cursor's head

@@ -32,9 +32,10 @@ export class HeadOverview {
   }
 
   // values: Float64Array of layers x heads (NaN: still owed); shown(layer, head): passes the filter;
-  // group: query heads a K/V head; key: the score's name (legend, direction)
-  set({ layers, heads, values, shown, group, key }) {
-    Object.assign(this, { layers, heads, values, shown, group, score: key });
+  // marks(layer, head): the badges the grid shows on that head (a corner of the cell in the badge's
+  // colour); group: query heads a K/V head; key: the score's name (legend, direction)
+  set({ layers, heads, values, shown, marks, group, key }) {
+    Object.assign(this, { layers, heads, values, shown, marks, group, score: key });
     let lo = Infinity, hi = -Infinity;
     for (const v of values) if (!Number.isNaN(v)) { lo = Math.min(lo, v); hi = Math.max(hi, v); }
     this.lo = lo; this.hi = hi;
@@ -69,6 +70,7 @@ export class HeadOverview {
     // the cells: one rectangle each, a pale one where the filter leaves the head out
     const span = this.hi - this.lo || 1, low = LOW_FIRST.has(this.score);
     const gap = g.cw >= 5 ? 1 : 0;
+    const marked = [];
     for (let L = 0; L < this.layers; L++) {
       for (let h = 0; h < this.heads; h++) {
         const v = this.values[L * this.heads + h];
@@ -77,7 +79,18 @@ export class HeadOverview {
         ctx.fillStyle = `rgb(${col.map(Math.round).join(",")})`;
         const x = GUTTER + h * g.cw, y = g.header + L * g.ch;
         ctx.fillRect(x, y, Math.max(1, g.cw - gap), Math.max(1, g.ch - (g.ch >= 6 ? 1 : 0)));
+        marked.push(...this.marks(L, h).map((name) => [x, y, name]));
       }
+    }
+    // badged heads: a corner in the badge's colour (P, S, I side by side where a head has more than one)
+    const root = getComputedStyle(document.documentElement);
+    const side = Math.max(2, Math.min(6, Math.floor(Math.min(g.cw, g.ch) / 2)));
+    const seen = new Map();
+    for (const [x, y, name] of marked) {
+      const k = `${x},${y}`, i = seen.get(k) || 0;
+      seen.set(k, i + 1);
+      ctx.fillStyle = root.getPropertyValue(`--${name}`).trim() || "#c00";
+      ctx.fillRect(x + g.cw - gap - side * (i + 1), y, side, side);
     }
     ctx.font = `10px ${style.fontFamily}`;
     ctx.textBaseline = "middle";
