@@ -9,6 +9,7 @@ SmolLM2 (when its GGUF file is on this machine) shows its sinks as a count, not 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tests.support.browser import ConsoleWatch, shot
 from tests.support.tiny import BUNDLED, VOCAB, make_engine
 
 pytestmark = pytest.mark.browser
+log = logging.getLogger(__name__)  # the timings: read with -o log_cli=true --log-cli-level=INFO, never asserted
 HEAT = "document.querySelector('[data-testid=heatmap]')"
 OV = "document.querySelector('[data-testid=head-overview]')"
 SHAPES = {"l32": (32, 32, 8), "l80": (80, 64, 8)}  # layers, heads, K/V heads
@@ -134,8 +136,8 @@ def test_every_head_is_reachable(browser: object, many_url: str, name: str, widt
     assert page.get_by_test_id("head-cell").count() <= heads
     over = no_sideways_overflow(page)
     assert over["scroll"] <= over["client"], over
-    print(f"\n{name} ({layers * heads} heads) at {width} px: overview drawn in {g['ms']:.1f} ms (grid render {g['render']:.1f} ms), "
-          f"click -> heatmap {', '.join(f'{t:.0f}' for t in times)} ms")
+    log.info("%s (%d heads) at %d px: overview drawn in %.1f ms (grid render %.1f ms), click -> heatmap %s ms",
+             name, layers * heads, width, g["ms"], g["render"], ", ".join(f"{t:.0f}" for t in times))
     shot(page, f"many-{name}-{width}")
     close(page)
 
@@ -193,10 +195,10 @@ def test_smollm2_overview_and_its_sinks(browser: object, smol_url: str, width: i
     page.wait_for_function("() => document.querySelectorAll('[data-testid=head-list] [data-testid=head-cell]').length > 40")
     page.select_option("[data-testid=grid-filter]", "all")
     t = open_by_click(page, 29, 8)
-    print(f"\nsmollm2 (270 heads) at {width} px: overview drawn in {g['ms']:.1f} ms (grid render {g['render']:.1f} ms), "
-          f"click -> heatmap {t:.0f} ms")
+    log.info("smollm2 (270 heads) at %d px: overview drawn in %.1f ms (grid render %.1f ms), click -> heatmap %.0f ms",
+             width, g["ms"], g["render"], t)
     open_by_click(page, 3, 4)
     page.get_by_test_id("head-grid").scroll_into_view_if_needed()
-    shot(page, f"many-smollm2-{width}-{lang}")
-    page.get_by_test_id("head-grid").locator("xpath=..").screenshot(path=str(Path(shot(page, f"many-smollm2-{width}-{lang}")).with_name(f"many-smollm2-panel-{width}-{lang}.png")))
+    full = shot(page, f"many-smollm2-{width}-{lang}")
+    page.locator(".grid-panel").screenshot(path=str(full.with_name(f"many-smollm2-panel-{width}-{lang}.png")))
     close(page)
