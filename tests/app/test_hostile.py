@@ -72,6 +72,7 @@ POST_BODIES: dict[str, list[Any]] = {
     "/api/runs/{run}/ablate": [{}, {"heads": [[99, 0]]}, {"heads": [[0, -1]]}, {"heads": [[0]]}, {"heads": "all"},
                                {"heads": [[0, 0]], "mode": "half"}, {"heads": [[0, 0]], "top_k": 0}],
     "/api/runs/nope/ablate": [{"heads": [[0, 0]]}],
+    "/api/models/nope/load": [{}, None],  # neither loaded nor offered: 404
     "/api/runs/{run}/ablate/scan": [{}, {"position": -1}, {"position": 9999}, {"position": 0, "token": -5},
                                     {"position": 0, "token": 10**6}, {"position": 0, "mode": "x"}],
     "/api/patch": [{}, {"clean": "a b", "corrupted": "a", "answer": " x", "wrong": " y"},
@@ -107,7 +108,8 @@ def _query_cases(run: str) -> list[str]:
     cases += ["/api/models/%2Fetc%2Fpasswd/embedding?id=1", "/api/models/nope/anatomy", "/api/models/nope/positions",
               "/api/models/tiny-gpt2/positions?count=0", "/api/models/tiny-gpt2/positions?count=5000",
               "/api/compare?a=nope&b=nope", "/api/compare?a=x", "/api/runs/nope", "/api/runs/nope/residual",
-              "/api/runs/nope/sparsity", "/api/runs/nope/heads", "/api/nothing-here"]
+              "/api/runs/nope/sparsity", "/api/runs/nope/heads", "/api/nothing-here", "/api/models/nope/patch-example",
+              "/api/models/%2Fetc%2Fpasswd/load"]
     cases += [f"/api/runs/{run}/heads?wait={v}" for v in ("-1", "61", "1e400", "nan", "x", "")]
     cases += [f"/api/runs/{run}/stored?wait={v}" for v in ("-1", "11", "1e400", "nan", "x", "")] + ["/api/runs/nope/stored"]
     return cases

@@ -73,9 +73,11 @@ def docs_client() -> Iterator[TestClient]:
 
 
 def _post_operations(spec: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
-    """The POSTs with a JSON body (a run file's import takes bytes: Swagger offers a file picker)."""
+    """The POSTs with a JSON body (a run file's import takes bytes: Swagger offers a file picker; loading an
+    offered model, POST /api/models/{name}/load, takes none)."""
     return [(path, ops["post"]) for path, ops in spec["paths"].items()
-            if "post" in ops and "application/json" in ops["post"]["requestBody"]["content"]]
+            if "post" in ops and "requestBody" in ops["post"]
+            and "application/json" in ops["post"]["requestBody"]["content"]]
 
 
 def test_every_prefilled_post_body_is_answered(docs_client: TestClient) -> None:

@@ -69,6 +69,8 @@ REQUESTS: dict[str, list[Request]] = {
     "GET /api/models/{name}/positions": [("GET", "/api/models/tiny-gpt2/positions?count=8", None),
                                          ("GET", "/api/models/tiny-llama/positions?count=8", None)],
     "POST /api/timing": [("POST", "/api/timing", {"text": "one two three"})],
+    "POST /api/models/{name}/load": [("POST", "/api/models/tiny-gpt2/load", None)],  # loaded: answers at once
+    "GET /api/models/{name}/patch-example": [("GET", "/api/models/tiny-llama/patch-example", None)],
     "GET /api/compare": [("GET", "/api/compare?a={run}&b={other}", None)],
     "GET /api/runs/{run_id}/attribution": [("GET", "/api/runs/{run}/attribution?position=3", None)],
     "POST /api/runs/{run_id}/ablate": [("POST", "/api/runs/{run}/ablate", {"heads": [[0, 1]], "top_k": 2})],
