@@ -34,6 +34,8 @@ def offered_url(tiny_dirs: dict[str, Path]) -> Iterator[str]:
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_picking_an_offered_model_loads_it_and_analyses_with_it(page: object, offered_url: str, lang: str) -> None:
     page.goto(f"{offered_url}/?lang={lang}")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt"
+                           " && !document.body.dataset.busy", timeout=60_000)  # the example, analysed on load
     page.wait_for_function("() => document.querySelectorAll('#model-picker option').length === 2")
     offered = page.locator("#model-picker option").nth(1)
     assert offered.get_attribute("value") == "later"
@@ -50,3 +52,5 @@ def test_picking_an_offered_model_loads_it_and_analyses_with_it(page: object, of
     assert resp.value.status == 201 and resp.value.json()["model"] == "later"
     page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt"
                            " && !document.body.dataset.busy", timeout=60_000)
+    page.wait_for_function("() => !document.querySelector('[data-testid=head-cell][data-pending=\"1\"]')",
+                           timeout=60_000)  # the late head scores in, before the page closes
