@@ -95,8 +95,10 @@ def test_ablation_panel_toggles_heads_and_scans(page: object, base_url: str) -> 
 
 
 def test_patch_view_from_the_url(page: object, base_url: str) -> None:
-    open_view(page, base_url, "patch", clean="When Peter and John went to the store, John gave a drink to",
-              corrupted="When Peter and John went to the store, Peter gave a drink to", answer=" Peter", wrong=" John")
+    # a pair the bundled model separates (clean +0.43, corrupted -0.25): a gap under 0.5 is warned about and
+    # not normalised (the IOI pair gives it -0.06 against +0.25)
+    open_view(page, base_url, "patch", clean="My friend John lives in the city. My friend John lives in the",
+              corrupted="My friend John lives in the country. My friend John lives in the", answer=" city", wrong=" country")
     layers, heads = shape(page)
     page.wait_for_selector(f"[data-testid=patch-heatmap][data-stages='{layers + 1}']")
     resid = chart(page, "patch-resid")
@@ -107,7 +109,7 @@ def test_patch_view_from_the_url(page: object, base_url: str) -> None:
     assert len(grid["z"]) == layers and len(grid["z"][0]) == heads
     assert "first differ" in page.get_by_test_id("patch-summary").text_content()
     # a bad pair: the message names the token counts
-    page.get_by_test_id("patch-corrupted").fill("When Peter and John went to the store, Peter gave a drink to her")
+    page.get_by_test_id("patch-corrupted").fill("My friend John lives in the country. My friend John lives in the old")
     page.get_by_test_id("patch-run").click()
     # shown in the tool's own panel by its button (not the page's banner far above), and the earlier
     # result marked as belonging to the earlier inputs
