@@ -54,11 +54,7 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   const clampZ = (v) => Math.max(0, Math.min(n - 1, v));
   const zq = zoom ? [clampZ(zoom.q0), clampZ(zoom.q1)] : [0, n - 1];
   const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
-  let peak = 0; // the largest weight in view (the zoom window's, when zoomed)
-  for (let i = zq[0]; i <= zq[1]; i++) {
-    const row = rowOf(slice, i);
-    for (let j = zk[0]; j <= Math.min(zk[1], row.length - 1); j++) if (row[j] > peak) peak = row[j];
-  }
+  const peak = peakOf(slice, zq, zk); // the largest weight in view (the zoom window's, when zoomed)
   const scale = scaleFor(colour, peak, t("heat.weight"));
   const z = new Array(n);
   for (let i = 0; i < n; i++) {
@@ -133,6 +129,16 @@ export function cellText({ run, slice, exact }, q, k) {
   return head + weightText(exact && exact.length > idx ? exact[idx] : null, rowOf(slice, q)[k]);
 }
 
+// The largest weight of rows zq[0]..zq[1] x keys zk[0]..zk[1] (inclusive) of a slice.
+function peakOf(slice, zq, zk) {
+  let peak = 0;
+  for (let i = zq[0]; i <= zq[1]; i++) {
+    const row = rowOf(slice, i);
+    for (let j = zk[0]; j <= Math.min(zk[1], row.length - 1); j++) if (row[j] > peak) peak = row[j];
+  }
+  return peak;
+}
+
 // A zoom of a short run is a relayout of the drawn heatmap: the largest weight in view is measured
 // again over the zoom window (null: the whole head), and the "view" scale spans it.
 export function refreshPeak(div, slice, zoom, colour) {
@@ -140,11 +146,7 @@ export function refreshPeak(div, slice, zoom, colour) {
   const clampZ = (v) => Math.max(0, Math.min(n - 1, v));
   const zq = zoom ? [clampZ(zoom.q0), clampZ(zoom.q1)] : [0, n - 1];
   const zk = zoom ? [clampZ(zoom.k0), clampZ(zoom.k1)] : [0, n - 1];
-  let peak = 0;
-  for (let i = zq[0]; i <= zq[1]; i++) {
-    const row = rowOf(slice, i);
-    for (let j = zk[0]; j <= Math.min(zk[1], row.length - 1); j++) if (row[j] > peak) peak = row[j];
-  }
+  const peak = peakOf(slice, zq, zk);
   div.dataset.peak = String(peak);
   div.dataset.faint = String(colour === "linear" && peak < FAINT);
   if (colour === "view" && div.data) {
