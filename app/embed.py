@@ -85,9 +85,14 @@ def page_html() -> str:
 
 
 @cache
-def _plotly() -> str:
-    from attnscope.app.routes.pages import plotly_js_path
+def plotly_js_path() -> Path:
+    """plotly.js as the installed plotly package ships it (never a CDN)."""
+    import plotly
 
+    return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
+
+
+def _plotly() -> str:
     return plotly_js_path().read_text(encoding="utf-8")
 
 

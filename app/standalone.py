@@ -43,7 +43,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import quote, urlencode
 
 import numpy as np
@@ -51,10 +51,6 @@ import numpy as np
 from attnscope.app import inprocess
 from attnscope.app.embed import ENTRY, PLOTLY_TAG, STATIC, embed_script, inline_script, modules, page_html
 from attnscope.model.errors import BadInput
-from attnscope.model.runs.disk import write_whole
-
-if TYPE_CHECKING:
-    from attnscope.model.services.scope import Run
 
 log = logging.getLogger(__name__)
 
@@ -267,8 +263,6 @@ async def record(call: Call, run_id: str, heads: str | None) -> tuple[Plan, Payl
 
 
 def _assets(payload: Payload) -> None:
-    from attnscope.app.routes.pages import plotly_js_path
-
     payload.manifest["plotly"] = payload.add(plotly_js_path().read_bytes())
     payload.manifest["css"] = [payload.add((STATIC / "css" / name).read_bytes()) for name in ("app.css", "tools.css")]
     for name, source in explorer_modules().items():
@@ -409,17 +403,3 @@ def build_sync(app: Any, run_id: str, *, heads: str | None = None, lang: str = "
             built = pool.submit(work).result()
     RECENT.put(key, built)
     return built
-
-
-def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:
-    """``run.save_html(path)``: the run's standalone HTML file, written whole or not at all."""
-    from attnscope.app.main import create_app
-    from attnscope.app.settings import Settings
-
-    scope = run.scope
-    app = create_app(Settings(models={}, default_model=scope.model.info.name), scope.engine)
-    with scope.borrowed():
-        built = build_sync(app, run.run_id, heads=heads, lang=lang)
-    target = write_whole(Path(path), built.html)
-    log.info("saved %s (%s bytes; exact cells of %s heads)", target, f"{len(built.html):,}", built.exact_heads)
-    return target

@@ -63,7 +63,7 @@ def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str
     opened from disk with no server and no network. Every head's exact cells while they fit (a
     64-token run of the bundled model: under 2 MB with plotly.js), else every head's thumbnail and
     the exact cells of ``heads`` (``"4.0,2.3"``; default the first). ``lang``: ``"en"`` or ``"zh"``."""
-    from attnscope.app.standalone import save_html as write
+    from attnscope.app.html_file import save_html as write
 
     return write(run, path, heads=heads, lang=lang)
 
@@ -75,6 +75,16 @@ def load(path: str | Path) -> RunFile:
     from attnscope.model.services.files import RunFile
 
     return RunFile.read(path)
+
+
+def _provide_doors() -> None:
+    from attnscope.model.services import doors
+
+    doors.provide("show", show)
+    doors.provide("save_html", save_html)
+
+
+_provide_doors()
 
 
 def __getattr__(name: str) -> Any:

@@ -52,9 +52,10 @@ sys.path.insert(0, str(ROOT))
 from transformers import GPT2Config, GPT2LMHeadModel  # noqa: E402
 
 from attnscope.app.memory import rss_bytes, tune_malloc  # noqa: E402
-from attnscope.model.capture.forward import RESIDUAL, run_with_cache  # noqa: E402
+from attnscope.model.capture.forward import RESIDUAL  # noqa: E402
 from attnscope.model.load.models import LoadedModel, wrap_model  # noqa: E402
 from attnscope.model.runs.tiles import TileSpec, head_tiles  # noqa: E402
+from attnscope.model.scores.live import scored_run  # noqa: E402
 from bench.report import write_section  # noqa: E402
 from tests.support.families import LONG_POSITIONS, long_llama  # noqa: E402
 from tests.support.tiny import make_engine  # noqa: E402
@@ -135,7 +136,7 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None, text: st
     if n <= 4096:  # warm-up of both paths (allocator, kernels); long rows are warm from the short ones
         sdpa()
         with lm.lock:
-            run_with_cache(lm, ids[: min(n, 256)], RESIDUAL, scores=True)
+            scored_run(lm, ids[: min(n, 256)], RESIDUAL)
     sdpas, captures, exacts, analyses, readies = [], [], [], [], []
     for _ in range(repeats):  # SDPA and the analyse alternate: a load that comes and goes hits both alike
         t0 = time.perf_counter()

@@ -8,15 +8,11 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.templating import Jinja2Templates
 
+from attnscope.app.embed import plotly_js_path
+
 ROOT = Path(__file__).resolve().parents[2]
 templates = Jinja2Templates(directory=str(ROOT / "templates"))
 router = APIRouter(include_in_schema=False)
-
-
-def plotly_js_path() -> Path:
-    import plotly
-
-    return Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 
 
 def swagger_dir() -> Path:

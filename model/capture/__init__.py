@@ -1,3 +1,3 @@
-"""Capture one forward (or a generation, step by step): the attention-interface capture point, masks and spans,
-activation names, and the one temporary-hooks mechanism.
+"""Capture one forward (or a generation, step by step): activations by name, each layer's attention as it
+passes the capture point (told to a listener: the live scores), and the one temporary-hooks mechanism.
 """

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnscope.model.capture.forward import RESIDUAL, Captures, Filter, hooked, last_logits_only
+from attnscope.model.capture.forward import RESIDUAL, Captures, Filter, LayerListener, hooked, last_logits_only
 from attnscope.model.capture.recording import Recorder
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import TextAssembler, token_strings
@@ -147,12 +147,12 @@ class GenerationSession:
                     top=list(zip(top_ids, strings, top.values.tolist(), strict=True)),
                     ms=1e3 * (time.perf_counter() - t0))
 
-    def finish_recording(self, scores: bool = True) -> Captures:
+    def finish_recording(self, listener: LayerListener | None = None) -> Captures:
         """Feed the last sampled token too, so the record covers every token; returns the
-        activations of the whole text under run_with_cache's names, each layer's kept
-        attention and (``scores``) every head's scores."""
+        activations of the whole text under run_with_cache's names and each layer's kept
+        attention (``listener``: what hears its sweep; ``model.scores.live.scored_recording``)."""
         assert self.recorder is not None, "this session does not record"
         if self.recorder.n < len(self.ids):
             self._forward(self.ids[-1:])
         with self.lm.lock, torch.inference_mode():
-            return self.recorder.assemble(self.lm, self.ids if scores else None)
+            return self.recorder.assemble(self.lm, listener)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnscope.model.runs.attention import LayerAttention
+from attnscope.model.attention.kept import LayerAttention
 
 
 @dataclass(frozen=True, slots=True)

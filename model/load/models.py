@@ -36,7 +36,7 @@ from transformers import (
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from attnscope.model import compat
-from attnscope.model.capture import interface as capture
+from attnscope.model.attention import interface
 from attnscope.model.errors import AttentionUnavailable, ModelLoadError
 from attnscope.model.families.config import Dimensions, dimensions
 from attnscope.model.families.table import (
@@ -274,7 +274,7 @@ def load_model(name: str, source: str, placement: Placement | None = None) -> Lo
                              params={"model": name, "reason": str(exc)}) from exc
     device = resolve_device(placement.device)
     dtype = resolve_dtype(placement.dtype, device, getattr(config, "dtype", None))
-    capture.register()
+    interface.register()
     # Any: transformers >= 5.25 types each keyword of from_pretrained, and these vary by key
     kwargs: dict[str, Any] = {"attn_implementation": spec.attn_implementation, "dtype": dtype}
     if placement.device_map is not None:
@@ -324,16 +324,16 @@ def inspect_model(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokeni
     except UnsupportedArchitecture as exc:
         raise ModelLoadError(f"model {name!r}: {exc}", code="architecture_unsupported",
                              params={"model": name, "reason": str(exc)}) from exc
-    capture.register()
+    interface.register()
     return LoadedModel(info=describe(name, model, spec, tokenizer), model=model, tokenizer=tokenizer, spec=spec,
                        source=source)
 
 
 def switch_attention(lm: LoadedModel) -> Callable[[], None]:
     """Route the model's attention through the family's capture implementation; returns what removes the
-    hooks that tell it whether a forward asked for ``output_attentions`` (``capture.watch_output_flag``)."""
+    hooks that tell it whether a forward asked for ``output_attentions`` (``interface.watch_output_flag``)."""
     model = lm.model
-    unwatch = capture.watch_output_flag(model)
+    unwatch = interface.watch_output_flag(model)
     want = lm.spec.attn_implementation
     if compat.attention_implementation(model) != want:
         model.set_attn_implementation(want)
@@ -357,7 +357,7 @@ def borrowed(lm: LoadedModel) -> Iterator[None]:
     with lock_of(model):  # one borrower at a time, whichever Scope or widget holds this model object
         implementation = compat.attention_implementation(model)
         training = [(module, module.training) for module in model.modules()]
-        unwatch = capture.watch_output_flag(model)  # the hooks are the borrow's: removed with it
+        unwatch = interface.watch_output_flag(model)  # the hooks are the borrow's: removed with it
         try:
             switch_attention(lm)
             model.eval()

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from attnscope.model.capture.interface import BLOCK_CELLS
+from attnscope.model.attention.interface import BLOCK_CELLS
 from attnscope.model.errors import TooLarge
 from attnscope.model.load.models import LoadedModel
 

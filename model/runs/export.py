@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from safetensors.torch import load, save
 
-from attnscope.model.runs.attention import logits
+from attnscope.model.attention.kept import logits
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.runfile import FORMAT as RUN_FORMAT
 from attnscope.model.runs.runfile import META_KEY, layer_tensors, visible_ranges

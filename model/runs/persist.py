@@ -21,8 +21,7 @@ from attnscope.model.errors import BadRunFile, EngineError, RunComing
 from attnscope.model.runs import runfile
 from attnscope.model.runs.disk import RunDir, alive, host_name, valid_id
 from attnscope.model.runs.jobthread import JobThread
-from attnscope.model.runs.record import RunRecord
-from attnscope.model.scores.late import PendingScores
+from attnscope.model.runs.record import FileScores, PendingScores, RunRecord
 
 log = logging.getLogger(__name__)
 COMING = "coming"  # the run directory's folder of markers: a run's file being written
@@ -135,7 +134,7 @@ class RunFiles(JobThread[_Write]):
         """Across processes sharing the directory: whether this one computes the run's late scores now."""
         return self.folder.claim(run_id)
 
-    def scores(self, run_id: str) -> runfile.FileScores | None:
+    def scores(self, run_id: str) -> FileScores | None:
         """The head scores the run's file holds now (another worker may have written them); None: no file,
         or one that cannot be read (the run's next full read sets it aside)."""
         try:

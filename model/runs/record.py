@@ -7,25 +7,50 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
+from attnscope.model.attention.kept import LayerAttention
 from attnscope.model.capture.names import parse
 from attnscope.model.errors import RunNotFound, TooLarge
 from attnscope.model.results import RunSummary
-from attnscope.model.runs.attention import LayerAttention
 from attnscope.model.runs.budget import mib_over
-from attnscope.model.scores.analysis import HeadSparsity
-
-if TYPE_CHECKING:
-    from attnscope.model.runs.runfile import FileScores
-    from attnscope.model.scores.late import PendingScores
+from attnscope.model.scores.analysis import SCORE_FIELDS, SCORE_NAMES, HeadScore, HeadSparsity
 
 
 def tril_mask(n: int, device: torch.device | str = "cpu") -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (n, n)
+
+
+@dataclass
+class PendingScores:
+    """The work a stored run still owes: which fields of which layers, and who waits for them.
+
+    ``done`` is set once the scores are in the run's summary, or the run was evicted first, or the
+    sweep failed (``error``); ``model.runs.late`` does the work."""
+
+    fields: dict[int, frozenset[str]]  # layer -> accumulator fields owed (``SCORE_FIELDS``)
+    started: float  # perf_counter when the analyse began (for "scores_ready")
+    done: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The owed fields as HeadScore (and API) names, e.g. ["entropy", "max", "prev_token", "first_token",
+        "induction"]."""
+        owed = set().union(*self.fields.values()) if self.fields else set()
+        return [SCORE_NAMES[f] for f in SCORE_FIELDS if f in owed]
+
+
+@dataclass(frozen=True)
+class FileScores:
+    """A run file's head scores as its header holds them (read without its tensors)."""
+
+    heads: list[HeadScore]
+    scores_pending: tuple[str, ...]
+    timing_ms: dict[str, float]
 
 
 @dataclass
@@ -34,7 +59,7 @@ class RunRecord:
 
     Shapes (n tokens, L layers, H heads, Hkv K/V heads, dh = d_head, d = d_model):
 
-    * ``attention`` L ``LayerAttention`` (``model/runs/attention.py``): post-rotary Q (H, n, dh) and
+    * ``attention`` L ``LayerAttention`` (``model/attention/kept.py``): post-rotary Q (H, n, dh) and
       K (Hkv, n, dh) float32, each row's softmax normaliser (H, n), an ALiBi bias (H, n) where the
       family has one, and the layer's mask function. Any head's weights, any rows, any tile, are
       rebuilt from these exactly (``head_rows``); the n x n patterns are never kept;
@@ -51,7 +76,7 @@ class RunRecord:
     ``summary`` holds what the run reports besides tensors (tokens, predictions, head
     scores); ``sparsity`` the head sparsity, once asked for. Only the store changes a
     stored run (``RunStore.grow``, ``RunStore.settle``), so its byte count stays exact.
-    ``pending`` is the work its head scores still owe (``model.late_scores``), or None: once
+    ``pending`` is the work its head scores still owe (``model.runs.late``), or None: once
     they are computed, ``settle`` swaps in the completed summary, in the bytes already counted.
     """
 

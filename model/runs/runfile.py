@@ -40,13 +40,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, load_file, save
 
-from attnscope.model.capture.spans import RangeMask
+from attnscope.model.attention.kept import CHUNK_CELLS, LayerAttention
+from attnscope.model.attention.spans import RangeMask
 from attnscope.model.errors import BadRunFile
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import ActualNext, PositionPrediction, RunSummary, TokenProb
-from attnscope.model.runs.attention import CHUNK_CELLS, LayerAttention
 from attnscope.model.runs.budget import summary_bytes
-from attnscope.model.runs.record import RunRecord
+from attnscope.model.runs.record import FileScores, RunRecord
 from attnscope.model.scores.analysis import SCORE_FIELDS, HeadScore
 
 FORMAT = "attnscope-run/1"
@@ -525,15 +525,6 @@ def _read(data: bytes, size: int, tensors: Callable[[], dict[str, torch.Tensor]]
     return StoredRun(record=record, version=int(header["version"]), model_fingerprint=fingerprints[0],
                      tokenizer_fingerprint=fingerprints[1], dtype=dtype, created=created,
                      pending_fields=pending_fields)
-
-
-@dataclass(frozen=True)
-class FileScores:
-    """A run file's head scores as its header holds them (read without its tensors)."""
-
-    heads: list[HeadScore]
-    scores_pending: tuple[str, ...]
-    timing_ms: dict[str, float]
 
 
 def scores(data: bytes, *, max_bytes: int) -> FileScores:

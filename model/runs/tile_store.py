@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnscope.model.runs.attention import LayerAttention
+from attnscope.model.attention.kept import LayerAttention
 from attnscope.model.runs.jobthread import JobThread
 from attnscope.model.runs.tiles import TileSpec, head_tile
 

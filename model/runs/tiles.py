@@ -33,8 +33,8 @@ from typing import Literal
 
 import torch
 
-from attnscope.model.capture.spans import Spans
-from attnscope.model.runs.attention import LayerAttention
+from attnscope.model.attention.kept import LayerAttention
+from attnscope.model.attention.spans import Spans
 
 Pool = Literal["max", "mean"]
 # (q0, q1) -> (weights (q1 - q0, k1 - k0) float32, visible (q1 - q0, k1 - k0) bool), keys fixed by the caller

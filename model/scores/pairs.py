@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnscope.model.capture.interface import BLOCK_CELLS, flash_attention
+from attnscope.model.attention.interface import BLOCK_CELLS, flash_attention
 from attnscope.model.scores.analysis import INDUCTION_NEAR
 
 SMALL_GROUP = 16  # a token with at most this many copies is computed in the batched chunks

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from attnscope.model.capture.forward import RESIDUAL, Captures, run_with_cache
+from attnscope.model.capture.forward import RESIDUAL, Captures
 from attnscope.model.capture.generation import tempered_logits
 from attnscope.model.capture.names import act_name
 from attnscope.model.errors import BadInput, Param, RunDetached, UnknownModel
@@ -49,10 +49,11 @@ from attnscope.model.results import (
     TokenProb,
 )
 from attnscope.model.runs.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
+from attnscope.model.runs.late import ScoreWorker
 from attnscope.model.runs.persist import Origin, RunFiles
-from attnscope.model.runs.record import RunRecord, RunStore
-from attnscope.model.scores import analysis, probes
-from attnscope.model.scores.late import PendingScores, ScoreWorker
+from attnscope.model.runs.record import PendingScores, RunRecord, RunStore
+from attnscope.model.scores import analysis, live, probes
+from attnscope.model.scores.analysis import HeadScore
 
 log = logging.getLogger(__name__)
 DEFAULT_FORWARD_BYTES = 4 << 30
@@ -266,15 +267,15 @@ class Engine:
         est = self.admit(lm, len(tokens), top_k)
         t1 = time.perf_counter()
         with self.budget.reserve(est.peak), lm.lock:
-            acts = run_with_cache(lm, ids, RESIDUAL, scores=True, defer=True)
+            acts, scores, heads = live.scored_run(lm, ids, RESIDUAL, defer=True)
             t2 = time.perf_counter()
             preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids, top_k)
-            if acts.pending:  # entropy and peak follow from the worker: "exact_scores" comes with them
+            if scores.pending:  # entropy and peak follow from the worker: "exact_scores" comes with them
                 timing = {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}
-                return self.store_run(lm, text, tokens, acts, preds, top_k, timing, t0,
-                                      PendingScores(fields=dict(acts.pending), started=t0))
+                return self.store_run(lm, text, tokens, acts, heads, preds, top_k, timing, t0,
+                                      PendingScores(fields=dict(scores.pending), started=t0))
             exact = acts.timing_ms.get("exact_scores", 0.0)  # the block path's sweep, where it needed one
-            return self.store_run(lm, text, tokens, acts, preds, top_k,
+            return self.store_run(lm, text, tokens, acts, heads, preds, top_k,
                                   {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1) - exact,
                                    "exact_scores": exact}, t0)
 
@@ -290,16 +291,13 @@ class Engine:
                                                   ids, top_k)
         return named_predictions(lm, preds)
 
-    def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: Captures,
+    def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: Captures, heads: list[HeadScore],
                   preds: list[PositionPrediction], top_k: int, timing: dict[str, float], t0: float,
                   pending: PendingScores | None = None) -> RunResult:
         """Keep one run's activations (from one forward, or a recorded generation) with its scores;
         the scores still ``pending`` are handed to the worker once the run is stored."""
         t2 = time.perf_counter()
         ids = ids_tensor(tokens)
-        if acts.head_scores is None:
-            raise ValueError("store_run needs the head scores of the forward (run_with_cache(..., scores=True))")
-        heads = acts.head_scores
         t3 = time.perf_counter()
         summary = RunSummary(model=lm.info.name, tokens=list(tokens), predictions=preds, heads=heads,
                              timing_ms={**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
@@ -316,7 +314,7 @@ class Engine:
         return RunResult(run_id=run_id, cache=cache)
 
     def store_generation(self, lm: LoadedModel, prompt: str, prompt_tokens: list[Token], new_ids: list[int],
-                         acts: Captures, top_k: int = 10) -> RunResult:
+                         acts: Captures, heads: list[HeadScore], top_k: int = 10) -> RunResult:
         """A recorded generation as a normal run over prompt + generated text."""
         t0 = time.perf_counter()
         asm = TextAssembler(lm.tokenizer)
@@ -331,7 +329,8 @@ class Engine:
         self.admit(lm, len(tokens), top_k)
         with lm.lock:
             preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids_tensor(tokens), top_k)
-        return self.store_run(lm, text, tokens, acts, preds, top_k, {"recorded_steps": float(len(new_ids))}, t0)
+        return self.store_run(lm, text, tokens, acts, heads, preds, top_k, {"recorded_steps": float(len(new_ids))},
+                              t0)
 
     def run(self, run_id: str) -> RunRecord:
         return self.store.get(run_id)

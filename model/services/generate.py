@@ -14,6 +14,7 @@ from attnscope.model.capture.generation import GenerationSession, SamplingParams
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import Token, ids_tensor
+from attnscope.model.scores import live
 from attnscope.model.services.engine import Engine, RunResult
 
 DEFAULT_MAX_NEW_TOKENS = 256
@@ -53,9 +54,9 @@ class Generation:
         text = self.session.finish_text()
         run = None
         if self.session.recorder is not None:
-            acts = self.session.finish_recording()
+            acts, heads = live.scored_recording(self.session)
             new = self.session.ids[len(self.tokens):].tolist()
-            run = self.engine.store_generation(self.lm, self.prompt, self.tokens, new, acts)
+            run = self.engine.store_generation(self.lm, self.prompt, self.tokens, new, acts, heads)
         return Finished(text=text, n_new=self.session.steps, stop=self.session.stop_reason, run=run)
 
 

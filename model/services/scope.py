@@ -39,7 +39,7 @@ from attnscope.model.load.models import LoadedModel, Placement, borrowed, inspec
 from attnscope.model.results import LogitLens, NextDistribution
 from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
-from attnscope.model.services import files, learn, runs, tools
+from attnscope.model.services import doors, files, learn, runs, tools
 from attnscope.model.services import generate as generate_service
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.learn import Comparison, ContributionGaps, Timing
@@ -118,9 +118,7 @@ class Scope:
     def show(self, text: str | None = None, *, lang: str = "en", height: int = 780) -> Any:
         """The explorer on this model in a notebook's output cell (``attnscope.show``; needs the
         ``notebook`` extra); outside a notebook, says what to do instead and returns None."""
-        import attnscope  # the package's front: the notebook door lives beside the HTTP door
-
-        return attnscope.show(self, text=text, lang=lang, height=height)
+        return doors.open_door("show", self, text=text, lang=lang, height=height)
 
     def call(self, service: Callable[..., T], **kwargs: Any) -> T:
         """Any service of ``model.services`` on this Scope's engine, with the model borrowed."""
@@ -233,9 +231,8 @@ class Run(files.RecordView):
     def save_html(self, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:
         """This run as one self-contained HTML file: the explorer on it, opened from disk with no server
         and no network (``attnscope.save_html``: what it keeps, ``heads``, ``lang``)."""
-        import attnscope  # the package's front: the HTML file is made by the HTTP door's app
-
-        return attnscope.save_html(self, path, heads=heads, lang=lang)
+        path_out: Path = doors.open_door("save_html", self, path, heads=heads, lang=lang)
+        return path_out
 
     def ablate(self, heads: list[tuple[int, int]], *, mode: str = "zero", top_k: int = 5) -> Ablation:
         """The prompt again with ``heads`` zeroed (or replaced by their mean): per position the KL

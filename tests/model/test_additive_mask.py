@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import nn
 
-from attnscope.model.capture import interface as capture
+from attnscope.model.attention import interface
+from attnscope.model.attention.interface import attnscope_attention
 from attnscope.model.capture.forward import Captures, run_with_cache
-from attnscope.model.capture.interface import attnscope_attention
 from attnscope.model.errors import AttentionUnavailable
 from attnscope.model.load.models import wrap_model
 from tests.support.families import FAMILIES
@@ -37,11 +37,11 @@ def _capture(mask: torch.Tensor, scaling: float = 0.5) -> tuple[Captures, torch.
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 2, N, 4, generator=gen) for _ in range(3))
     module, store = nn.Module(), Captures(lambda _name: False)
-    capture.activate([module], store)
+    interface.activate([module], store)
     try:
         out, _ = attnscope_attention(module, q, k, v, mask, scaling=scaling)
     finally:
-        capture.deactivate([module])
+        interface.deactivate([module])
     return store, out, _eager(q, k, v, mask, scaling)
 
 

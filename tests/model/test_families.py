@@ -12,13 +12,14 @@ from typing import Any
 import pytest
 import torch
 
+from attnscope.model.attention.interface import active_count
 from attnscope.model.capture.forward import Captures, run_with_cache
 from attnscope.model.capture.generation import GenerationSession, SamplingParams
-from attnscope.model.capture.interface import active_count
 from attnscope.model.capture.names import act_name, kind_of
 from attnscope.model.families.table import SUPPORTED, spec_for
 from attnscope.model.load.models import LoadedModel, wrap_model
 from attnscope.model.load.tokens import ids_tensor, tokenize
+from attnscope.model.scores import live
 from attnscope.model.services.engine import Engine
 from tests.support.families import DECODERS, ENCODERS, FAMILIES, Family
 from tests.support.tiny import make_engine
@@ -218,9 +219,9 @@ def test_recorded_generation_equals_a_fresh_forward(family: Family) -> None:
                                                              seed=3), record=True)
     while not session.done:
         session.step()
-    recorded = session.finish_recording()
+    recorded, recorded_heads = live.scored_recording(session)
     with b.lm.lock:
-        fresh = run_with_cache(b.lm, session.ids, scores=True)
+        fresh, _scores, fresh_heads = live.scored_run(b.lm, session.ids)
     for name, expected in fresh.items():
         if kind_of(name) in ("resid_pre", "attn_out", "mlp_out", "resid_post"):
             torch.testing.assert_close(recorded[name], expected, atol=1e-4, rtol=1e-4, msg=name)
@@ -229,8 +230,7 @@ def test_recorded_generation_equals_a_fresh_forward(family: Family) -> None:
         torch.testing.assert_close(got.k, want.k, atol=1e-4, rtol=1e-4, msg=f"layer {i} K")
         torch.testing.assert_close(got.lse, want.lse, atol=1e-4, rtol=1e-4, msg=f"layer {i} row normalisers")
         torch.testing.assert_close(got.dense(), want.dense(), atol=1e-4, rtol=1e-4, msg=f"layer {i} pattern")
-    assert recorded.head_scores is not None and fresh.head_scores is not None
-    for got_s, want_s in zip(recorded.head_scores, fresh.head_scores, strict=True):
+    for got_s, want_s in zip(recorded_heads, fresh_heads, strict=True):
         assert got_s.entropy == pytest.approx(want_s.entropy, abs=1e-4) and got_s.max == pytest.approx(want_s.max, abs=1e-4)
 
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from attnscope.model import compat
-from attnscope.model.capture import interface as capture
-from attnscope.model.capture.forward import run_with_cache
+from attnscope.model.attention import interface
 from attnscope.model.capture.names import act_name
 from attnscope.model.load.models import borrowed, inspect_model, wrap_model
+from attnscope.model.scores.live import scored_run
 from tests.support.families import FAMILIES
 from tests.support.tinytok import tiny_tokenizer
 
@@ -35,17 +35,17 @@ def test_the_public_fallback_equals_the_fused_kernel(causal: bool) -> None:
     k = torch.randn(1, 2, 70, 16, generator=gen) * 2  # (B, Hkv, kv, dh)
     v = torch.randn(1, 2, 70, 16, generator=gen)
     out_f, lse_f = compat.fused_attention(q, k, v, 0.25, causal)
-    out_b, lse_b = capture.blocked_attention(q, k, v, 0.25, causal)
+    out_b, lse_b = interface.blocked_attention(q, k, v, 0.25, causal)
     assert out_b.shape == out_f.shape == (1, 6, 70, 16) and lse_b.shape == lse_f.shape == (1, 6, 70)
     torch.testing.assert_close(lse_b, lse_f.float(), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out_b, out_f, atol=1e-5, rtol=1e-5)
     # small blocks: rows split over many blocks give the same numbers
-    small = capture.block_rows
+    small = interface.block_rows
     try:
-        capture.block_rows = lambda batch, heads, kv, cells=64: max(1, cells // max(1, batch * heads * kv))  # type: ignore[assignment]
-        out_s, lse_s = capture.blocked_attention(q, k, v, 0.25, causal)
+        interface.block_rows = lambda batch, heads, kv, cells=64: max(1, cells // max(1, batch * heads * kv))  # type: ignore[assignment]
+        out_s, lse_s = interface.blocked_attention(q, k, v, 0.25, causal)
     finally:
-        capture.block_rows = small
+        interface.block_rows = small
     torch.testing.assert_close(lse_s, lse_b, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out_s, out_b, atol=1e-5, rtol=1e-5)
 
@@ -55,7 +55,7 @@ def test_a_torch_without_the_kernel_runs_the_fallback(monkeypatch: pytest.Monkey
     monkeypatch.setattr(compat, "_FUSED_OP", "_no_such_attention_kernel_for_cpu")
     assert not compat.fused_available()
     q = torch.randn(1, 2, 5, 4)
-    out, lse = capture.flash_attention(q, q, q, 0.5, True)
+    out, lse = interface.flash_attention(q, q, q, 0.5, True)
     ref = torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True, scale=0.5)
     torch.testing.assert_close(out, ref, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(lse, (q @ q.transpose(-1, -2) * 0.5).masked_fill(
@@ -75,13 +75,12 @@ def test_a_captured_forward_is_the_same_on_either_path(family_id: str, monkeypat
     for fused in ("1", "0"):
         monkeypatch.setenv("ATTNSCOPE_FUSED", fused)
         with lm.lock:
-            runs[fused] = run_with_cache(lm, IDS, scores=True)
-    a, b = runs["1"], runs["0"]
+            runs[fused] = scored_run(lm, IDS)
+    (a, _sa, a_heads), (b, _sb, b_heads) = runs["1"], runs["0"]
     for layer in range(lm.info.n_layers):
         torch.testing.assert_close(a[act_name("pattern", layer)], b[act_name("pattern", layer)], atol=1e-5, rtol=0)
     torch.testing.assert_close(a["logits"], b["logits"], atol=1e-4, rtol=1e-4)
-    assert a.head_scores is not None and b.head_scores is not None
-    for sa, sb in zip(a.head_scores, b.head_scores, strict=True):
+    for sa, sb in zip(a_heads, b_heads, strict=True):
         for field in ("entropy", "prev_token", "first_token", "max", "induction"):
             assert getattr(sa, field) == pytest.approx(getattr(sb, field), abs=1e-5), (sa, field)
 
@@ -114,7 +113,7 @@ def test_a_borrowed_model_keeps_no_hook_of_ours() -> None:
     model = _family("llama").build("sdpa")
 
     def ours() -> int:  # hooks of ours on the model (transformers adds its own output recorders lazily)
-        return sum(hook in (capture._push_flag, capture._pop_flag) for m in model.modules()
+        return sum(hook in (interface._push_flag, interface._pop_flag) for m in model.modules()
                    for hook in (*m._forward_hooks.values(), *m._forward_pre_hooks.values()))
 
     lm = inspect_model("user", model, tiny_tokenizer(), source="python")
@@ -123,7 +122,7 @@ def test_a_borrowed_model_keeps_no_hook_of_ours() -> None:
         assert ours() == 4  # a pre-hook and a hook on LlamaForCausalLM and on LlamaModel
         with pytest.raises((IndexError, RuntimeError)):
             model(input_ids=torch.full((1, 4), 10_000))  # out of the vocabulary: the forward raises
-        assert capture._OUTPUT_ATTENTIONS.get() == ()
+        assert interface._OUTPUT_ATTENTIONS.get() == ()
         assert model(input_ids=IDS[None, :20], output_attentions=True).attentions
     assert ours() == 0
     assert compat.attention_implementation(model) == "sdpa"

@@ -17,9 +17,9 @@ from attnscope.app.settings import Settings
 from attnscope.model.errors import RunNotFound
 from attnscope.model.load.models import LoadedModel, wrap_model
 from attnscope.model.load.tokens import ids_tensor, tokenize
+from attnscope.model.runs import late as late_scores
 from attnscope.model.runs.budget import estimate
 from attnscope.model.scores import analysis
-from attnscope.model.scores import late as late_scores
 from attnscope.model.services.engine import Engine
 from tests.support.families import DECODERS, Family
 from tests.support.tiny import make_engine

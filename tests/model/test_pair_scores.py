@@ -11,14 +11,13 @@ import pytest
 import torch
 from transformers.masking_utils import sliding_window_causal_mask_function
 
-from attnscope.model.capture import interface as capture
-from attnscope.model.capture.forward import run_with_cache
-from attnscope.model.capture.interface import LazyMask, flash_attention
+from attnscope.model.attention import interface
+from attnscope.model.attention.interface import LazyMask, flash_attention
+from attnscope.model.attention.kept import logits
 from attnscope.model.load.models import wrap_model
-from attnscope.model.runs.attention import logits
-from attnscope.model.scores import analysis
-from attnscope.model.scores import pairs as pair_scores
+from attnscope.model.scores import analysis, pairs
 from attnscope.model.scores.analysis import INDUCTION_NEAR
+from attnscope.model.scores.live import scored_run
 from tests.support.families import FAMILIES
 from tests.support.tinytok import tiny_tokenizer
 
@@ -52,21 +51,21 @@ def test_fused_kernel_output_and_lse_equal_the_eager_maths() -> None:
 def test_entropy_and_peak_equal_xlogy_and_amax(n: int) -> None:
     q, k = qk(n)
     w, lse = dense(q, k, 0.5)
-    entropy, peak = pair_scores.entropy_and_peak(q, k, lse, 0.5)
+    entropy, peak = pairs.entropy_and_peak(q, k, lse, 0.5)
     torch.testing.assert_close(entropy, -torch.special.xlogy(w, w).sum((-1, -2)).double(), atol=1e-4 * n, rtol=1e-5)
     torch.testing.assert_close(peak, w.amax(-1).sum(-1).double(), atol=1e-5 * n, rtol=1e-5)
     assert (entropy > 0).all() or n == 1
     z = logits(q, k, list(range(H)), H // HKV, 0, n, 0.5, None, None)
     want_max = z.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).amax(-1)  # (H, n)
     for rows, cols in ((7, 5), (128, 256), (512, 1)):  # tiles of every shape: full, narrow, diagonal
-        torch.testing.assert_close(pair_scores.row_max_logits(q, k, 0.5, rows, cols), want_max, atol=1e-5, rtol=0)
+        torch.testing.assert_close(pairs.row_max_logits(q, k, 0.5, rows, cols), want_max, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("softcap", [None, 2.0])
 def test_prev_and_first_from_dot_products(softcap: float | None) -> None:
     q, k = qk(50, seed=1)
     w, lse = dense(q, k, 0.5, softcap)
-    prev, first = pair_scores.prev_first_sums(q, k, lse, scaling=0.5, softcap=softcap)
+    prev, first = pairs.prev_first_sums(q, k, lse, scaling=0.5, softcap=softcap)
     rows = torch.arange(1, 50)
     torch.testing.assert_close(prev, w[:, rows, rows - 1].sum(-1).double(), atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(first, w[:, rows, 0].sum(-1).double(), atol=1e-5, rtol=1e-6)
@@ -92,22 +91,22 @@ def test_induction_over_pairs_equals_the_block_einsum(case: str, softcap: float 
         ids = torch.arange(n)
     q, k = qk(n, seed=3)
     w, lse = dense(q, k, 0.5, softcap)
-    pairs = pair_scores.InductionPairs.of(ids)
+    found = pairs.InductionPairs.of(ids)
     follows = (ids[None, :n - 1] == ids[:, None]) & torch.ones(n, n - 1, dtype=torch.bool).tril(-2 - INDUCTION_NEAR)  # (i, j)
-    assert pairs.count == int(follows.sum())
-    got = pair_scores.induction_sums(q, k, lse, pairs, scaling=0.5, softcap=softcap, cells=H * 64 * 64)
+    assert found.count == int(follows.sum())
+    got = pairs.induction_sums(q, k, lse, found, scaling=0.5, softcap=softcap, cells=H * 64 * 64)
     torch.testing.assert_close(got, _block_induction(w, ids), atol=1e-5, rtol=1e-6)
     if case == "one repeated token":
-        assert pairs.groups and not len(pairs.queries)  # the dense-block path, not n²/2 pairs in chunks
+        assert found.groups and not len(found.queries)  # the dense-block path, not n²/2 pairs in chunks
     else:
-        assert not pairs.groups or case == "mixed"
-    assert sorted(zip(*(t.tolist() for t in pairs.pairs()), strict=True)) == sorted(
+        assert not found.groups or case == "mixed"
+    assert sorted(zip(*(t.tolist() for t in found.pairs()), strict=True)) == sorted(
         (int(i), int(j) + 1) for i, j in follows.nonzero().tolist())
 
 
 def test_induction_pairs_are_the_definition() -> None:
     ids = torch.tensor([5, 6, 7, 5, 6, 7, 5, 5])
-    queries, keys = pair_scores.InductionPairs.of(ids).pairs()
+    queries, keys = pairs.InductionPairs.of(ids).pairs()
     got = sorted(zip(queries.tolist(), keys.tolist(), strict=True))
     # query i, key j + 1 for every earlier copy j of token i with j + 1 outside i's neighbourhood
     want = sorted((i, j + 1) for i in range(8) for j in range(i) if ids[j] == ids[i] and j + 1 + INDUCTION_NEAR < i)
@@ -149,13 +148,13 @@ def test_scores_of_a_captured_forward_equal_the_dense_patterns(family: str, monk
         fused.append(1)
         return flash_attention(*args, **kwargs)
 
-    monkeypatch.setattr(capture, "flash_attention", counted)
+    monkeypatch.setattr(interface, "flash_attention", counted)
     with lm.lock:
-        acts = run_with_cache(lm, ids, scores=True)
+        acts, _scores, heads = scored_run(lm, ids)
     block_path = family in ("mistral", "falcon")  # a sliding window, an additive mask: the block path
     assert len(fused) == (0 if block_path else lm.info.n_layers)
-    assert acts.head_scores is not None and {"forward", "exact_scores"} <= set(acts.timing_ms)
+    assert {"forward", "exact_scores"} <= set(acts.timing_ms)
     want = [s for i, a in enumerate(ref) for s in analysis.head_scores(i, a[0].float(), ids)]
-    for got_s, want_s in zip(acts.head_scores, want, strict=True):
+    for got_s, want_s in zip(heads, want, strict=True):
         for field in ("entropy", "prev_token", "first_token", "max", "induction"):
             assert getattr(got_s, field) == pytest.approx(getattr(want_s, field), abs=1e-5), (got_s, field)

@@ -14,15 +14,15 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from attnscope.model.capture.spans import RangeMask, mask_spans
+from attnscope.model.attention.spans import RangeMask, mask_spans
 from attnscope.model.errors import BadRunFile, EngineError
 from attnscope.model.load.models import LoadedModel, wrap_model
 from attnscope.model.runs.export import KeptRun, to_safetensors
-from attnscope.model.runs.record import RunRecord
+from attnscope.model.runs.late import layer_scores
+from attnscope.model.runs.record import PendingScores, RunRecord
 from attnscope.model.runs.runfile import FORMAT, HEADER_CAP, META_KEY, StoredRun, dump, read
 from attnscope.model.runs.tiles import TileSpec, head_tile
 from attnscope.model.scores.analysis import SCORE_FIELDS, SCORE_NAMES
-from attnscope.model.scores.late import PendingScores, layer_scores
 from attnscope.model.services.engine import Engine
 from tests.support.families import FAMILIES
 from tests.support.tiny import make_engine

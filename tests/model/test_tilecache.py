@@ -16,9 +16,9 @@ from transformers.masking_utils import causal_mask_function
 
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
-from attnscope.model.capture.interface import LazyMask
+from attnscope.model.attention.interface import LazyMask
+from attnscope.model.attention.kept import LayerAttention, build
 from attnscope.model.load.models import wrap_model
-from attnscope.model.runs.attention import LayerAttention, build
 from attnscope.model.runs.tile_store import OVERVIEW, Prefetch, TileCache, Tiles, overview
 from attnscope.model.runs.tiles import TileSpec, head_tile, head_tiles
 from bench.long import text_of

@@ -10,9 +10,9 @@ import pytest
 import torch
 from transformers.masking_utils import and_masks, causal_mask_function
 
-from attnscope.model.capture.interface import LazyMask
-from attnscope.model.capture.spans import mask_spans
-from attnscope.model.runs.attention import LayerAttention, build
+from attnscope.model.attention.interface import LazyMask
+from attnscope.model.attention.kept import LayerAttention, build
+from attnscope.model.attention.spans import mask_spans
 from attnscope.model.runs.tiles import TileSpec, head_tile, tile
 from tests.model.test_families import N, built
 from tests.support.families import FAMILIES, Family

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers.masking_utils import bidirectional_mask_function, causal_mask_function
 
-from attnscope.model.capture.interface import LazyMask
+from attnscope.model.attention.interface import LazyMask
 
 INF = 1 << 62
 PROBE_ROWS = 4  # rows per probed block

@@ -24,20 +24,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
-from attnscope.model.capture.forward import complete
-from attnscope.model.capture.interface import BLOCK_CELLS
-from attnscope.model.runs.attention import LayerAttention
+from attnscope.model.attention.interface import BLOCK_CELLS
+from attnscope.model.attention.kept import LayerAttention
 from attnscope.model.runs.jobthread import JobThread
-from attnscope.model.scores.analysis import SCORE_FIELDS, SCORE_NAMES, HeadScore, ScoreAccumulator
+from attnscope.model.runs.record import PendingScores
+from attnscope.model.scores.analysis import SCORE_NAMES, HeadScore, ScoreAccumulator
+from attnscope.model.scores.live import complete
 from attnscope.model.scores.pairs import InductionPairs
 
 if TYPE_CHECKING:
@@ -46,26 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 STOPPED = "the server stopped before these scores were computed"
-
-
-@dataclass
-class PendingScores:
-    """The work a stored run still owes: which fields of which layers, and who waits for them.
-
-    ``done`` is set once the scores are in the run's summary, or the run was evicted first, or the
-    sweep failed (``error``)."""
-
-    fields: dict[int, frozenset[str]]  # layer -> accumulator fields owed (``SCORE_FIELDS``)
-    started: float  # perf_counter when the analyse began (for "scores_ready")
-    done: threading.Event = field(default_factory=threading.Event)
-    error: str | None = None
-
-    @property
-    def names(self) -> list[str]:
-        """The owed fields as HeadScore (and API) names, e.g. ["entropy", "max", "prev_token", "first_token",
-        "induction"]."""
-        owed = set().union(*self.fields.values()) if self.fields else set()
-        return [SCORE_NAMES[f] for f in SCORE_FIELDS if f in owed]
 
 
 def sweep_bytes(layer: LayerAttention) -> int:

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnscope.model.capture.interface import LazyMask, visible_span
-from attnscope.model.capture.spans import RangeMask, Spans, mask_spans
+from attnscope.model.attention.interface import LazyMask, visible_span
+from attnscope.model.attention.spans import RangeMask, Spans, mask_spans
 
 CHUNK_CELLS = 1 << 21  # weights per head x rows x keys block while a whole layer is swept (8 MiB float32)
 
