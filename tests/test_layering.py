@@ -1,11 +1,19 @@
 """The floors stay apart: model/ knows nothing of HTTP (it imports no attnscope.app module), no route
 module imports another route module (what routes share lives in app/errors.py, app/runjson.py,
-app/settings.py), and benchmarks and the command line reach no route module either."""
+app/settings.py), and benchmarks and the command line reach no route module either.
+
+The engine's pipeline flows forward, read from the import graph (imports inside functions and under
+TYPE_CHECKING count too): each package of model/ imports only packages before it in ``ORDER``, the
+capture neither runs nor scores, nothing in the engine imports the package's front (``attnscope``), and
+no module of model/, app/ or the front is on an import circle. Each rule is also shown to fail on a
+back-edge planted in a copy of the graph."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,6 +28,119 @@ def imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
     return names
+
+
+# model/'s packages in the order data flows; a package may import those before it (and the leaves)
+LEAVES = ("attnscope.model", "attnscope.model.errors", "attnscope.model.compat")
+ORDER = ("attention", "families", "load", "capture", "scores", "results", "runs", "tools", "learn", "services")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["attnscope", *parts]) if parts[0] != "attnscope" else ".".join(parts)
+
+
+def graph() -> dict[str, set[str]]:
+    """module -> the attnscope modules it imports (a name imported from a module counts as that module)."""
+    files = {module_name(p): p for top in ("model", "app", "attnscope") for p in (ROOT / top).rglob("*.py")
+             if not p.is_symlink() and "__pycache__" not in p.parts}
+    files = {m: p for m, p in files.items() if not (m.startswith("attnscope.") and m.split(".")[1] in
+                                                     ("static", "templates"))}
+    return {m: {n for n in imports(p) if n in files and n != m} for m, p in files.items()}
+
+
+def floor(module: str) -> int | None:
+    """The index in ORDER of a model/ module's package; None for the leaves and outside model/."""
+    parts = module.split(".")
+    if module in LEAVES or len(parts) < 3 or parts[1] != "model":
+        return None
+    return ORDER.index(parts[2].removesuffix(".py"))
+
+
+def back_edges(g: dict[str, set[str]]) -> list[str]:
+    found = []
+    for m, deps in g.items():
+        for d in deps:
+            if d == "attnscope" and m.startswith("attnscope.model"):
+                found.append(f"{m} imports the package's front")
+            a, b = floor(m), floor(d)
+            if a is not None and b is not None and b > a:
+                found.append(f"{m} ({ORDER[a]}) imports {d} ({ORDER[b]})")
+            if m.startswith("attnscope.model.capture") and d.startswith(("attnscope.model.runs",
+                                                                           "attnscope.model.scores")):
+                found.append(f"{m}: the capture imports {d}")
+    return sorted(set(found))
+
+
+def circles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_engine_package_is_in_the_order() -> None:
+    packages = {p.name for p in (ROOT / "model").iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    modules = {p.stem for p in (ROOT / "model").glob("*.py") if p.stem != "__init__"}
+    assert packages | (modules - {m.split(".")[-1] for m in LEAVES}) == set(ORDER)
+
+
+def test_the_pipeline_flows_forward() -> None:
+    g = graph()
+    assert len(g) > 80 and "attnscope.model.capture.forward" in g
+    assert back_edges(g) == []
+
+
+def test_no_module_is_on_an_import_circle() -> None:
+    assert circles(graph()) == []
+
+
+@pytest.mark.parametrize(("source", "target"), [
+    ("attnscope.model.capture.forward", "attnscope.model.scores.analysis"),  # scoring inside the capture
+    ("attnscope.model.attention.kept", "attnscope.model.runs.record"),  # a lower floor reaching up
+    ("attnscope.model.services.scope", "attnscope"),  # the engine importing the package's front
+])
+def test_a_planted_back_edge_is_found(source: str, target: str) -> None:
+    g = {m: set(d) for m, d in graph().items()}
+    g[source].add(target)
+    assert back_edges(g), (source, target)
+
+
+def test_a_planted_circle_is_found() -> None:
+    g = {m: set(d) for m, d in graph().items()}
+    g["attnscope.model.runs.record"].add("attnscope.model.runs.runfile")
+    g["attnscope.model.runs.runfile"].add("attnscope.model.runs.record")
+    assert ["attnscope.model.runs.record", "attnscope.model.runs.runfile"] in circles(g)
 
 
 def test_model_imports_nothing_from_the_http_door() -> None:
