@@ -42,14 +42,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
 import numpy as np
 
 from attnscope.app import inprocess
-from attnscope.app.embed import ENTRY, PLOTLY_TAG, STATIC, embed_script, inline_script, modules, page_html
+from attnscope.app.embed import (
+    ENTRY,
+    PLOTLY_TAG,
+    STATIC,
+    embed_script,
+    inline_script,
+    modules,
+    page_html,
+    plotly_js_path,
+)
 from attnscope.model.errors import BadInput
 
 log = logging.getLogger(__name__)

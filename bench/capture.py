@@ -2,7 +2,7 @@
 
 For each model and prompt length n, alternates R times between
   bare:     model(input_ids, output_attentions=True) under inference_mode (eager attention)
-  capture:  model.hooks.run_with_cache: the same forward with every hook (all patterns, the
+  capture:  model.capture.forward.run_with_cache: the same forward with every hook (all patterns, the
             residual stream, attention and MLP outputs, logits) kept
   POST:     the full HTTP request POST /api/runs through the ASGI app (tokenize, hooked
             forward, head scores, predictions at every position, JSON response; on the fused

@@ -10,7 +10,7 @@ request body is built, the kernel's RSS high-water mark is reset (/proc/self/cle
 minus VmRSS before it: the body's copies, the tokenizer's work and the answer. Texts: "words" is
 English with CJK and emoji; "one word" is the letter a repeated (no whitespace, one pre-token).
 
-"tokenize all" is what the refusal cost before: ``model.tokens.tokenize`` of the whole text (ids,
+"tokenize all" is what the refusal cost before: ``model.load.tokens.tokenize`` of the whole text (ids,
 spans, display strings) — the work the engine did before it compared the count with the limit. It is
 measured for the smaller bodies only (1 MB took 80 s and 369 MiB here; 3.9 MB about 2 minutes and 2 GB).
 

@@ -2,11 +2,11 @@
 
 For each model and prompt length n:
   scan:   ablate every head and every MLP alone (zero) and read ln p(next token) at the last
-          position but one: ``model.ablation.scan`` (many ablations per batched forward, the
+          position but one: ``model.tools.ablation.scan`` (many ablations per batched forward, the
           clean prompt riding along) against one batch-1 forward per ablation with the same hooks;
   patch:  activation patching of every site (resid stages, attention and MLP outputs by
           position, every head) for two prompts that differ at one token, ``--diff-from-end``
-          tokens before the end: ``model.patching.patch`` against one batch-1 forward per patch with the same hooks.
+          tokens before the end: ``model.tools.patching.patch`` against one batch-1 forward per patch with the same hooks.
 The one-at-a-time loops time ``--sample`` interventions evenly spread over all of them and
 scale to the full count (each is a forward over the same prefix: their cost is the same);
 the batched side runs in full. Both sides are checked to give the same numbers. Torch runs

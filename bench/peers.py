@@ -5,7 +5,7 @@ x 12 heads, d_model 768, 1,024 positions, seed 0; the bundled tokenizer) and the
 prompts of n = 64, 256 and 1,024 tokens cut from held-out English:
 
 * **capture** — alternated R times, medians: a bare eager forward; attnscope's capture
-  (``model.hooks.run_with_cache``: every head's pattern, the residual stream, attention
+  (``model.capture.forward.run_with_cache``: every head's pattern, the residual stream, attention
   and MLP outputs, logits); attnscope's whole analysis (``Engine.analyse``: the capture plus
   head scores and the next-token top-k at every position); TransformerLens'
   ``run_with_cache`` (``TransformerBridge`` over a second copy of the same weights, every

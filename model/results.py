@@ -1,7 +1,7 @@
 """Typed results the engine hands to its callers (plain data, no HTTP).
 
 ``app/`` turns each into its pydantic response schema; nothing here is shaped for JSON.
-Token strings are display strings (``model.tokens.token_map``): untrusted text.
+Token strings are display strings (``model.load.tokens.token_map``): untrusted text.
 """
 
 from __future__ import annotations

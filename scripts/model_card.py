@@ -1,7 +1,7 @@
 """Measure the bundled decoder and write its model card (README.md sections, PNG, JSON).
 
 Everything in the card's measured sections comes from here, through the same engine the
-app uses (model.loading, model.hooks, model.analysis, model.probes):
+app uses (model.load.models, model.capture.forward, model.scores.analysis, model.scores.probes):
 
 * held-out loss and bits per UTF-8 byte, over all of the held-out split (English and
   Chinese documents apart too), and on everyday English written for this card

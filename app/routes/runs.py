@@ -221,7 +221,7 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
 
 def kept_tiles(tiles: Tiles, run_id: str, cache: RunRecord, layer: int, heads: list[int],
                spec: TileSpec) -> torch.Tensor:
-    """As ``model.tiles.head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails
+    """As ``model.runs.tiles.head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails
     from them)."""
     return torch.stack([tiles.tile(run_id, layer, cache.attention[layer], h, spec) for h in heads])
 
@@ -378,7 +378,7 @@ def _html_export(request: Request, run_id: str, *, heads: str | None, lang: str,
                         "out.svg` turns it into a figure. Its cells grow with n²: above ATTNSCOPE_MAX_CELLS the "
                         "JSON export is refused (422). `format=safetensors`: what the run keeps, O(n·d) — each "
                         "layer's post-rotary Q and K, row normalisers, ALiBi bias, visible key ranges and the "
-                        "residual stream, with the summary as metadata; `model.export.KeptRun.load(path)."
+                        "residual stream, with the summary as metadata; `model.runs.export.KeptRun.load(path)."
                         "pattern(layer, head)` rebuilds any head exactly (README: What a run keeps). "
                         "`format=html`: one self-contained HTML file of the explorer on this run (plotly.js "
                         "and the data inlined; opens from file:// with no network): every head's exact cells "
@@ -418,7 +418,7 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: R
     if cells > settings.max_cells:
         raise BadInput(f"the JSON export of this run would hold {cells:,} attention cells, more than this server's "
                        f"limit of {settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): export format=safetensors instead "
-                       "(what the run keeps, from which model.export rebuilds any head)", code="export_too_large",
+                       "(what the run keeps, from which model.runs.export rebuilds any head)", code="export_too_large",
                        params={"cells": cells, "limit": settings.max_cells})
     payload = {**summary, **attention_json(cache)}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",

@@ -12,7 +12,7 @@ instead, which
   query of a decode step), the logits plain q.k x scaling and everything float32 on the CPU,
   runs torch's fused flash kernel (the one SDPA runs; ``model.compat`` says why it is called
   directly and how it is gated), which returns the layer's output and each row's log-sum-exp and
-  never a weight; the capture then computes the head scores from Q, K and lse (``model.pair_scores``);
+  never a weight; the capture's listener scores the heads from Q, K and lse (``model.scores.live``);
 * otherwise (sliding windows, soft-capping, padding, custom mask functions, other dtypes or
   devices, or ``output_attentions``) computes the attention exactly as the families' own
   eager code does (scale, then soft-cap, then mask, softmax in float32; grouped K/V heads
@@ -20,13 +20,13 @@ instead, which
   the whole H x n x n weights of a layer, handing each block's weights to the capture; and
 * hands the layer's post-rotary Q and K and each row's log-sum-exp to the capture that is
   active for that attention module, if any (``activate`` / ``deactivate``, used by
-  ``model.hooks``).
+  ``model.capture.forward``).
 
 The mask is registered too (``AttentionMaskInterface``): :class:`LazyMask` keeps what
 transformers would build a mask from (its mask function, offsets, padding) and
 materialises only the rows asked for, with transformers' own ``sdpa_mask``. A layer
 therefore never needs its n x n mask at once, and a kept :class:`AttentionCall`
-can rebuild any rows of any head later (``model.attention``).
+can rebuild any rows of any head later (``model.attention.kept``).
 
 A model that builds on the mask tensor itself (ALiBi Falcon adds its position bias into it) is
 loaded as ``attnscope_dense_mask``: the same attention function, with transformers' boolean mask
@@ -37,7 +37,7 @@ the same bias per key; checked block by block).
 Families whose attention does not go through the interface (gpt_neo, bloom)
 are loaded with eager attention and captured from their attention module's output
 instead (``ArchSpec.capture == "module"``): their Q and K are read from the module's own
-projections (``model.module_qk``) and the weights recomputed after the forward.
+projections (``model.families.qk``) and the weights recomputed after the forward.
 """
 
 from __future__ import annotations
@@ -420,7 +420,7 @@ def attnscope_attention(
     wanted = wants_weights(module, kwargs)
     if causal is not None and not wanted:
         # the fused kernel: the layer's output and each row's lse, never a block of weights; the
-        # capture computes the head scores from Q, K and lse (model.hooks, model.analysis)
+        # capture's listener scores the heads from Q, K and lse (model.scores.live)
         out, lse = flash_attention(query, key, value, call.scaling, causal)  # (B, H, q, dv), (B, H, q)
         if target is not None:
             sink, layer = target

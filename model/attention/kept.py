@@ -8,9 +8,9 @@ A kept layer holds O(n) per head, never the n x n pattern:
 * ``lse``  (H, n) float32: each row's log-sum-exp of its visible logits, the softmax's normaliser;
 * ``bias`` (H, n) float32 or None: a per-key additive logit (ALiBi: slope_h x key position, in logit
   units, i.e. already multiplied by the model's scaling where it scales after adding);
-* ``mask`` a :class:`model.capture.LazyMask` over the whole sequence (causal, sliding window,
+* ``mask`` a :class:`model.attention.interface.LazyMask` over the whole sequence (causal, sliding window,
   bidirectional, local windows: transformers' own mask functions, rows built on demand), or, for a
-  run read back from its file, a :class:`model.capture.spans.RangeMask` (one key range a row).
+  run read back from its file, a :class:`model.attention.spans.RangeMask` (one key range a row).
 
 Bytes kept per layer: 4 x n x ((H + Hkv) x dh + H (lse) + H (if ALiBi)).
 

@@ -3,7 +3,7 @@ the residual stream with temporary forward hooks.
 
 Hooks are global state on the model (TransformerLens' lesson): they are registered
 for one forward and always removed in ``finally``, so nothing piles up between
-requests. Names follow TransformerLens and are built by ``model.names.act_name``; the
+requests. Names follow TransformerLens and are built by ``model.capture.names.act_name``; the
 table of names and shapes is there.
 
 Every captured tensor is float32 (a copy when the model runs in another dtype, or

@@ -128,7 +128,7 @@ class ModelInfo(Dimensions):
 
 @dataclass
 class ProbeResults:
-    """What ``model.probes`` measured on a model: once per model, on first use.
+    """What ``model.scores.probes`` measured on a model: once per model, on first use.
 
     A copy of a LoadedModel (``dataclasses.replace``: a renamed one) shares this object, so
     a probe runs once however many engines or names serve the model. Each result names the

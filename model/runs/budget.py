@@ -1,6 +1,6 @@
 """Admission control: what a run will keep and what its forward will need, known before it runs.
 
-A kept run (``model.cache.RunRecord``) holds, for n tokens, L layers, H heads, Hkv K/V
+A kept run (``model.runs.record.RunRecord``) holds, for n tokens, L layers, H heads, Hkv K/V
 heads, dh = d_head, d = d_model and top-k candidates per position:
 
     tensors  4 n [L (H + Hkv) dh + L H (+ L H with ALiBi) + (3L + 1) d] + 8 n

@@ -1,7 +1,7 @@
 """One background thread that runs queued jobs one at a time, started on the first job.
 
-The skeleton shared by the tile prefetch (``model.tilecache.Prefetch``) and the late head
-scores (``model.late_scores.ScoreWorker``): a queue and a flag guarded by one condition, a
+The skeleton shared by the tile prefetch (``model.runs.tile_store.Prefetch``) and the late head
+scores (``model.runs.late.ScoreWorker``): a queue and a flag guarded by one condition, a
 daemon thread that waits for work, takes one job under the lock and runs it outside it, and
 ``wait_idle`` for tests, benchmarks and the CLI. Subclasses say what a job does (``_run``),
 when one may start (``_ready``), and what closing does with the jobs left (``_stop``).

@@ -1,20 +1,20 @@
 """Head scores a run still owes, computed exactly after the analyse has answered.
 
 A forward through the fused kernel (``model.capture``) keeps Q, K and each row's lse; every head score
-follows from them exactly (``model.pair_scores``): previous-token, first-token and induction from single
+follows from them exactly (``model.scores.pairs``): previous-token, first-token and induction from single
 dot products, entropy and peak (a row's largest weight) from every visible cell once more. That sweep
 costs about as much as the forward itself, and even the dot products cost a third of the capture's own
 time at 1k tokens, so ``Engine.analyse`` answers without any of them (``run_with_cache(defer=True)``;
 a layer that took the block path has its scores complete): the run is stored with those fields None and named in
 ``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in one background thread from
 what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as before
-(``model.hooks.complete``), then swaps the completed summary into the stored run.
+(``model.scores.live.complete``), then swaps the completed summary into the stored run.
 
 Bytes: nothing is attached to the run. The completed head scores replace the pending ones, which the
 store counted when the run was added (``summary_bytes`` counts ~0.6 kB a head, a head's scores with
 their floats included), so a run never grows after it was counted. The sweep's own transient memory
 (the fused kernel's output, (H, n, dh), and the row maxima) is held in the engine's byte budget
-(``model.budget.MemoryBudget``) while it runs, like a forward's.
+(``model.runs.budget.MemoryBudget``) while it runs, like a forward's.
 
 Runs evicted before their scores are computed are skipped (the worker holds them weakly and asks the
 store before and after each layer); whoever waits for them is woken and finds the run gone.

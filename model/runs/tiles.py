@@ -11,7 +11,7 @@ model, keys outside a sliding window) has no value: NaN here, ``null`` in JSON.
 Two ways to compute one, the same numbers:
 
 * :func:`head_tile` (what the API uses) reads a kept layer's Q, K and row normalisers and,
-  when every row sees one range of keys (causal, sliding window, bidirectional: ``model.spans``),
+  when every row sees one range of keys (causal, sliding window, bidirectional: ``model.attention.spans``),
   never builds a mask: a bin's max is ``exp(max over its cells of (logit - lse_row))``, so a
   block of rows costs one matmul of its *visible* keys (``logit - lse`` fused into it), a max
   (or, for ``mean``, an exp and a sum) over the rows of each query bin, then one over the key

@@ -75,7 +75,7 @@ class ScoreAccumulator:
     k - 1 (the copy itself) is its baseline (``INDUCTION_RULE``).
 
     A forward through the fused kernel has no blocks: its scores come as per-head sums over every
-    row (``add_sums``, from Q, K and lse: ``model.pair_scores``), and ``todo`` names the fields
+    row (``add_sums``, from Q, K and lse: ``model.scores.pairs``), and ``todo`` names the fields
     still missing; ``add`` then computes only those.
     """
 
@@ -143,7 +143,7 @@ class ScoreAccumulator:
 
     def finish(self, layer: int, left: frozenset[str] = frozenset()) -> list[HeadScore]:
         """Every head's scores. ``left``: fields (``SCORE_FIELDS``) not computed here but later (a fused
-        forward leaves them to ``model.late_scores``): None until then, never a partial sum."""
+        forward leaves them to ``model.runs.late``): None until then, never a partial sum."""
         n, m = self.n, max(self.n - 1, 1)
         out = []
         for h in range(len(self.entropy)):

@@ -1,11 +1,11 @@
 """Head scores from a layer's Q, K and row normalisers, without a block of weights.
 
-A forward through the fused kernel (``model.capture.flash_attention``) never holds a weight; it
+A forward through the fused kernel (``model.attention.interface.flash_attention``) never holds a weight; it
 returns each row's log-sum-exp ``lse``. A single weight is then one dot product away:
 p(i, j) = exp(z(i, j) - lse(i)), z the family's logit (q_i . k_j x scaling, soft-capped). So:
 
 * previous-token and first-token: the n weights (i, i - 1) and (i, 0): O(n d);
-* induction (``model.analysis`` defines it): for each pair of a query i and an earlier copy j of its
+* induction (``model.scores.analysis`` defines it): for each pair of a query i and an earlier copy j of its
   token whose next position j + 1 lies outside the query's neighbourhood (j + 1 < i - ``INDUCTION_NEAR``),
   the weight on j + 1 (the token to copy) minus the weight on j (the copy itself); the pairs are found
   once per run by sorting positions by token id (``InductionPairs``): tokens with few copies in one batched
@@ -115,7 +115,7 @@ def induction_sums(
 ) -> torch.Tensor:
     """(H,) float64: each head's induction evidence summed over every query: its attention on induction
     targets (j + 1 after an earlier copy j, outside the query's neighbourhood) minus its attention on
-    those copies j themselves (``model.analysis`` says why)."""
+    those copies j themselves (``model.scores.analysis`` says why)."""
     target = _pair_mass(q, k, lse, pairs, 1, scaling=scaling, softcap=softcap, cells=cells)
     return target - _pair_mass(q, k, lse, pairs, 0, scaling=scaling, softcap=softcap, cells=cells)
 

@@ -5,7 +5,7 @@ has a lock: one forward at a time per model. Handlers call the engine from a
 thread pool, never on the event loop.
 
 An analyse answers right after its forward and predictions: the head scores a fused forward
-left (entropy, peak) are computed afterwards by ``scores`` (``model.late_scores.ScoreWorker``,
+left (entropy, peak) are computed afterwards by ``scores`` (``model.runs.late.ScoreWorker``,
 one background thread), and ``wait_scores`` waits for them.
 """
 

@@ -1,4 +1,4 @@
-"""Head scores that follow the analyse (model/scores/late.py): the analyse answers after its forward
+"""Head scores that follow the analyse (model/runs/late.py): the analyse answers after its forward
 with a fused layer's scores pending, a background sweep computes them exactly (equal to the scores of
 ``output_attentions=True``), the API says which are pending and hands them out when ready, and a run
 evicted before its scores are in is skipped without harm."""
@@ -17,8 +17,9 @@ from attnscope.app.settings import Settings
 from attnscope.model.errors import RunNotFound
 from attnscope.model.load.models import LoadedModel, wrap_model
 from attnscope.model.load.tokens import ids_tensor, tokenize
-from attnscope.model.runs import late as late_scores
+from attnscope.model.runs import late as late_module
 from attnscope.model.runs.budget import estimate
+from attnscope.model.runs.late import STOPPED
 from attnscope.model.scores import analysis
 from attnscope.model.services.engine import Engine
 from tests.support.families import DECODERS, Family
@@ -183,7 +184,7 @@ def test_a_failed_sweep_is_reported_not_pending_forever(llama: tuple[Engine, Loa
     def broken(*_args: object) -> list[analysis.HeadScore]:
         raise RuntimeError("out of paper")
 
-    monkeypatch.setattr(late_scores, "layer_scores", broken)
+    monkeypatch.setattr(late_module, "layer_scores", broken)
     with TestClient(create_app(Settings(models={}, default_model=lm.info.name), engine)) as client:
         rid = client.post("/api/runs", json={"text": TEXT}).json()["run_id"]
         r = client.get(f"/api/runs/{rid}/heads", params={"wait": WAIT})
@@ -205,5 +206,5 @@ def test_closing_the_engine_says_the_scores_will_not_come(llama: tuple[Engine, L
     closing.join(WAIT)
     assert not closing.is_alive()
     pending = result.cache.pending
-    assert pending is not None and pending.done.is_set() and pending.error == late_scores.STOPPED
+    assert pending is not None and pending.done.is_set() and pending.error == STOPPED
     assert engine.wait_scores(result.run_id, 0).summary.scores_pending == ALL
