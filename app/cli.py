@@ -173,7 +173,7 @@ def _open(args: argparse.Namespace) -> int:
     return _serve_one(settings, opened=args.file, browser=not args.no_browser)
 
 
-def run_file(out: RunOut, cache: RunRecord, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
+def run_file(out: RunOut, record: RunRecord, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
     """``analyze --json``: the run (RunOut's fields) in the format of the API's JSON export
     (``attnscope-run/2``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
     run.json`` then ``attnscope export run.json ...`` works; above ``max_cells`` cells the attention is
@@ -181,13 +181,13 @@ def run_file(out: RunOut, cache: RunRecord, model_info: dict[str, Any], max_cell
     from attnscope.app.runjson import EXPORT_FORMAT, attention_cells, attention_json
 
     saved: dict[str, Any] = {"format": EXPORT_FORMAT, **out.model_dump(mode="json"), "model_info": model_info}
-    cells = attention_cells(cache)
+    cells = attention_cells(record)
     if cells > max_cells:
         saved["attention_note"] = (f"{cells:,} attention cells, more than the limit of {max_cells:,} "
                                    "(ATTNSCOPE_MAX_CELLS); GET /api/runs/ID/export?format=safetensors keeps any "
                                    "length")
         return saved
-    return {**saved, **attention_json(cache)}
+    return {**saved, **attention_json(record)}
 
 
 def _analyze(args: argparse.Namespace) -> int:
@@ -212,12 +212,12 @@ def _analyze(args: argparse.Namespace) -> int:
             raise EngineError(f"--top-k {args.top_k} is more than the limit of {settings.max_top_k} "
                               "(ATTNSCOPE_MAX_TOP_K)")
         lm = load_model(name, settings.models[name], settings.placement())
-        engine = Engine({name: lm}, name, RunStore(settings.cache_bytes), settings.max_tokens,
+        engine = Engine({name: lm}, name, RunStore(settings.run_store_bytes), settings.max_tokens,
                   forward_bytes=settings.forward_bytes)
         result = engine.analyse(args.text, name, args.top_k)
-        cache = engine.wait_scores(result.run_id, None)  # a command prints every head score, complete
-        out = run_out(result.run_id, cache)
-        saved = run_file(out, cache, asdict(lm.info), settings.max_cells) if args.json else None
+        record = engine.wait_scores(result.run_id, None)  # a command prints every head score, complete
+        out = run_out(result.run_id, record)
+        saved = run_file(out, record, asdict(lm.info), settings.max_cells) if args.json else None
         engine.close()
     except EngineError as exc:
         sys.stderr.write(f"attnscope: {exc}\n")

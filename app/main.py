@@ -55,7 +55,7 @@ def error_responses(settings: Settings) -> dict[int | str, dict[str, Any]]:
               "not UTF-8, or JSON nested too deeply"},
         413: {"model": ErrorOut, "description": f"A request body over {settings.max_body_bytes:,} bytes "
               "(ATTNSCOPE_MAX_BODY_BYTES), with or without Content-Length; for an analyse (or a recorded "
-              "generation), a run that could not be kept under ATTNSCOPE_CACHE_BYTES or a forward that needs more "
+              "generation), a run that could not be kept under ATTNSCOPE_RUN_STORE_BYTES or a forward that needs more "
               "than ATTNSCOPE_FORWARD_BYTES, refused before its forward"},
         415: {"model": ErrorOut, "description": "A JSON body declared in a charset other than UTF-8"},
         503: {"model": ErrorOut, "description": "The model is not loaded yet, or too many requests wait for it "
@@ -135,7 +135,7 @@ def build_engine(settings: Settings) -> Engine:
         info = loaded[name].info
         log.info("loaded %s in %.1f s: %s, %s on %s", name, time.perf_counter() - start, info.architecture,
                  info.dtype, info.device)
-    store = RunStore(settings.cache_bytes)
+    store = RunStore(settings.run_store_bytes)
     engine = Engine(loaded, settings.default_model, store, settings.max_tokens, forward_bytes=settings.forward_bytes)
     if folder is not None:
         store.backing = RunFiles(folder, engine.origin)

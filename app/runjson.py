@@ -48,30 +48,30 @@ RUN_JSON = TypeAdapter(RunBody)
 LENS_JSON = TypeAdapter(LogitLens)  # the fields of LogitLensOut, as RunBody's are RunOut's
 
 
-def run_body(run_id: str, cache: RunRecord, truncated: TruncatedOut | None = None) -> RunBody:
-    s = cache.summary
-    return RunBody(run_id=run_id, model=s.model, causal=cache.causal, n_layers=cache.n_layers,
-                   n_heads=cache.n_heads, text=cache.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
-                   induction_queries=induction_queries(cache.input_ids), induction_min_queries=INDUCTION_MIN_QUERIES,
-                   timing_ms=s.timing_ms, scores_pending=s.scores_pending, stored=cache.stored, truncated=truncated)
+def run_body(run_id: str, record: RunRecord, truncated: TruncatedOut | None = None) -> RunBody:
+    s = record.summary
+    return RunBody(run_id=run_id, model=s.model, causal=record.causal, n_layers=record.n_layers,
+                   n_heads=record.n_heads, text=record.text, tokens=s.tokens, predictions=s.predictions, heads=s.heads,
+                   induction_queries=induction_queries(record.input_ids), induction_min_queries=INDUCTION_MIN_QUERIES,
+                   timing_ms=s.timing_ms, scores_pending=s.scores_pending, stored=record.stored, truncated=truncated)
 
 
-def run_out(run_id: str, cache: RunRecord) -> RunOut:
+def run_out(run_id: str, record: RunRecord) -> RunOut:
     """The run as a validated RunOut (for callers that want the object, not the bytes)."""
-    return RunOut.model_validate_json(RUN_JSON.dump_json(run_body(run_id, cache)))
+    return RunOut.model_validate_json(RUN_JSON.dump_json(run_body(run_id, record)))
 
 
 EXPORT_FORMAT = "attnscope-run/2"
 
 
-def attention_cells(cache: RunRecord) -> int:
+def attention_cells(record: RunRecord) -> int:
     """Every head's visible attention cells: what a JSON export of the run holds."""
-    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
-    return visible * cache.n_heads * cache.n_layers
+    visible = record.n * (record.n + 1) // 2 if record.causal else record.n * record.n
+    return visible * record.n_heads * record.n_layers
 
 
-def attention_json(cache: RunRecord) -> dict[str, Any]:
+def attention_json(record: RunRecord) -> dict[str, Any]:
     """The JSON export's attention: [layer][head] each head's visible cells, base64 float32 (exact)."""
     return {"attention_encoding": "f32-le-base64",
-            "attention": [[f32_base64(head_cells) for head_cells in cache.packed(layer)]
-                          for layer in range(cache.n_layers)]}
+            "attention": [[f32_base64(head_cells) for head_cells in record.packed(layer)]
+                          for layer in range(record.n_layers)]}

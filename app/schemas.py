@@ -73,7 +73,8 @@ class HealthOut(BaseModel):
     models: list[str] = Field(description="names of the loaded models")
     runs: int = Field(description="runs kept server-side")
     run_cache_bytes: int = Field(description="bytes of activations (and summaries) those runs hold")
-    run_cache_max_bytes: int = Field(description="the cap (ATTNSCOPE_CACHE_BYTES): least recently used runs go first")
+    run_cache_max_bytes: int = Field(
+        description="the run store's cap (ATTNSCOPE_RUN_STORE_BYTES): least recently used runs go first")
     tile_cache_bytes: int = Field(0, description="bytes of computed attention tiles kept for reuse (overviews, "
                                   "zoom tiles), apart from the runs")
     tile_cache_max_bytes: int = Field(0, description="its cap (ATTNSCOPE_TILE_CACHE_BYTES)")

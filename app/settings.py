@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from attnscope.model.load.models import Placement
@@ -24,6 +25,10 @@ def default_run_dir() -> str:
     return str(Path(base) / "attnscope" / "runs")
 
 
+log = logging.getLogger(__name__)
+# settings renamed, still read under their old names (with a warning): old -> new
+RENAMED = {"cache_bytes": "run_store_bytes"}
+
 DEFAULT_TOP_K = 10  # next tokens a run keeps per position when a request names no top_k
 
 
@@ -38,7 +43,7 @@ class Settings(BaseSettings):
     # loaded on first use: the picker lists them, the start stays the configured models' own
     offer_installed: bool = True
     # tokens per prompt; each model is further capped by its own max positions, and every prompt by
-    # admission control (a run that could not be kept under cache_bytes answers 413)
+    # admission control (a run that could not be kept under run_store_bytes answers 413)
     max_tokens: int = Field(32_768, ge=1)
     # where the models run: auto (CUDA if present, else MPS, else CPU) | cpu | cuda | cuda:N | mps
     device: str = "auto"
@@ -48,10 +53,10 @@ class Settings(BaseSettings):
     device_map: Literal["auto"] | None = None
     # with device_map=auto: memory per device, e.g. '{"0": "70GiB", "1": "70GiB", "cpu": "200GiB"}'
     max_memory: dict[str, str] | None = None
-    # total bytes of activation caches kept server-side (least recently used go first); a run that
-    # alone would keep more is refused (413) before its forward
-    cache_bytes: int = Field(1 << 30, ge=1 << 20)
-    # runs are also written to this directory, one run file each (the memory is a cache in front of it):
+    # total bytes of the runs kept server-side, the run store (least recently used go first); a run that
+    # alone would keep more is refused (413) before its forward. Once ATTNSCOPE_CACHE_BYTES: still read
+    run_store_bytes: int = Field(1 << 30, ge=1 << 20)
+    # runs are also written to this directory, one run file each (the memory holds the recent ones):
     # a restart serves them again; "" = memory only
     run_dir: str = Field(default_factory=default_run_dir)
     # bytes of run files kept there, least recently used out
@@ -61,7 +66,7 @@ class Settings(BaseSettings):
     forward_bytes: int = Field(4 << 30, ge=1 << 20)
     # bytes of computed attention tiles kept for reuse (overviews computed ahead after each analyse,
     # the head grid's thumbnails pooled from them, zoom tiles), least recently used out; separate
-    # from cache_bytes: a tile is derived data, dropped and recomputed at will
+    # from run_store_bytes: a tile is derived data, dropped and recomputed at will
     tile_cache_bytes: int = Field(64 << 20, ge=0)
     # attention cells one request may receive (a whole head without ``size``, or a tile's bins);
     # past this, 422 asking for ``size`` or a narrower q0/q1/k0/k1
@@ -93,6 +98,23 @@ class Settings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # `attnscope serve`'s log level (the app's loggers and uvicorn's); any case
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = "INFO"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        """A setting under its old name (keyword or ATTNSCOPE_ variable) still counts, with a warning; the
+        new name wins where both are given."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in RENAMED.items():
+            given = data.pop(old, None)
+            if given is None:
+                given = os.environ.get(f"ATTNSCOPE_{old.upper()}")
+            if given is not None:
+                log.warning("ATTNSCOPE_%s is now ATTNSCOPE_%s (the old name still works for now)", old.upper(),
+                            new.upper())
+                data.setdefault(new, given)
+        return data
 
     @field_validator("allowed_hosts", mode="before")
     @classmethod

@@ -268,7 +268,7 @@ def long_table(rows: list[dict[str, float]]) -> str:
 
 def chromium_for(key: str, lm: LoadedModel, text: str, repeats: int = 2) -> dict[str, float]:
     """bench/long.py's browser hook: serve ``lm`` alone and time the explorer on ``text``."""
-    engine = make_engine({key: lm}, key, cache_bytes=8 << 30, max_tokens=lm.info.max_positions)
+    engine = make_engine({key: lm}, key, store_bytes=8 << 30, max_tokens=lm.info.max_positions)
     settings = Settings(models={}, default_model=key, max_body_bytes=8 << 20)
     with serve(create_app(settings, engine)) as url:
         return chromium_long(url, text, repeats)
@@ -310,7 +310,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     lm = load_model("attnscope-tiny", "bundled:attnscope-tiny")
-    engine = make_engine({"attnscope-tiny": lm}, "attnscope-tiny", cache_bytes=4 << 30)
+    engine = make_engine({"attnscope-tiny": lm}, "attnscope-tiny", store_bytes=4 << 30)
     rows = []
     with serve(create_app(Settings(models={}, default_model="attnscope-tiny", max_body_bytes=1 << 22), engine)) as url, \
             sync_playwright() as pw:

@@ -46,7 +46,7 @@ def _spread(count: int, sample: int) -> list[int]:
 
 
 def bench_scan(lm: LoadedModel, engine: Engine, text: str, sample: int) -> dict[str, float]:
-    cache = engine.analyse(text, lm.info.name).cache
+    cache = engine.analyse(text, lm.info.name).record
     position = cache.n - 2
     token = int(cache.input_ids[position + 1])
     t0 = time.perf_counter()

@@ -120,7 +120,7 @@ def main() -> None:
     p.add_argument("--write", type=Path, default=None)
     args = p.parse_args()
     port = free_port()
-    env = {**os.environ, "ATTNSCOPE_CACHE_BYTES": str(args.cache_mb << 20), "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "ATTNSCOPE_RUN_STORE_BYTES": str(args.cache_mb << 20), "HF_HUB_OFFLINE": "1",
            "ATTNSCOPE_MODELS": json.dumps({"attnscope-tiny": "bundled:attnscope-tiny"})}
     if args.no_tune_malloc:
         env["ATTNSCOPE_TUNE_MALLOC"] = "false"
@@ -149,14 +149,14 @@ def main() -> None:
         server_log.close()
     requests = sum(len(v) for v in lat.values())
     lines = [f"{args.clients} clients x {args.rounds} rounds on attnscope-tiny (each round: analyse a distinct prompt, "
-             f"one head as JSON, one layer as bytes, the residual view); run cache capped at {args.cache_mb} MiB.", "",
+             f"one head as JSON, one layer as bytes, the residual view); run store capped at {args.cache_mb} MiB.", "",
              f"- requests: {requests} in {wall:.1f} s ({requests / wall:.1f} req/s); rounds completed: {stats['rounds']}; "
              f"**errors: {len(errors)}**; cross-talk: {sum('another prompt' in e or 'expected' in e for e in errors)}; "
              f"503 retries: {stats['retried_503']}",
              f"- server RSS: {rss_idle:.0f} MiB idle with the model loaded, **{rss_after:.0f} MiB after the run**; "
              f"bar: cap {args.cache_mb} MiB of runs + {rss_idle:.0f} MiB = {args.cache_mb + rss_idle:.0f} MiB "
              f"({'met' if rss_after <= args.cache_mb + rss_idle else 'NOT met'})",
-             f"- run cache after the run (`GET /api/health`): {health['runs']} runs, "
+             f"- run store after the run (`GET /api/health`): {health['runs']} runs, "
              f"{health['run_cache_bytes'] / (1 << 20):.0f} MiB of the {args.cache_mb} MiB cap; growth beyond it: "
              f"{rss_after - rss_idle - health['run_cache_bytes'] / (1 << 20):.0f} MiB"
              + (" (glibc malloc left at its defaults: `--no-tune-malloc`)" if args.no_tune_malloc else ""), "",

@@ -119,7 +119,7 @@ def text_of(n: int) -> str:
 def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None, text: str | None = None) -> dict[str, str]:
     """One table row; ``text`` (default: ``text_of(n)``) must be ``n`` tokens of the model's tokenizer."""
     model = lm.model
-    engine = make_engine({key: lm}, key, cache_bytes=16 << 30, max_tokens=n)
+    engine = make_engine({key: lm}, key, store_bytes=16 << 30, max_tokens=n)
     text = text_of(n) if text is None else text
     ids = torch.tensor(lm.tokenizer(text)["input_ids"])
     assert len(ids) == n, (len(ids), n)
@@ -147,7 +147,7 @@ def row(key: str, lm: LoadedModel, n: int, browser: BrowserHook | None, text: st
         t0 = time.perf_counter()
         result = engine.analyse(text, key, top_k=10)
         analyses.append(1e3 * (time.perf_counter() - t0))
-        assert "exact_scores" not in result.cache.summary.timing_ms  # the response did not wait for them
+        assert "exact_scores" not in result.record.summary.timing_ms  # the response did not wait for them
         cache = engine.wait_scores(result.run_id, None)  # the background sweep for the head scores
         timing = cache.summary.timing_ms
         captures.append(timing["forward"])  # the capture forward, inside analyse

@@ -125,7 +125,7 @@ def main() -> None:
 
     lm = load_model(NAME, f"bundled:{NAME}")
     texts = {n: prompt_of(lm.tokenizer, n) for n in lengths}
-    engine = make_engine({NAME: lm}, NAME, cache_bytes=4 << 30)
+    engine = make_engine({NAME: lm}, NAME, store_bytes=4 << 30)
     setup = ("import json\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\nimport attnscope\n"
              "from attnscope.model.load.models import BUNDLED_DIR\nfolder = BUNDLED_DIR / 'attnscope-tiny'\n"
              "scope = attnscope.Scope(AutoModelForCausalLM.from_pretrained(folder), AutoTokenizer.from_pretrained(folder))\n"

@@ -296,7 +296,7 @@ def main() -> None:
     texts = {n: prompt_of(lm.tokenizer, n) for n in (int(x) for x in args.lengths.split(","))}
     capture = measure_capture(lm, folder, texts, args.repeats)
 
-    engine = make_engine({lm.info.name: lm}, lm.info.name, cache_bytes=8 << 30)
+    engine = make_engine({lm.info.name: lm}, lm.info.name, store_bytes=8 << 30)
     app = create_app(Settings(models={}, default_model=lm.info.name, max_body_bytes=1 << 24), engine)
     payload: list[dict[str, Any]] = []
     with TestClient(app, base_url="http://localhost") as client:  # a Host the app answers to

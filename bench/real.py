@@ -79,7 +79,7 @@ def chromium_clicks(lm: LoadedModel, text: str, heads: int = 6) -> dict[str, flo
     from tests.support.servers import serve
     from tests.support.tiny import make_engine
 
-    engine = make_engine({NAME: lm}, NAME, cache_bytes=16 << 30, max_tokens=8192)
+    engine = make_engine({NAME: lm}, NAME, store_bytes=16 << 30, max_tokens=8192)
     with serve(create_app(Settings(models={}, default_model=NAME, max_body_bytes=8 << 20), engine)) as url, \
             sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)

@@ -97,7 +97,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
         if finished.run is not None:
             if (rows := run.new_rows()) is not None:
                 yield sse("rows", {"rows": rows})
-            yield sse("run", {"run_id": finished.run.run_id, "n": finished.run.cache.n})
+            yield sse("run", {"run_id": finished.run.run_id, "n": finished.run.record.n})
         yield sse("done", {"text": finished.text, "n_new": finished.n_new, "stop": finished.stop,
                            "total_ms": 1e3 * (time.perf_counter() - start)})
 
@@ -110,7 +110,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
         finally:
             admission.close()
 
-    # no-cache, not no-store: Chromium cancels a no-store response read through a stream reader even
+    # no-record, not no-store: Chromium cancels a no-store response read through a stream reader even
     # after its last byte (a failed /api/generate, net::ERR_ABORTED, after every finished generation)
     return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(admission.close),
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-record", "X-Accel-Buffering": "no"})

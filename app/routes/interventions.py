@@ -42,8 +42,8 @@ Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
 def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
               token: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
               token_b: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None) -> AttributionOut:
-    cache = engine.run(run_id)
-    with gate.enter(cache.model):
+    record = engine.run(run_id)
+    with gate.enter(record.model):
         result = tools.attribute(engine, run_id=run_id, position=position, token=token, token_b=token_b)
     return AttributionOut.model_validate(result, from_attributes=True)
 
@@ -53,8 +53,8 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
              description="Needs a run: create one with POST /api/runs and use its `run_id`. The example "
                          "ablates layer 4 head 0, the bundled model's induction head.")
 def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -> AblateOut:
-    cache = engine.run(run_id)
-    with gate.enter(cache.model):
+    record = engine.run(run_id)
+    with gate.enter(record.model):
         result = tools.ablate(engine, run_id=run_id, heads=[(layer, head) for layer, head in body.heads],
                               mode=body.mode, top_k=body.top_k)
     return AblateOut.model_validate(result, from_attributes=True)
@@ -66,8 +66,8 @@ def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -
                          "create one with POST /api/runs and use its `run_id`; `position` is one of its "
                          "positions.")
 def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep) -> ScanOut:
-    cache = engine.run(run_id)
-    with gate.enter(cache.model):
+    record = engine.run(run_id)
+    with gate.enter(record.model):
         result = tools.ablate_scan(engine, run_id=run_id, position=body.position, token=body.token, mode=body.mode)
     return ScanOut.model_validate(result, from_attributes=True)
 

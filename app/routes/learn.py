@@ -32,8 +32,8 @@ Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
             summary="What each source token adds to one head's output at one query")
 def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, head: Int,
                   position: Int) -> ContributionsOut:
-    cache = engine.run(run_id)
-    with gate.enter(cache.model):
+    record = engine.run(run_id)
+    with gate.enter(record.model):
         result = learn.contributions(engine, run_id=run_id, layer=layer, head=head, position=position)
     return ContributionsOut.model_validate(result, from_attributes=True)
 
@@ -41,8 +41,8 @@ def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, hea
 @router.get("/runs/{run_id}/contribution-gaps", response_model=ContributionGapsOut, responses=ERRORS,
             summary="Per head at one query: how far the attention weights are from what each source adds")
 def contribution_gaps(run_id: str, engine: EngineDep, gate: GateDep, position: Int) -> ContributionGapsOut:
-    cache = engine.run(run_id)
-    with gate.enter(cache.model):
+    record = engine.run(run_id)
+    with gate.enter(record.model):
         result = learn.contribution_gaps(engine, run_id=run_id, position=position)
     return ContributionGapsOut.model_validate(result, from_attributes=True)
 

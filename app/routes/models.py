@@ -38,7 +38,7 @@ def load_offered(name: str, engine: EngineDep) -> ModelOut:
     return model_out(engine, name, engine.model(name))
 
 
-@router.get("/health", response_model=HealthOut, summary="Liveness, the run cache's size and the process's memory")
+@router.get("/health", response_model=HealthOut, summary="Liveness, the run store's size and the process's memory")
 def health(engine: EngineDep, tiles: TilesDep) -> HealthOut:
     return HealthOut(status="ok", models=list(engine.models), runs=len(engine.store),
                      run_cache_bytes=engine.store.nbytes, run_cache_max_bytes=engine.store.max_bytes,

@@ -89,12 +89,12 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
             result = engine.analyse_chat(chat, lm.info.name, top_k)
         else:
             result = engine.analyse(body.text or "", lm.info.name, top_k, truncate=body.truncate)
-    if result.cache.n > OVERVIEW:  # the explorer draws a long run from tiles: its overviews start now
-        tiles.prefetch.submit(result.run_id, result.cache.attention)
+    if result.record.n > OVERVIEW:  # the explorer draws a long run from tiles: its overviews start now
+        tiles.prefetch.submit(result.run_id, result.record.attention)
     sent = len(body.text or "")
-    cut = (TruncatedOut(tokens=result.cache.n, chars=len(result.cache.text), total_chars=sent)
-           if body.truncate and len(result.cache.text) < sent else None)  # what a cut kept
-    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache, cut)), status=201)
+    cut = (TruncatedOut(tokens=result.record.n, chars=len(result.record.text), total_chars=sent)
+           if body.truncate and len(result.record.text) < sent else None)  # what a cut kept
+    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.record, cut)), status=201)
 
 
 # before /runs/{run_id}: another method on /runs/import is this route's 405 (Allow: POST), not a run id's
@@ -121,7 +121,7 @@ async def import_run(request: Request, engine: EngineDep, settings: SettingsDep)
     async with spooled(request, folder) as path:  # streamed to disk: memory holds a buffer, not the body
         result = await run_in_threadpool(files.import_run_file, engine, path=path,
                                          max_bytes=settings.max_run_file_bytes)
-    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.cache)), status=201)
+    return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.record)), status=201)
 
 
 @router.api_route("/runs/import", methods=["GET", "PUT", "PATCH", "DELETE", "OPTIONS"], include_in_schema=False)
@@ -150,12 +150,12 @@ async def run_stored(run_id: str, engine: EngineDep,
                      wait: Annotated[float, Query(ge=0, le=MAX_STORED_WAIT_S,
                                                   description="seconds to wait for the file (0: answer at once)")]
                      = 0.0) -> StoredOut:
-    cache = await run_in_threadpool(engine.run, run_id)
+    record = await run_in_threadpool(engine.run, run_id)
     directory = engine.store.backing is not None
     deadline = time.monotonic() + wait
-    while directory and not cache.stored and time.monotonic() < deadline:
+    while directory and not record.stored and time.monotonic() < deadline:
         await anyio.sleep(WAIT_POLL_S)
-    return StoredOut(run_id=run_id, stored=cache.stored, directory=directory)
+    return StoredOut(run_id=run_id, stored=record.stored, directory=directory)
 
 
 MAX_WAIT_S = 60.0  # the longest a heads request may hold its connection for scores still being computed
@@ -175,19 +175,19 @@ MAX_WAIT_S = 60.0  # the longest a heads request may hold its connection for sco
 async def run_heads(run_id: str, engine: EngineDep,
                     wait: Annotated[float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait for scores still "
                                                  "being computed (0: answer at once)")] = 0.0) -> Response:
-    cache = await run_in_threadpool(engine.run, run_id)  # may read the run's file: off the event loop
+    record = await run_in_threadpool(engine.run, run_id)  # may read the run's file: off the event loop
     deadline = time.monotonic() + wait
-    while cache.summary.scores_pending and (cache.pending is None or not cache.pending.done.is_set()):
+    while record.summary.scores_pending and (record.pending is None or not record.pending.done.is_set()):
         left = deadline - time.monotonic()
         if left <= 0:
             break
         await anyio.sleep(min(WAIT_POLL_S, left))
-    cache = await run_in_threadpool(engine.run, run_id)  # RunNotFound (expired) when it was evicted meanwhile
-    s = cache.summary
+    record = await run_in_threadpool(engine.run, run_id)  # RunNotFound (expired) when it was evicted meanwhile
+    s = record.summary
     pending = list(s.scores_pending)
     out = HeadsOut(run_id=run_id, heads=[HeadOut.model_validate(h, from_attributes=True) for h in s.heads],
                    scores_pending=pending, timing_ms=s.timing_ms,
-                   error=cache.pending.error if pending and cache.pending is not None else None)
+                   error=record.pending.error if pending and record.pending is not None else None)
     still = pending and out.error is None  # an error: those scores will not come, waiting is over
     return _typed_json(out.model_dump_json().encode(), status=202 if still else 200)
 
@@ -219,31 +219,31 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
                        params={"what": what, "cells": cells, "limit": settings.max_cells})
 
 
-def kept_tiles(tiles: Tiles, run_id: str, cache: RunRecord, layer: int, heads: list[int],
+def kept_tiles(tiles: Tiles, run_id: str, record: RunRecord, layer: int, heads: list[int],
                spec: TileSpec) -> torch.Tensor:
     """As ``model.runs.tiles.head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails
     from them)."""
-    return torch.stack([tiles.tile(run_id, layer, cache.attention[layer], h, spec) for h in heads])
+    return torch.stack([tiles.tile(run_id, layer, record.attention[layer], h, spec) for h in heads])
 
 
-def _tile_response(tiles: Tiles, run_id: str, cache: RunRecord, layer: int, head: int | None, spec: TileSpec,
+def _tile_response(tiles: Tiles, run_id: str, record: RunRecord, layer: int, head: int | None, spec: TileSpec,
                    fmt: str) -> Response:
-    heads = list(range(cache.n_heads)) if head is None else [head]
+    heads = list(range(record.n_heads)) if head is None else [head]
     start = time.perf_counter()
-    values = kept_tiles(tiles, run_id, cache, layer, heads, spec)  # (heads, Sq, Sk)
+    values = kept_tiles(tiles, run_id, record, layer, heads, spec)  # (heads, Sq, Sk)
     timing = f"tile;dur={1e3 * (time.perf_counter() - start):.1f}"  # computed, kept or waited for
     if fmt == "json":
         host = values.cpu().numpy()  # a GPU run's tiles too
         cells = np.round(host.astype(np.float64), 6).astype(object)
         cells[np.isnan(host)] = None
-        return _json({"layer": layer, "head": head, "n_heads": len(heads), "n": cache.n, "causal": cache.causal,
+        return _json({"layer": layer, "head": head, "n_heads": len(heads), "n": record.n, "causal": record.causal,
                       "q0": spec.q0, "q1": spec.q1, "k0": spec.k0, "k1": spec.k1, "pool": spec.pool,
                       "exact": spec.exact, "q_edges": spec.q_edges().tolist(), "k_edges": spec.k_edges().tolist(),
                       "cells": cells.tolist()}, headers={"Server-Timing": timing})
     rows_, cols = spec.shape
     flat = values.reshape(len(heads), -1)
-    return attention_bytes(u8_tile(flat) if fmt == "bin" else f32_le(flat), n=cache.n, heads=len(heads),
-                           causal=cache.causal, layer=layer, head=head,
+    return attention_bytes(u8_tile(flat) if fmt == "bin" else f32_le(flat), n=record.n, heads=len(heads),
+                           causal=record.causal, layer=layer, head=head,
                            encoding="sqrt-u8-tile" if fmt == "bin" else "f32-tile",
                            extra={"Q0": str(spec.q0), "Q1": str(spec.q1), "K0": str(spec.k0), "K1": str(spec.k1),
                                   "Rows": str(rows_), "Cols": str(cols), "Pool": spec.pool,
@@ -278,40 +278,40 @@ def attention(
     pool: Annotated[Literal["max", "mean"] | None, Query(description="tile: how a bin pools its visible cells "
                                                          "(default max)")] = None,
 ) -> Response:
-    cache = engine.run(run_id)
-    engine.check_layer_head(cache, layer, head)
-    n_heads = cache.n_heads if head is None else 1
+    record = engine.run(run_id)
+    engine.check_layer_head(record, layer, head)
+    n_heads = record.n_heads if head is None else 1
     tiled = any(v is not None for v in (q0, q1, k0, k1, pool)) or (size is not None and head is not None)
     if tiled:
-        spec = TileSpec(*runs.span("q", q0, q1, cache.n), *runs.span("k", k0, k1, cache.n), size=size,
+        spec = TileSpec(*runs.span("q", q0, q1, record.n), *runs.span("k", k0, k1, record.n), size=size,
                         pool=pool or "max")
         rows_, cols = spec.shape
         _cell_limit(n_heads * rows_ * cols, settings, "this tile")
-        return _tile_response(tiles, run_id, cache, layer, head, spec, format)
+        return _tile_response(tiles, run_id, record, layer, head, spec, format)
     if format == "bin" and size is not None:
-        if cache.n <= size:  # small enough to send whole, as a client drawing thumbnails expects
+        if record.n <= size:  # small enough to send whole, as a client drawing thumbnails expects
             size = None
         else:
             _cell_limit(n_heads * size * size, settings, "these thumbnails")
-            thumbs = kept_tiles(tiles, run_id, cache, layer, list(range(cache.n_heads)),
-                                TileSpec(0, cache.n, 0, cache.n, size=size, pool="mean")).nan_to_num(0.0)
+            thumbs = kept_tiles(tiles, run_id, record, layer, list(range(record.n_heads)),
+                                TileSpec(0, record.n, 0, record.n, size=size, pool="mean")).nan_to_num(0.0)
             thumbs = thumbs / thumbs.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)  # (H, size, size)
-            return attention_bytes(sqrt_u8(thumbs.reshape(thumbs.shape[0], -1)), n=cache.n, heads=thumbs.shape[0],
-                                   causal=cache.causal, layer=layer, head=None, encoding="sqrt-u8-pooled",
+            return attention_bytes(sqrt_u8(thumbs.reshape(thumbs.shape[0], -1)), n=record.n, heads=thumbs.shape[0],
+                                   causal=record.causal, layer=layer, head=None, encoding="sqrt-u8-pooled",
                                    cacheable=False, extra={"Size": str(size)})
-    visible = cache.n * (cache.n + 1) // 2 if cache.causal else cache.n * cache.n
+    visible = record.n * (record.n + 1) // 2 if record.causal else record.n * record.n
     _cell_limit(n_heads * visible, settings, "the whole head" if head is not None else "every head of this layer")
     if format in ("bin", "f32"):
-        selected = cache.packed(layer, head)  # (H or 1, cells)
-        return attention_bytes(sqrt_u8(selected) if format == "bin" else f32_le(selected), n=cache.n,
-                               heads=selected.shape[0], causal=cache.causal, layer=layer, head=head,
+        selected = record.packed(layer, head)  # (H or 1, cells)
+        return attention_bytes(sqrt_u8(selected) if format == "bin" else f32_le(selected), n=record.n,
+                               heads=selected.shape[0], causal=record.causal, layer=layer, head=head,
                                encoding="sqrt-u8" if format == "bin" else "f32")
-    pattern = cache.pattern(layer)  # (H, n, n)
+    pattern = record.pattern(layer)  # (H, n, n)
     if head is not None:
-        return _json({"layer": layer, "head": head, "n": cache.n, "causal": cache.causal,
-                      "rows": rows(pattern[head], cache.causal)})
-    return _json({"layer": layer, "n_heads": cache.n_heads, "n": cache.n, "causal": cache.causal,
-                  "heads": [rows(h, cache.causal, decimals=4) for h in pattern]})
+        return _json({"layer": layer, "head": head, "n": record.n, "causal": record.causal,
+                      "rows": rows(pattern[head], record.causal)})
+    return _json({"layer": layer, "n_heads": record.n_heads, "n": record.n, "causal": record.causal,
+                  "heads": [rows(h, record.causal, decimals=4) for h in pattern]})
 
 
 @router.get("/runs/{run_id}/residual", response_model=ResidualOut, responses=ERRORS,
@@ -324,8 +324,8 @@ def residual(run_id: str, engine: EngineDep) -> ResidualOut:
             summary="Each layer's residual stream read through the final norm and LM head")
 def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
                top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> Response:
-    cache = engine.run(run_id)
-    with gate.enter(cache.model):
+    record = engine.run(run_id)
+    with gate.enter(record.model):
         lens = runs.lens(engine, run_id=run_id, top_k=top_k)
     # (L + 1) x n x top-k candidates: serialised from the typed result, like a run
     return _typed_json(LENS_JSON.dump_json(lens))
@@ -404,22 +404,22 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: R
     if format == "attnscope":
         return Response(files.run_file(engine, run_id=run_id), media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.attnscope"'})
-    cache = engine.run(run_id)
-    lm = engine.models.get(cache.model)  # a run read back from its file may name a model not loaded here
-    run = RUN_JSON.dump_python(run_body(run_id, cache), mode="json")
-    summary = {"format": EXPORT_FORMAT, "run_id": run_id, "text": cache.text,
-               "model_info": asdict(lm.info) if lm is not None else {"name": cache.model}, "causal": cache.causal,
+    record = engine.run(run_id)
+    lm = engine.models.get(record.model)  # a run read back from its file may name a model not loaded here
+    run = RUN_JSON.dump_python(run_body(run_id, record), mode="json")
+    summary = {"format": EXPORT_FORMAT, "run_id": run_id, "text": record.text,
+               "model_info": asdict(lm.info) if lm is not None else {"name": record.model}, "causal": record.causal,
                **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms", "scores_pending")}}
     if format == "safetensors":
-        body = to_safetensors(cache, {k: v for k, v in summary.items() if k != "predictions"})
+        body = to_safetensors(record, {k: v for k, v in summary.items() if k != "predictions"})
         return Response(body, media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.safetensors"'})
-    cells = attention_cells(cache)
+    cells = attention_cells(record)
     if cells > settings.max_cells:
         raise BadInput(f"the JSON export of this run would hold {cells:,} attention cells, more than this server's "
                        f"limit of {settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): export format=safetensors instead "
                        "(what the run keeps, from which model.runs.export rebuilds any head)", code="export_too_large",
                        params={"cells": cells, "limit": settings.max_cells})
-    payload = {**summary, **attention_json(cache)}
+    payload = {**summary, **attention_json(record)}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",
                     headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.json"'})

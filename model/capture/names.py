@@ -1,7 +1,7 @@
 """Activation names, built in one place (as TransformerLens' ``get_act_name``).
 
 The names are the public vocabulary of captured activations, shared by the hooks, the
-run cache, the API docs and the tests:
+run store, the API docs and the tests:
 
 ============================  ==================  =====================================
 act_name(kind, i)             shape               what

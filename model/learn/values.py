@@ -87,25 +87,25 @@ def value_norms(values: torch.Tensor, w_o: torch.Tensor, upto: int) -> torch.Ten
     return torch.cat(out, dim=1) if out else torch.zeros(heads, 0)
 
 
-def contributions(lm: LoadedModel, cache: RunRecord, layer: int, head: int, position: int) -> Contributions:
+def contributions(lm: LoadedModel, record: RunRecord, layer: int, head: int, position: int) -> Contributions:
     """What each source the query at ``position`` sees adds to ``head``'s output (ranges checked)."""
-    visible = position + 1 if cache.causal else cache.n
-    v = layer_values(lm, cache.input_ids, [layer])[layer][head : head + 1]  # (1, n, d_head)
+    visible = position + 1 if record.causal else record.n
+    v = layer_values(lm, record.input_ids, [layer])[layer][head : head + 1]  # (1, n, d_head)
     norms = value_norms(v, out_weights(lm, layer)[head : head + 1], visible)[0]  # (visible,)
-    weights = cache.head_rows(layer, head, position, position + 1, 0, visible)[0][0].cpu()  # (visible,)
+    weights = record.head_rows(layer, head, position, position + 1, 0, visible)[0][0].cpu()  # (visible,)
     return Contributions(layer=layer, head=head, position=position, weights=weights.tolist(),
                          value_norms=norms.tolist(), contributions=(weights * norms).tolist())
 
 
-def contribution_gaps(lm: LoadedModel, cache: RunRecord, position: int) -> list[HeadGap]:
+def contribution_gaps(lm: LoadedModel, record: RunRecord, position: int) -> list[HeadGap]:
     """Per head at one query: the total-variation distance between the attention weights and each
     source's share of what the head adds (weight x ‖v W_O‖, normalised). 0 means the weights
     already tell the whole story; larger means weight and contribution disagree. One forward reads
     every layer's values; each head's row is rebuilt from the run's kept attention."""
-    visible = position + 1 if cache.causal else cache.n
-    values = layer_values(lm, cache.input_ids, list(range(cache.n_layers)))
+    visible = position + 1 if record.causal else record.n
+    values = layer_values(lm, record.input_ids, list(range(record.n_layers)))
     out: list[HeadGap] = []
-    for layer, kept in enumerate(cache.attention):
+    for layer, kept in enumerate(record.attention):
         norms = value_norms(values.pop(layer), out_weights(lm, layer), visible)  # (H, visible)
         weights = kept.weights(position, position + 1)[0][:, 0, :visible].float().cpu()  # (H, visible)
         added = weights * norms

@@ -121,6 +121,6 @@ def admit(est: Estimate, cache_cap: int) -> None:
     if est.keep > cache_cap:
         keep, cap = mib_over(est.keep, cache_cap)
         raise TooLarge(f"this prompt's run would keep {keep} ({est.n:,} tokens; its forward peaks "
-                       f"near {mib(est.peak)}); the run cache holds at most {cap} "
-                       "(ATTNSCOPE_CACHE_BYTES)", code="run_too_big",
+                       f"near {mib(est.peak)}); the run store holds at most {cap} "
+                       "(ATTNSCOPE_RUN_STORE_BYTES)", code="run_too_big",
                        params={"keep": keep, "tokens": est.n, "peak": mib(est.peak), "cap": cap})

@@ -43,10 +43,11 @@ __all__ = ["FORMAT", "KeptRun", "to_safetensors", "visible_ranges"]
 FORMAT = "attnscope-run-tensors/1"
 
 
-def to_safetensors(cache: RunRecord, run: dict[str, Any]) -> bytes:
+def to_safetensors(record: RunRecord, run: dict[str, Any]) -> bytes:
     """The file's bytes; ``run`` is the run's JSON summary (model, text, tokens, heads, model_info)."""
-    tensors = layer_tensors(cache)  # the run file's tensors, under the same names
-    params = [{"scaling": layer.scaling, "softcap": layer.softcap, "groups": layer.groups} for layer in cache.attention]
+    tensors = layer_tensors(record)  # the run file's tensors, under the same names
+    params = [{"scaling": layer.scaling, "softcap": layer.softcap, "groups": layer.groups}
+              for layer in record.attention]
     meta = {"format": FORMAT, "run": json.dumps(run, separators=(",", ":")),
             "attention": json.dumps(params, separators=(",", ":"))}
     data: bytes = save(tensors, metadata=meta)

@@ -83,7 +83,7 @@ def merged(heads: list[HeadScore], late: dict[int, list[HeadScore]], fields: dic
 @dataclass(frozen=True)
 class _Job:
     run_id: str
-    cache: weakref.ref[RunRecord]
+    record: weakref.ref[RunRecord]
 
 
 ELSEWHERE_S = 600.0  # the longest a worker waits for another to write a run's head scores
@@ -101,10 +101,10 @@ class ScoreWorker(JobThread[_Job]):
         self.budget = budget
         self.pause: Callable[[], None] | None = None
 
-    def submit(self, run_id: str, cache: RunRecord) -> None:
+    def submit(self, run_id: str, record: RunRecord) -> None:
         with self._cond:
             self._closed = False  # a closed worker starts again on new work (an engine shared by apps)
-            self._jobs.append(_Job(run_id, weakref.ref(cache)))
+            self._jobs.append(_Job(run_id, weakref.ref(record)))
             self._start()
 
     def pending(self) -> int:
@@ -116,26 +116,26 @@ class ScoreWorker(JobThread[_Job]):
         """Stop after the layer being computed; runs still owed stay pending (and their waiters are woken)."""
         left, thread = self._stop()
         for job in left:
-            cache = job.cache()
-            if cache is not None and cache.pending is not None:
-                cache.pending.error = STOPPED
-                cache.pending.done.set()
+            record = job.record()
+            if record is not None and record.pending is not None:
+                record.pending.error = STOPPED
+                record.pending.done.set()
         if thread is not None:
             thread.join(timeout=30)
 
     def _run(self, job: _Job) -> None:
-        cache = job.cache()
-        if cache is None or cache.pending is None:
+        record = job.record()
+        if record is None or record.pending is None:
             return
         try:
-            self._once(job.run_id, cache, cache.pending)
+            self._once(job.run_id, record, record.pending)
         except Exception as err:  # a failed sweep is reported on the run, never taken down the server
             log.exception("late head scores of run %s failed", job.run_id)
-            cache.pending.error = f"the head scores could not be computed: {err}"
+            record.pending.error = f"the head scores could not be computed: {err}"
         finally:
-            cache.pending.done.set()
+            record.pending.done.set()
 
-    def _once(self, run_id: str, cache: RunRecord, pending: PendingScores) -> None:
+    def _once(self, run_id: str, record: RunRecord, pending: PendingScores) -> None:
         """The scores computed once across the workers sharing a run directory: the worker holding the run's
         claim computes them and writes them before letting go; another takes them from the file (or takes
         the claim over if its holder died)."""
@@ -143,32 +143,32 @@ class ScoreWorker(JobThread[_Job]):
         while True:
             with self.store.claim(run_id) as mine:
                 if mine:
-                    if not self._from_file(run_id, cache):
-                        self._sweep(run_id, cache, pending)
+                    if not self._from_file(run_id, record):
+                        self._sweep(run_id, record, pending)
                         self.store.flush()  # on disk before the claim is let go
                     return
-            if self._from_file(run_id, cache) or self._closed or not self.store.holds(run_id, cache):
+            if self._from_file(run_id, record) or self._closed or not self.store.holds(run_id, record):
                 return
             if time.monotonic() > deadline:
                 pending.error = "another worker holds this run's head scores and has not written them"
                 return
             time.sleep(0.1)
 
-    def _from_file(self, run_id: str, cache: RunRecord) -> bool:
+    def _from_file(self, run_id: str, record: RunRecord) -> bool:
         """Settle the run with the scores another worker wrote to its file, if they are complete there."""
         found = self.store.scores_elsewhere(run_id)
         if found is None:
             return False
-        done = dataclasses.replace(cache.summary, heads=found.heads, scores_pending=(), timing_ms=found.timing_ms)
-        if self.store.settle(run_id, cache, done, write=False):
+        done = dataclasses.replace(record.summary, heads=found.heads, scores_pending=(), timing_ms=found.timing_ms)
+        if self.store.settle(run_id, record, done, write=False):
             log.info("run %s: head scores read from the file another worker wrote", run_id)
         return True
 
-    def _sweep(self, run_id: str, cache: RunRecord, pending: PendingScores) -> None:
+    def _sweep(self, run_id: str, record: RunRecord, pending: PendingScores) -> None:
         t0 = time.perf_counter()
         late: dict[int, list[HeadScore]] = {}
         owes_induction = any("induction" in fields for fields in pending.fields.values())
-        pairs = InductionPairs.of(cache.input_ids) if owes_induction else None  # one sort for every layer
+        pairs = InductionPairs.of(record.input_ids) if owes_induction else None  # one sort for every layer
         with torch.inference_mode():
             for layer, fields in sorted(pending.fields.items()):
                 if self.pause is not None:
@@ -176,20 +176,20 @@ class ScoreWorker(JobThread[_Job]):
                 if self._closed:
                     pending.error = STOPPED
                     return
-                if not self.store.holds(run_id, cache):
+                if not self.store.holds(run_id, record):
                     log.info("run %s left the store before its head scores were computed", run_id)
                     return
-                kept = cache.attention[layer]
+                kept = record.attention[layer]
                 if self.budget is None:
-                    late[layer] = layer_scores(kept, cache.input_ids, fields, layer, pairs)
+                    late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs)
                 else:
                     with self.budget.reserve(sweep_bytes(kept)):
-                        late[layer] = layer_scores(kept, cache.input_ids, fields, layer, pairs)
+                        late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs)
         t1 = time.perf_counter()
-        summary = cache.summary
+        summary = record.summary
         done = dataclasses.replace(
             summary, heads=merged(summary.heads, late, pending.fields), scores_pending=(),
             timing_ms={**summary.timing_ms, "exact_scores": 1e3 * (t1 - t0),
                        "scores_ready": 1e3 * (t1 - pending.started)})
-        if self.store.settle(run_id, cache, done):
+        if self.store.settle(run_id, record, done):
             log.info("run %s: exact %s in %.0f ms", run_id, " and ".join(pending.names), 1e3 * (t1 - t0))

@@ -143,7 +143,7 @@ class RunRecord:
         return self.attention[layer].dense()
 
     def __getitem__(self, name: str) -> torch.Tensor:
-        """TransformerLens-style access: ``cache[act_name("pattern", 0)]``."""
+        """TransformerLens-style access: ``record[act_name("pattern", 0)]``."""
         kind, i = parse(name)
         if not 0 <= i < self.n_layers:
             raise KeyError(name)
@@ -211,39 +211,39 @@ class RunStore:
         with self._lock:
             return self._bytes
 
-    def add(self, cache: RunRecord) -> str:
+    def add(self, record: RunRecord) -> str:
         """Keep a run under a new id (older ones go to make room; with a backing, written to its file too);
         a run larger than the whole cap is never kept."""
         run_id = secrets.token_urlsafe(12)
-        self._keep(run_id, cache)
+        self._keep(run_id, record)
         if self.backing is not None:
-            self.backing.saved(run_id, cache)
+            self.backing.saved(run_id, record)
         return run_id
 
-    def _keep(self, run_id: str, cache: RunRecord) -> None:
-        size = cache.nbytes
+    def _keep(self, run_id: str, record: RunRecord) -> None:
+        size = record.nbytes
         if size > self.max_bytes:
             keep, cap = mib_over(size, self.max_bytes)
-            raise TooLarge(f"this run keeps {keep}; the run cache holds at most {cap} "
-                           "(ATTNSCOPE_CACHE_BYTES)", code="run_over_cache", params={"keep": keep, "cap": cap})
+            raise TooLarge(f"this run keeps {keep}; the run store holds at most {cap} "
+                           "(ATTNSCOPE_RUN_STORE_BYTES)", code="run_over_cache", params={"keep": keep, "cap": cap})
         with self._lock:
             old = self._runs.pop(run_id, None)
             if old is not None:
                 self._bytes -= old.nbytes
-            self._runs[run_id] = cache
+            self._runs[run_id] = record
             self._bytes += size
             self._evict()
 
-    def grow(self, run_id: str, cache: RunRecord, nbytes: int, attach: Callable[[], bool]) -> None:
+    def grow(self, run_id: str, record: RunRecord, nbytes: int, attach: Callable[[], bool]) -> None:
         """Attach something derived to a stored run, its ``nbytes`` counted against the cap.
 
         ``attach`` runs under the store's lock and says whether it attached anything (a
         concurrent request may have been first). A run evicted meanwhile is left alone.
         """
         with self._lock:
-            if self._runs.get(run_id) is not cache or not attach():
+            if self._runs.get(run_id) is not record or not attach():
                 return
-            cache.extra_bytes += nbytes
+            record.extra_bytes += nbytes
             self._bytes += nbytes
             self._runs.move_to_end(run_id)
             self._evict()
@@ -264,21 +264,21 @@ class RunStore:
         if self.backing is not None:
             self.backing.flush()
 
-    def holds(self, run_id: str, cache: RunRecord) -> bool:
+    def holds(self, run_id: str, record: RunRecord) -> bool:
         """Is this run (this very object) still stored? Touches nothing."""
         with self._lock:
-            return self._runs.get(run_id) is cache
+            return self._runs.get(run_id) is record
 
-    def settle(self, run_id: str, cache: RunRecord, summary: RunSummary, write: bool = True) -> bool:
+    def settle(self, run_id: str, record: RunRecord, summary: RunSummary, write: bool = True) -> bool:
         """Swap a stored run's summary for its completed one (the late head scores: the same heads,
         counted when the run was added, so the byte count does not change, nor the run's place in the
         LRU). False, and nothing changed, if the run was evicted meanwhile."""
         with self._lock:
-            if self._runs.get(run_id) is not cache:
+            if self._runs.get(run_id) is not record:
                 return False
-            cache.summary = summary
+            record.summary = summary
         if write and self.backing is not None:  # the file gets the late scores too (unless they came from it)
-            self.backing.saved(run_id, cache)
+            self.backing.saved(run_id, record)
         return True
 
     def _evict(self) -> None:
@@ -300,18 +300,18 @@ class RunStore:
 
     def get(self, run_id: str) -> RunRecord:
         with self._lock:
-            cache = self._runs.get(run_id)
-            if cache is not None:
+            record = self._runs.get(run_id)
+            if record is not None:
                 self._runs.move_to_end(run_id)
-                return cache
+                return record
             expired = run_id in self._evicted
         loaded = self.backing.load(run_id) if self.backing is not None else None  # outside the lock: disk
         if loaded is None:
             raise RunNotFound(run_id, expired=expired)
         with self._lock:
-            cache = self._runs.get(run_id)
-            if cache is not None:  # another request read it meanwhile
-                return cache
+            record = self._runs.get(run_id)
+            if record is not None:  # another request read it meanwhile
+                return record
         self._keep(run_id, loaded)
         if self.on_load is not None:
             self.on_load(run_id, loaded)

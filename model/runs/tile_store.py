@@ -4,7 +4,7 @@ A long run's heatmap opens on an overview tile (the whole head, ``OVERVIEW`` x `
 bins) and the head grid's thumbnails are the same tiles pooled further; at 16k tokens each is a
 pass over half of n² logits. :class:`TileCache` keeps computed tiles by (run, layer, head, tile),
 least recently used out, in a byte budget of its own (``ATTNSCOPE_TILE_CACHE_BYTES``, separate
-from the run cache, whose runs never grow after they were counted: a tile is derived data and
+from the run store, whose runs never grow after they were counted: a tile is derived data and
 can always be computed again). Concurrent requests for one tile compute it once.
 
 :class:`Prefetch` computes every head's overview of a new run in one background thread, the

@@ -62,7 +62,7 @@ DEFAULT_FORWARD_BYTES = 4 << 30
 @dataclass(frozen=True)
 class RunResult:
     run_id: str
-    cache: RunRecord
+    record: RunRecord
 
 
 class Engine:
@@ -156,23 +156,23 @@ class Engine:
             log.info("loaded %s on first use in %.1f s", name, time.perf_counter() - t0)
             return lm
 
-    def model_of(self, cache: RunRecord) -> LoadedModel:
+    def model_of(self, record: RunRecord) -> LoadedModel:
         """The model that made this run, as it was: a run read back from its file whose model is not
         loaded here, or has changed since, is refused (409) by every tool that runs the model."""
-        if cache.model not in self.models and cache.model in self.loadable:
-            self._load(cache.model)
-        if cache.model not in self.models:
-            raise RunDetached(f"this run was made with the model {cache.model!r}, which is not loaded here "
+        if record.model not in self.models and record.model in self.loadable:
+            self._load(record.model)
+        if record.model not in self.models:
+            raise RunDetached(f"this run was made with the model {record.model!r}, which is not loaded here "
                               f"(loaded: {', '.join(sorted(self.models))}): its attention is read from the run, "
                               "but this needs the model", code="run_model_missing",
-                              params={"model": cache.model, "available": sorted(self.models)})
+                              params={"model": record.model, "available": sorted(self.models)})
         # a run made here carries no fingerprint (its model is the one loaded); one read from a file does:
         # only that model is fingerprinted, once
-        if cache.model_fingerprint and self.origin_of(cache.model).model_fingerprint != cache.model_fingerprint:
-            raise RunDetached(f"the model {cache.model!r} has changed since this run was made (its weights or "
+        if record.model_fingerprint and self.origin_of(record.model).model_fingerprint != record.model_fingerprint:
+            raise RunDetached(f"the model {record.model!r} has changed since this run was made (its weights or "
                               "configuration differ): its attention is read from the run, but this needs the "
-                              "model as it was", code="run_model_changed", params={"model": cache.model})
-        return self.models[cache.model]
+                              "model as it was", code="run_model_changed", params={"model": record.model})
+        return self.models[record.model]
 
     def origin_of(self, name: str) -> Origin:
         """A loaded model's fingerprints and dtype, computed once (O(parameters))."""
@@ -304,14 +304,14 @@ class Engine:
                              scores_pending=tuple(pending.names) if pending is not None else ())
         k = min(top_k, lm.info.vocab_size)
         # the pending heads are counted here as complete ones: their late scores replace them in place
-        cache = build_cache(lm, ids, acts, summary, text, summary_bytes(len(tokens), len(preds), k, len(heads)))
-        cache.pending = pending
-        run_id = self.store.add(cache)
+        record = build_record(lm, ids, acts, summary, text, summary_bytes(len(tokens), len(preds), k, len(heads)))
+        record.pending = pending
+        run_id = self.store.add(record)
         if pending is not None:
-            self.scores.submit(run_id, cache)
-        log.info("run %s: %s, %d tokens, %s kept, %.0f ms", run_id, lm.info.name, len(tokens), mib(cache.nbytes),
+            self.scores.submit(run_id, record)
+        log.info("run %s: %s, %d tokens, %s kept, %.0f ms", run_id, lm.info.name, len(tokens), mib(record.nbytes),
                  1e3 * (t3 - t0))
-        return RunResult(run_id=run_id, cache=cache)
+        return RunResult(run_id=run_id, record=record)
 
     def store_generation(self, lm: LoadedModel, prompt: str, prompt_tokens: list[Token], new_ids: list[int],
                          acts: Captures, heads: list[HeadScore], top_k: int = 10) -> RunResult:
@@ -339,9 +339,9 @@ class Engine:
         """The run once its head scores are all computed, or as it is after ``timeout`` seconds (its
         ``summary.scores_pending`` then still names what is owed). RunNotFound (expired) if the run was
         evicted meanwhile."""
-        cache = self.store.get(run_id)
-        if cache.pending is not None and cache.summary.scores_pending:
-            cache.pending.done.wait(timeout)
+        record = self.store.get(run_id)
+        if record.pending is not None and record.summary.scores_pending:
+            record.pending.done.wait(timeout)
         return self.store.get(run_id)
 
     def close(self) -> None:
@@ -354,39 +354,39 @@ class Engine:
         if isinstance(backing, RunFiles):  # the runs still being written are written
             backing.close()
 
-    def check_layer_head(self, cache: RunRecord, layer: int, head: int | None) -> None:
-        if not 0 <= layer < cache.n_layers:
-            raise BadInput(f"layer {layer} is out of range: this model has layers 0..{cache.n_layers - 1}",
-                           code="layer_out_of_range", params={"layer": layer, "max": cache.n_layers - 1})
-        if head is not None and not 0 <= head < cache.n_heads:
-            raise BadInput(f"head {head} is out of range: this model has heads 0..{cache.n_heads - 1}",
-                           code="head_out_of_range", params={"head": head, "max": cache.n_heads - 1})
+    def check_layer_head(self, record: RunRecord, layer: int, head: int | None) -> None:
+        if not 0 <= layer < record.n_layers:
+            raise BadInput(f"layer {layer} is out of range: this model has layers 0..{record.n_layers - 1}",
+                           code="layer_out_of_range", params={"layer": layer, "max": record.n_layers - 1})
+        if head is not None and not 0 <= head < record.n_heads:
+            raise BadInput(f"head {head} is out of range: this model has heads 0..{record.n_heads - 1}",
+                           code="head_out_of_range", params={"head": head, "max": record.n_heads - 1})
 
     # ---- views of a run -------------------------------------------------------------
-    def _decoder(self, cache: RunRecord, what: str) -> tuple[LoadedModel, LMHead]:
-        lm = self.model_of(cache)
+    def _decoder(self, record: RunRecord, what: str) -> tuple[LoadedModel, LMHead]:
+        lm = self.model_of(record)
         head = lm.lm_head()
         if head is None:
             raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}",
                            code="encoder_no_lm_head", params={"model": lm.info.name})
         return lm, head
 
-    def next_distribution(self, cache: RunRecord, position: int, temperature: float,
+    def next_distribution(self, record: RunRecord, position: int, temperature: float,
                           top_k: int) -> NextDistribution:
         """The exact next-token distribution at one position, from the stored final residual."""
-        lm, head = self._decoder(cache, "next-token distribution")
-        if not 0 <= position < cache.n:
-            raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}",
-                           code="position_out_of_range", params={"position": position, "max": cache.n - 1})
+        lm, head = self._decoder(record, "next-token distribution")
+        if not 0 <= position < record.n:
+            raise BadInput(f"position {position} is out of range: this run has positions 0..{record.n - 1}",
+                           code="position_out_of_range", params={"position": position, "max": record.n - 1})
         with lm.lock, torch.inference_mode():
-            logits = head.logits(cache.resid[-1][position]).double()  # (V,)
+            logits = head.logits(record.resid[-1][position]).double()  # (V,)
         logp = tempered_logits(logits, temperature).log_softmax(-1)  # (V,) float64, any temperature > 0
         probs = logp.exp()
         # ranked by the logits, which every temperature keeps in order: where a tiny temperature leaves
         # all but one probability 0, the ties at 0 are not ranked by their ids
         top = logits.topk(min(top_k, logits.shape[-1]))
         ids: list[int] = top.indices.tolist()
-        nxt = int(cache.input_ids[position + 1]) if position + 1 < cache.n else None
+        nxt = int(record.input_ids[position + 1]) if position + 1 < record.n else None
         strings = token_map(lm.tokenizer, ids if nxt is None else [*ids, nxt])
         actual = None
         if nxt is not None:
@@ -398,10 +398,10 @@ class Engine:
             top=[TokenProb(id=i, token=strings[i], prob=float(probs[i])) for i in ids],
             actual_next=actual, entropy=max(float(entropy), 0.0))
 
-    def logit_lens(self, cache: RunRecord, top_k: int) -> LogitLens:
-        lm, head = self._decoder(cache, "logit lens")
+    def logit_lens(self, record: RunRecord, top_k: int) -> LogitLens:
+        lm, head = self._decoder(record, "logit lens")
         with lm.lock:
-            probs, ids = analysis.logit_lens(torch.stack(cache.resid), head, top_k)  # (L+1, n, k)
+            probs, ids = analysis.logit_lens(torch.stack(record.resid), head, top_k)  # (L+1, n, k)
         strings = token_map(lm.tokenizer, ids.flatten().tolist())
         id_rows, prob_rows = ids.tolist(), probs.tolist()  # [stage][position][k]
         layers = [
@@ -409,31 +409,31 @@ class Engine:
                 LensPosition(position=pos, top=[TokenProb(id=i, token=strings[i], prob=p)
                                                 for i, p in zip(id_rows[stage][pos], prob_rows[stage][pos],
                                                                 strict=True)])
-                for pos in range(cache.n)])
+                for pos in range(record.n)])
             for stage in range(len(id_rows))
         ]
-        return LogitLens(n_layers=lm.info.n_layers, n=cache.n, top_k=top_k, layers=layers)
+        return LogitLens(n_layers=lm.info.n_layers, n=record.n, top_k=top_k, layers=layers)
 
     def sparsity(self, run_id: str) -> list[analysis.HeadSparsity]:
         """How concentrated each head of a run is; computed once, then kept with the run (counted)."""
-        cache = self.store.get(run_id)
-        if cache.sparsity is not None:
-            return cache.sparsity
+        record = self.store.get(run_id)
+        if record.sparsity is not None:
+            return record.sparsity
         heads = []
-        for layer, kept in enumerate(cache.attention):
+        for layer, kept in enumerate(record.attention):
             acc = analysis.SparsityAccumulator(kept.n_heads, kept.n)
             for _q0, _q1, weights, _visible in kept.blocks():
                 acc.add(weights)  # (H, r, n): every row, exactly, never the whole n x n
             heads += acc.finish(layer)
 
         def attach() -> bool:
-            if cache.sparsity is not None:  # another request attached it meanwhile
+            if record.sparsity is not None:  # another request attached it meanwhile
                 return False
-            cache.sparsity = heads
+            record.sparsity = heads
             return True
 
         # ~0.3 kB a head's scores, estimated as the summary's are
-        self.store.grow(run_id, cache, 300 * len(heads), attach)
+        self.store.grow(run_id, record, 300 * len(heads), attach)
         return heads
 
 
@@ -464,7 +464,7 @@ def too_long(count: TokenCount, limit: int, what: str, total_chars: int) -> None
                    code="too_long_at_least_read" if count.chars else "too_long_at_least_length", params=params)
 
 
-def build_cache(lm: LoadedModel, ids: torch.Tensor, acts: Captures, summary: RunSummary,
+def build_record(lm: LoadedModel, ids: torch.Tensor, acts: Captures, summary: RunSummary,
                 text: str, summary_bytes: int) -> RunRecord:
     """Keep references to the captured tensors: no copy, no dtype conversion."""
     n_layers = lm.info.n_layers

@@ -49,7 +49,7 @@ def import_run_file(engine: Engine, *, path: Path, max_bytes: int, adopt: str | 
     need = runfile.tensor_bytes(path, max_bytes=max_bytes)
     if need > engine.store.max_bytes:
         keep, cap = mib_over(need, engine.store.max_bytes)
-        raise TooLarge(f"this run file keeps {keep}; the run cache holds at most {cap} (ATTNSCOPE_CACHE_BYTES)",
+        raise TooLarge(f"this run file keeps {keep}; the run store holds at most {cap} (ATTNSCOPE_RUN_STORE_BYTES)",
                        code="run_over_cache", params={"keep": keep, "cap": cap})
     budget = engine.budget
     if need > budget.total:
@@ -72,7 +72,7 @@ def _adopted(engine: Engine, record: RunRecord, adopt: str | None) -> RunResult:
         record.model = adopt
     run_id = engine.store.add(record)
     engine.owe_scores(run_id, record)
-    return RunResult(run_id=run_id, cache=record)
+    return RunResult(run_id=run_id, record=record)
 
 
 class RecordView:

@@ -84,26 +84,26 @@ def forward_bytes(lm: LoadedModel, n: int) -> int:
 
 def contributions(engine: Engine, *, run_id: str, layer: int, head: int, position: int) -> Contributions:
     """What each source token the query at ``position`` sees adds to one head's output."""
-    cache = engine.run(run_id)
-    engine.check_layer_head(cache, layer, head)
-    check_position(cache, position)
-    lm = engine.model_of(cache)
-    held = forward_bytes(lm, cache.n) + 4 * cache.n * lm.info.d_model + 2 * 4 * values.PROJECT_CELLS
+    record = engine.run(run_id)
+    engine.check_layer_head(record, layer, head)
+    check_position(record, position)
+    lm = engine.model_of(record)
+    held = forward_bytes(lm, record.n) + 4 * record.n * lm.info.d_model + 2 * 4 * values.PROJECT_CELLS
     with engine.budget.reserve(held), lm.lock:
-        return values.contributions(lm, cache, layer, head, position)
+        return values.contributions(lm, record, layer, head, position)
 
 
 def contribution_gaps(engine: Engine, *, run_id: str, position: int) -> ContributionGaps:
     """Per head at ``position``: the total-variation distance between the weights and each source's
     share of what the head adds (0: the weights tell the whole story)."""
-    cache = engine.run(run_id)
-    check_position(cache, position)
-    lm = engine.model_of(cache)
+    record = engine.run(run_id)
+    check_position(record, position)
+    lm = engine.model_of(record)
     info = lm.info
-    held = (forward_bytes(lm, cache.n) + 4 * info.n_layers * cache.n * info.n_heads * info.d_head
+    held = (forward_bytes(lm, record.n) + 4 * info.n_layers * record.n * info.n_heads * info.d_head
             + 2 * 4 * values.PROJECT_CELLS)
     with engine.budget.reserve(held), lm.lock:
-        heads = values.contribution_gaps(lm, cache, position)
+        heads = values.contribution_gaps(lm, record, position)
     return ContributionGaps(position=position, heads=heads)
 
 

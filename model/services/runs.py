@@ -41,25 +41,25 @@ class Residual:
     layers: list[ResidualLayer]
 
 
-def check_position(cache: RunRecord, position: int, name: str = "position") -> None:
-    if not 0 <= position < cache.n:
-        raise BadInput(f"{name} {position} is out of range: this run has positions 0..{cache.n - 1}",
-                       code="position_out_of_range", params={"name": name, "position": position, "max": cache.n - 1})
+def check_position(record: RunRecord, position: int, name: str = "position") -> None:
+    if not 0 <= position < record.n:
+        raise BadInput(f"{name} {position} is out of range: this run has positions 0..{record.n - 1}",
+                       code="position_out_of_range", params={"name": name, "position": position, "max": record.n - 1})
 
 
 def heads(engine: Engine, *, run_id: str, wait: float | None = 0.0) -> Heads:
     """The run's head scores; ``wait`` seconds (None: as long as it takes) for late ones still owed."""
-    cache = engine.wait_scores(run_id, wait) if wait is None or wait > 0 else engine.run(run_id)
-    s = cache.summary
-    error = cache.pending.error if s.scores_pending and cache.pending is not None else None
+    record = engine.wait_scores(run_id, wait) if wait is None or wait > 0 else engine.run(run_id)
+    s = record.summary
+    error = record.pending.error if s.scores_pending and record.pending is not None else None
     return Heads(heads=list(s.heads), scores_pending=tuple(s.scores_pending), error=error)
 
 
 def attention(engine: Engine, *, run_id: str, layer: int, head: int) -> torch.Tensor:
     """One head's attention weights, exact: (n, n) float32 on the CPU, masked cells 0."""
-    cache = engine.run(run_id)
-    engine.check_layer_head(cache, layer, head)
-    weights, visible = cache.head_rows(layer, head, 0, cache.n)  # (n, n) each, rebuilt from the kept Q and K
+    record = engine.run(run_id)
+    engine.check_layer_head(record, layer, head)
+    weights, visible = record.head_rows(layer, head, 0, record.n)  # (n, n) each, rebuilt from the kept Q and K
     return weights.masked_fill(~visible, 0.0).float().cpu()  # (n, n)
 
 
@@ -68,13 +68,13 @@ def attention_tile(engine: Engine, *, run_id: str, layer: int, head: int, q0: in
                    pool: str = "max") -> torch.Tensor:
     """A tile of one head, as ``GET /api/runs/ID/attention`` with tile parameters: (rows, cols) float32,
     NaN for a bin whose cells are all masked."""
-    cache = engine.run(run_id)
-    engine.check_layer_head(cache, layer, head)
+    record = engine.run(run_id)
+    engine.check_layer_head(record, layer, head)
     if pool not in ("max", "mean"):
         raise BadInput(f"pool {pool!r} is not one of max, mean", params={"pool": pool})
-    spec = TileSpec(*span("q", q0, q1, cache.n), *span("k", k0, k1, cache.n), size=size,
+    spec = TileSpec(*span("q", q0, q1, record.n), *span("k", k0, k1, record.n), size=size,
                     pool="max" if pool == "max" else "mean")
-    return head_tile(cache.attention[layer], head, spec).float().cpu()
+    return head_tile(record.attention[layer], head, spec).float().cpu()
 
 
 def check_top_k(top_k: int, most: int = MAX_TOP_K) -> None:
@@ -95,9 +95,9 @@ def span(name: str, lo: int | None, hi: int | None, n: int) -> tuple[int, int]:
 
 
 def residual(engine: Engine, *, run_id: str) -> Residual:
-    cache = engine.run(run_id)
-    layers = residual_stats(torch.stack(cache.resid), torch.stack(cache.attn_out), torch.stack(cache.mlp_out))
-    return Residual(n_layers=cache.n_layers, n=cache.n, embed_norm=cache.resid[0].norm(dim=-1).tolist(),
+    record = engine.run(run_id)
+    layers = residual_stats(torch.stack(record.resid), torch.stack(record.attn_out), torch.stack(record.mlp_out))
+    return Residual(n_layers=record.n_layers, n=record.n, embed_norm=record.resid[0].norm(dim=-1).tolist(),
                     layers=layers)
 
 

@@ -132,12 +132,12 @@ def _mode(mode: str) -> Mode:
 
 def attribute(engine: Engine, *, run_id: str, position: int, token: int | None = None,
               token_b: int | None = None) -> Attribution:
-    cache = engine.run(run_id)
-    lm = engine.model_of(cache)
-    check_position(cache, position)
+    record = engine.run(run_id)
+    lm = engine.model_of(record)
+    check_position(record, position)
     with engine.budget.reserve(batch_bytes(lm, position + 1, position + 1)), lm.lock:
-        chosen = ablation.default_token(cache, lm, position) if token is None else token
-        result = attribution.attribute(lm, cache, position, chosen, token_b)
+        chosen = ablation.default_token(record, lm, position) if token is None else token
+        result = attribution.attribute(lm, record, position, chosen, token_b)
     named = refs(lm, [result.token] + ([] if result.token_b is None else [result.token_b]))
     return Attribution(position=result.position, token=named[0], token_b=named[1] if len(named) > 1 else None,
                        logit=result.logit, terms=result.terms, error=result.error,
@@ -146,13 +146,13 @@ def attribute(engine: Engine, *, run_id: str, position: int, token: int | None =
 
 def ablate(engine: Engine, *, run_id: str, heads: list[tuple[int, int]], mode: str = "zero",
            top_k: int = 5) -> Ablation:
-    cache = engine.run(run_id)
-    lm = engine.model_of(cache)
+    record = engine.run(run_id)
+    lm = engine.model_of(record)
     checked = _mode(mode)
     check_top_k(top_k)
     pairs = [(int(layer), int(head)) for layer, head in heads]
-    with engine.budget.reserve(batch_bytes(lm, cache.n, cache.n)), lm.lock:
-        positions = ablation.ablate(lm, cache, pairs, checked, top_k)
+    with engine.budget.reserve(batch_bytes(lm, record.n, record.n)), lm.lock:
+        positions = ablation.ablate(lm, record, pairs, checked, top_k)
     strings = token_map(lm.tokenizer, [c.id for p in positions for c in p.top]
                         + [p.actual_next.id for p in positions if p.actual_next])
     return Ablation(heads=pairs, mode=checked, positions=[
@@ -167,14 +167,14 @@ def ablate(engine: Engine, *, run_id: str, heads: list[tuple[int, int]], mode: s
 
 def ablate_scan(engine: Engine, *, run_id: str, position: int, token: int | None = None,
                 mode: str = "zero") -> Scan:
-    cache = engine.run(run_id)
-    lm = engine.model_of(cache)
+    record = engine.run(run_id)
+    lm = engine.model_of(record)
     checked = _mode(mode)
-    check_position(cache, position)
+    check_position(record, position)
     with engine.budget.reserve(batch_bytes(lm, position + 1, 1)), lm.lock:
-        chosen = ablation.default_token(cache, lm, position) if token is None else token
+        chosen = ablation.default_token(record, lm, position) if token is None else token
         attribution.check_token(lm, chosen, "token")
-        result = ablation.scan(lm, cache, position, chosen, checked)
+        result = ablation.scan(lm, record, position, chosen, checked)
     return Scan(position=result.position, token=refs(lm, [chosen])[0], mode=checked, logprob=result.logprob,
                 effects=result.heads, mlp=result.mlp, forwards=result.forwards)
 

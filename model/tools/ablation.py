@@ -104,7 +104,7 @@ def output_editor(edits: list[tuple[int, torch.Tensor]]) -> Hook:
     return hook
 
 
-def ablate(lm: LoadedModel, cache: RunRecord, heads: list[tuple[int, int]], mode: Mode,
+def ablate(lm: LoadedModel, record: RunRecord, heads: list[tuple[int, int]], mode: Mode,
            top_k: int = 5) -> list[AblatedPosition]:
     """Every position's next-token distribution with ``heads`` ablated, against the original."""
     require_decoder(lm, "ablation")
@@ -114,7 +114,7 @@ def ablate(lm: LoadedModel, cache: RunRecord, heads: list[tuple[int, int]], mode
         by_layer[layer].append((1, head, None if mode == "mean" else torch.zeros(())))
     regs = [Registration(out_proj(lm, layer), "pre", z_editor(lm.info.n_heads, edits))
             for layer, edits in by_layer.items()]
-    ids = cache.input_ids  # (n,)
+    ids = record.input_ids  # (n,)
     rows = 2 if regs else 1  # nothing ablated: the clean row is also the "ablated" one
     with temporary_hooks(regs):
         out = logits(lm, ids[None].expand(rows, -1))  # (rows, n, V)
@@ -124,9 +124,9 @@ def ablate(lm: LoadedModel, cache: RunRecord, heads: list[tuple[int, int]], mode
     before, after = clean.exp(), edited.exp()  # (n, V)
     top = after.topk(min(top_k, after.shape[-1]), dim=-1)
     result = []
-    for pos in range(cache.n):
+    for pos in range(record.n):
         actual = None
-        if pos + 1 < cache.n:
+        if pos + 1 < record.n:
             nxt = int(ids[pos + 1])
             actual = NextChange(nxt, float(before[pos, nxt]), float(after[pos, nxt]))
         result.append(AblatedPosition(
@@ -137,11 +137,11 @@ def ablate(lm: LoadedModel, cache: RunRecord, heads: list[tuple[int, int]], mode
     return result
 
 
-def default_token(cache: RunRecord, lm: LoadedModel, position: int) -> int:
+def default_token(record: RunRecord, lm: LoadedModel, position: int) -> int:
     """The prompt's next token at ``position``, or the top prediction at the last position."""
-    if position + 1 < cache.n:
-        return int(cache.input_ids[position + 1])
-    return int(logits(lm, cache.input_ids[None], keep=1)[0, -1].argmax())
+    if position + 1 < record.n:
+        return int(record.input_ids[position + 1])
+    return int(logits(lm, record.input_ids[None], keep=1)[0, -1].argmax())
 
 
 ScanJob = tuple[int, int]  # (layer, head); head -1 is the layer's MLP
@@ -166,29 +166,29 @@ def scan_hooks(lm: LoadedModel, part: list[ScanJob], means: tuple[list[torch.Ten
     return regs + [Registration(mlp_module(lm, layer), "post", output_editor(e)) for layer, e in mlp_edits.items()]
 
 
-def scan_means(lm: LoadedModel, cache: RunRecord) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def scan_means(lm: LoadedModel, record: RunRecord) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Each head's mean z (H, d_head) and each MLP's mean output (d,) over all the run's positions."""
-    zs, _ = capture_z(lm, cache.input_ids)  # L x (n, H, d_head)
-    return [z.mean(0) for z in zs], [m.mean(0) for m in cache.mlp_out]
+    zs, _ = capture_z(lm, record.input_ids)  # L x (n, H, d_head)
+    return [z.mean(0) for z in zs], [m.mean(0) for m in record.mlp_out]
 
 
-def scan(lm: LoadedModel, cache: RunRecord, position: int, token: int, mode: Mode) -> ScanResult:
+def scan(lm: LoadedModel, record: RunRecord, position: int, token: int, mode: Mode) -> ScanResult:
     """The change in ln p(token) at ``position`` from ablating each head, and each MLP, alone.
 
     Causal models: position P sees tokens 0..P only, so the batch runs that prefix. The
     mean of a head (or MLP) is taken over all of the run's positions, as ``ablate`` does.
     """
     require_decoder(lm, "the ablation scan")
-    if not 0 <= position < cache.n:
-        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}",
-                       code="position_out_of_range", params={"position": position, "max": cache.n - 1})
+    if not 0 <= position < record.n:
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{record.n - 1}",
+                       code="position_out_of_range", params={"position": position, "max": record.n - 1})
     n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
-    prefix = cache.input_ids[: position + 1]  # (P+1,)
+    prefix = record.input_ids[: position + 1]  # (P+1,)
     jobs = scan_jobs(lm)
     deltas: list[float] = []
     base = float("nan")
     forwards = 0
-    means = scan_means(lm, cache) if mode == "mean" else None
+    means = scan_means(lm, record) if mode == "mean" else None
     chunk = max(1, batch_size(lm, prefix.shape[0], 1) - 1)
     for start in range(0, len(jobs), chunk):
         part = jobs[start : start + chunk]

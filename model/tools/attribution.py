@@ -201,20 +201,20 @@ def _attention_terms(lm: LoadedModel, layer: int, z: torch.Tensor) -> tuple[torc
     return heads, bias
 
 
-def attribute(lm: LoadedModel, cache: RunRecord, position: int, token: int,
+def attribute(lm: LoadedModel, record: RunRecord, position: int, token: int,
               token_b: int | None = None) -> Attribution:
     """The logit of ``token`` (minus ``token_b``'s) at ``position``, split into components."""
     require_decoder(lm, "direct logit attribution")
-    if not 0 <= position < cache.n:
-        raise BadInput(f"position {position} is out of range: this run has positions 0..{cache.n - 1}",
-                       code="position_out_of_range", params={"position": position, "max": cache.n - 1})
+    if not 0 <= position < record.n:
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{record.n - 1}",
+                       code="position_out_of_range", params={"position": position, "max": record.n - 1})
     check_token(lm, token, "token")
     if token_b is not None:
         check_token(lm, token_b, "token_b")
     n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
     # the heads' z is not kept with the run: one forward over the prefix (causal) recomputes it
-    zs, _ = capture_z(lm, cache.input_ids[: position + 1])  # L x (P+1, H, d_head)
-    x = cache.resid[-1][position]  # (d,)
+    zs, _ = capture_z(lm, record.input_ids[: position + 1])  # L x (P+1, H, d_head)
+    x = record.resid[-1][position]  # (d,)
     frozen = freeze_norm(lm.final_norm, x)
     head = lm.lm_head()
     if head is None:  # require_decoder checked it; the type says so here
@@ -226,14 +226,14 @@ def attribute(lm: LoadedModel, cache: RunRecord, position: int, token: int,
     if token_b is not None:
         u_b, bias_b = _direction(lm, token_b)
         u, bias, logit = u - u_b, bias - bias_b, logit - float(full[token_b])
-    terms = [Term("embed", None, None, float(frozen.linear(cache.resid[0][position]) @ u))]
+    terms = [Term("embed", None, None, float(frozen.linear(record.resid[0][position]) @ u))]
     for layer in range(n_layers):
         heads, layer_bias = _attention_terms(lm, layer, zs[layer][position].cpu())
         values = frozen.linear(heads) @ u  # (H,)
         terms.extend(Term("head", layer, h, float(values[h])) for h in range(n_heads))
         if layer_bias is not None:
             terms.append(Term("bias", layer, None, float(frozen.linear(layer_bias) @ u)))
-        terms.append(Term("mlp", layer, None, float(frozen.linear(cache.mlp_out[layer][position]) @ u)))
+        terms.append(Term("mlp", layer, None, float(frozen.linear(record.mlp_out[layer][position]) @ u)))
     terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
     error = logit - math.fsum(t.value for t in terms)
     steps = final_steps(lm)

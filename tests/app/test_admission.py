@@ -29,11 +29,11 @@ def test_the_estimate_is_exactly_what_a_run_keeps(tiny_models: dict[str, LoadedM
     sizes = []
     for words in (5, 40, 75):
         result = engine.analyse(" ".join(["tok"] * words), top_k=7)
-        assert estimate(lm, result.cache.n, 7).keep == result.cache.nbytes
-        sizes.append((result.cache.n, result.cache.nbytes))
-        q, k = result.cache.attention[0].q, result.cache.attention[0].k  # K/V heads kept once, not repeated
-        assert q.shape == (lm.info.n_heads, result.cache.n, lm.info.d_head)
-        assert k.shape == (lm.info.n_kv_heads, result.cache.n, lm.info.d_head)
+        assert estimate(lm, result.record.n, 7).keep == result.record.nbytes
+        sizes.append((result.record.n, result.record.nbytes))
+        q, k = result.record.attention[0].q, result.record.attention[0].k  # K/V heads kept once, not repeated
+        assert q.shape == (lm.info.n_heads, result.record.n, lm.info.d_head)
+        assert k.shape == (lm.info.n_kv_heads, result.record.n, lm.info.d_head)
     (n0, b0), (n1, b1), (n2, b2) = sizes
     assert (b1 - b0) * (n2 - n1) == (b2 - b1) * (n1 - n0)  # linear in n: no n² term anywhere
 
@@ -50,12 +50,12 @@ def test_a_run_that_cannot_be_kept_is_413_before_its_forward_and_the_server_keep
     forwards = []
     handle = lm.model.register_forward_pre_hook(lambda *_: forwards.append(1))
     try:
-        with TestClient(create_app(Settings(models={}, default_model="m", cache_bytes=cap), engine)) as client:
+        with TestClient(create_app(Settings(models={}, default_model="m", run_store_bytes=cap), engine)) as client:
             r = client.post("/api/runs", json={"text": text})
             assert r.status_code == 413
             keep, _ = mib_over(estimate(lm, n, 10).keep, cap)  # "1.2 MiB", never "1 MiB ... at most 1 MiB"
             assert r.json()["message"].startswith(f"this prompt's run would keep {keep} (")
-            assert "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)" in r.json()["message"]
+            assert "the run store holds at most 1 MiB (ATTNSCOPE_RUN_STORE_BYTES)" in r.json()["message"]
             assert forwards == []  # refused before the forward
             assert client.post("/api/runs", json={"text": "word word"}).status_code == 201
             assert client.get("/api/health").json()["run_cache_bytes"] <= cap
@@ -65,9 +65,9 @@ def test_a_run_that_cannot_be_kept_is_413_before_its_forward_and_the_server_keep
 
 def test_the_store_never_keeps_a_run_above_its_cap(tiny_models: dict[str, LoadedModel]) -> None:
     engine = make_engine({"m": tiny_models["gpt2"]}, "m")
-    run = engine.analyse("a b c d e f").cache
+    run = engine.analyse("a b c d e f").record
     store = RunStore(run.nbytes - 1)
-    with pytest.raises(TooLarge, match="ATTNSCOPE_CACHE_BYTES"):
+    with pytest.raises(TooLarge, match="ATTNSCOPE_RUN_STORE_BYTES"):
         store.add(run)
     assert len(store) == 0 and store.nbytes == 0
 

@@ -99,8 +99,8 @@ def test_half_precision_stays_close_to_float32(half: tuple[TestClient, Engine, t
     _client, engine, dtype = half
     lm = engine.model(f"llama-{dtype}")
     ref = engine_fp32().model("llama-torch.float32")
-    a = engine.analyse(TEXT, lm.info.name).cache
-    b = engine_fp32().analyse(TEXT, ref.info.name).cache
+    a = engine.analyse(TEXT, lm.info.name).record
+    b = engine_fp32().analyse(TEXT, ref.info.name).record
     assert a.attention[0].q.dtype == torch.float32 and a.resid[0].dtype == torch.float32
     tol = 0.05 if dtype == torch.bfloat16 else 0.01
     for layer in range(a.n_layers):

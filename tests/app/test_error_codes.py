@@ -142,7 +142,7 @@ def test_unknown_model_and_run(raw: TestClient) -> None:
 
 
 def test_a_run_too_big_to_keep_and_an_expired_run(tiny_models: dict[str, LoadedModel]) -> None:
-    small = make_engine({lm.info.name: lm for lm in tiny_models.values()}, "tiny-gpt2", cache_bytes=1 << 20)
+    small = make_engine({lm.info.name: lm for lm in tiny_models.values()}, "tiny-gpt2", store_bytes=1 << 20)
     with TestClient(create_app(Settings(models={}, default_model="tiny-gpt2"), small)) as c:
         first = c.post("/api/runs", json={"text": "short"}).json()["run_id"]
         body = coded(c.post("/api/runs", json={"text": " ".join(["word"] * 240)}), 413, "run_too_big", cap="1 MiB")

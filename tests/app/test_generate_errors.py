@@ -94,13 +94,13 @@ def test_a_failure_after_the_stream_started_ends_it_with_an_error_event(
 def test_an_engine_error_after_the_stream_keeps_its_own_words_and_status(
         queue1: TestClient, monkeypatch: pytest.MonkeyPatch, engine: Engine) -> None:
     def too_large(*_args: object, **_kwargs: object) -> object:
-        raise TooLarge("this run would keep 9 MiB; the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)")
+        raise TooLarge("this run would keep 9 MiB; the run store holds at most 1 MiB (ATTNSCOPE_RUN_STORE_BYTES)")
 
     monkeypatch.setattr(engine, "store_generation", too_large)
     events = sse_events(queue1.post("/api/generate", json={**BODY, "record": True}).text)
     assert [e for e, _ in events] == ["token"] * 4 + ["error"]
-    assert events[-1][1] == {"code": "too_large", "message": "this run would keep 9 MiB; the run cache holds at "
-                                        "most 1 MiB (ATTNSCOPE_CACHE_BYTES)", "params": {}, "status": 413, "n_new": 4}
+    assert events[-1][1] == {"code": "too_large", "message": "this run would keep 9 MiB; the run store holds at "
+                                        "most 1 MiB (ATTNSCOPE_RUN_STORE_BYTES)", "params": {}, "status": 413, "n_new": 4}
 
 
 def test_nan_scores_are_an_error_not_a_silent_token(queue1: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -154,6 +154,6 @@ def test_imports_in_flight_share_the_memory_budget(run_file: Path, tiny_models: 
             release.set()
             other.join(30)
         result = files.import_run_file(engine, path=run_file, max_bytes=1 << 30)  # room again: it imports
-        assert result.cache.text == TEXT
+        assert result.record.text == TEXT
     finally:
         engine.close()

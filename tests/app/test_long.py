@@ -61,8 +61,8 @@ def test_a_16k_run_is_analysed_in_bounded_memory_and_its_tiles_are_exact() -> No
     gen = torch.Generator().manual_seed(0)
     alphabet = "abcdefghij klmnopqrstuvwxyz,."
     text = "".join(alphabet[i] for i in torch.randint(len(alphabet), (N,), generator=gen).tolist())
-    engine = make_engine({"long": lm}, "long", cache_bytes=1 << 30, max_tokens=LONG_POSITIONS)
-    settings = Settings(models={}, default_model="long", max_tokens=LONG_POSITIONS, cache_bytes=1 << 30)
+    engine = make_engine({"long": lm}, "long", store_bytes=1 << 30, max_tokens=LONG_POSITIONS)
+    settings = Settings(models={}, default_model="long", max_tokens=LONG_POSITIONS, run_store_bytes=1 << 30)
     with TestClient(create_app(settings, engine)) as client:
         assert client.get("/api/models").json()["models"][0]["max_tokens"] == LONG_POSITIONS
         r = client.post("/api/runs", json={"text": text, "top_k": 1})

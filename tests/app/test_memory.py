@@ -1,4 +1,4 @@
-"""Memory: the run cache reports what it holds, and freed activations go back to the system."""
+"""Memory: the run store reports what it holds, and freed activations go back to the system."""
 
 from __future__ import annotations
 

@@ -93,14 +93,30 @@ def test_worker_threads(limited: TestClient) -> None:
     assert tokens == 3
 
 
-def test_cache_bytes(tiny_dirs: dict[str, Path]) -> None:
-    with app_client(tiny_dirs, cache_bytes=1 << 20) as client:
+def test_the_run_store_has_an_old_name_still_read(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """ATTNSCOPE_CACHE_BYTES (and cache_bytes=) from before the rename still set the run store's cap, with a
+    warning that names the new variable; the new name wins where both are set."""
+    monkeypatch.setenv("ATTNSCOPE_CACHE_BYTES", str(3 << 20))
+    with caplog.at_level("WARNING", logger="attnscope.app.settings"):
+        assert Settings().run_store_bytes == 3 << 20
+    assert "ATTNSCOPE_CACHE_BYTES is now ATTNSCOPE_RUN_STORE_BYTES" in caplog.text
+    monkeypatch.setenv("ATTNSCOPE_RUN_STORE_BYTES", str(5 << 20))
+    assert Settings().run_store_bytes == 5 << 20
+    monkeypatch.delenv("ATTNSCOPE_CACHE_BYTES")
+    monkeypatch.delenv("ATTNSCOPE_RUN_STORE_BYTES")
+    assert Settings(cache_bytes=2 << 20).run_store_bytes == 2 << 20  # type: ignore[call-arg]
+    assert Settings().run_store_bytes == 1 << 30
+
+
+def test_run_store_bytes(tiny_dirs: dict[str, Path]) -> None:
+    with app_client(tiny_dirs, run_store_bytes=1 << 20) as client:
         assert client.get("/api/health").json()["run_cache_max_bytes"] == 1 << 20
         first = client.post("/api/runs", json={"text": "short"}).json()["run_id"]
         assert client.get(f"/api/runs/{first}").status_code == 200
         big = client.post("/api/runs", json={"text": " ".join(["word"] * 240)})  # keeps ~1.2 MiB alone: refused
         assert big.status_code == 413
-        assert "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)" in big.json()["message"]
+        assert "the run store holds at most 1 MiB (ATTNSCOPE_RUN_STORE_BYTES)" in big.json()["message"]
         assert client.get(f"/api/runs/{first}").status_code == 200  # refused before its forward: nothing evicted
         for _ in range(3):  # ~0.6 MiB each: the older go
             last = client.post("/api/runs", json={"text": " ".join(["word"] * 120)}).json()["run_id"]

@@ -16,7 +16,7 @@ from tests.support.tiny import make_engine
 def test_lru_evicts_oldest_and_says_expired(tiny_models: dict[str, LoadedModel]) -> None:
     engine = make_engine({"m": tiny_models["gpt2"]}, "m")
     first = engine.analyse("one two three")
-    engine.store.max_bytes = first.cache.nbytes * 3 // 2  # room for one run of about this size, not two
+    engine.store.max_bytes = first.record.nbytes * 3 // 2  # room for one run of about this size, not two
     engine.run(first.run_id)
     second = engine.analyse("four five six")
     with pytest.raises(RunNotFound) as err:

@@ -191,14 +191,14 @@ def test_predictions_next_and_generation_agree_with_the_logits(family: Family) -
     with torch.inference_mode():
         logits = b.lm.model(input_ids=ids[None]).logits[0].float()  # (n, V): the model's own
     probs = logits.softmax(-1)
-    for pred in result.cache.summary.predictions:
+    for pred in result.record.summary.predictions:
         top = probs[pred.position].topk(3)
         assert [c.id for c in pred.top] == top.indices.tolist()
         assert [c.prob for c in pred.top] == pytest.approx(top.values.tolist(), abs=1e-5)
     last = len(ids) - 1
-    nxt = engine.next_distribution(result.cache, last, temperature=1.0, top_k=3)
+    nxt = engine.next_distribution(result.record, last, temperature=1.0, top_k=3)
     assert [c.prob for c in nxt.top] == pytest.approx(probs[last].topk(3).values.tolist(), abs=1e-5)
-    lens = engine.logit_lens(result.cache, top_k=1).layers[-1].positions
+    lens = engine.logit_lens(result.record, top_k=1).layers[-1].positions
     assert [p.top[0].id for p in lens] == probs.argmax(-1).tolist()
     session = GenerationSession(b.lm, ids, SamplingParams(max_new_tokens=3, temperature=0, top_k=0, top_p=1, seed=0))
     step = session.step()

@@ -24,7 +24,7 @@ def _hook_counts(lm: LoadedModel) -> list[int]:
 
 
 def _run(engine: Engine, arch: str, text: str = TEXT):
-    return engine.analyse(text, f"tiny-{arch}").cache
+    return engine.analyse(text, f"tiny-{arch}").record
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -247,7 +247,7 @@ def test_a_failing_hook_registration_removes_the_earlier_ones(tiny_models: dict[
 
 
 def test_encoders_are_refused(engine: Engine, encoder: LoadedModel) -> None:
-    cache = engine.analyse("a short sentence", encoder.info.name).cache
+    cache = engine.analyse("a short sentence", encoder.info.name).record
     with pytest.raises(attribution.BadInput, match="encoder"):
         attribution.attribute(encoder, cache, 0, 1)
     with pytest.raises(ablation.BadInput, match="encoder"):

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 def _run(family: Family) -> tuple[LoadedModel, RunRecord]:
     lm = built(family).lm
     engine = make_engine({lm.info.name: lm}, lm.info.name)
-    return lm, engine.analyse(TEXT).cache
+    return lm, engine.analyse(TEXT).record
 
 
 def _hooks(lm: LoadedModel) -> int:

@@ -79,7 +79,7 @@ def test_late_scores_equal_output_attentions(family: Family) -> None:
     engine = make_engine({lm.info.name: lm}, lm.info.name)
     try:
         result = engine.analyse(TEXT)
-        first = result.cache.summary
+        first = result.record.summary
         ids = ids_tensor(tokenize(lm.tokenizer, TEXT))
         want = _reference(lm, ids)
         for got, ref in zip(first.heads, want, strict=True):  # what the response carries
@@ -106,15 +106,15 @@ def test_the_fused_path_leaves_its_scores_and_the_run_does_not_grow(llama: tuple
     gate = Gate()
     engine.scores.pause = gate
     result = engine.analyse(TEXT)
-    s = result.cache.summary
+    s = result.record.summary
     assert s.scores_pending == ALL and all(h.entropy is h.max is h.prev_token is h.first_token is h.induction is None
                                            for h in s.heads)
     assert {"forward", "total"} <= set(s.timing_ms) and "exact_scores" not in s.timing_ms
-    counted, kept = engine.store.nbytes, result.cache.nbytes
+    counted, kept = engine.store.nbytes, result.record.nbytes
     assert kept == estimate(lm, len(s.tokens), 10).keep  # the pending heads are counted as complete ones
     gate.open.set()
     done = engine.wait_scores(result.run_id, WAIT)
-    assert done is result.cache and done.summary.scores_pending == ()
+    assert done is result.record and done.summary.scores_pending == ()
     assert all(None not in (h.entropy, h.max, h.prev_token, h.first_token, h.induction) for h in done.summary.heads)
     assert engine.store.nbytes == counted and done.nbytes == kept  # nothing attached, nothing grew
     assert engine.scores.wait_idle(WAIT) and engine.scores.pending() == 0
@@ -123,22 +123,22 @@ def test_the_fused_path_leaves_its_scores_and_the_run_does_not_grow(llama: tuple
 def test_a_run_evicted_before_its_scores_is_skipped(llama: tuple[Engine, LoadedModel]) -> None:
     _, lm = llama
     n = len(tokenize(lm.tokenizer, TEXT))
-    engine = make_engine({lm.info.name: lm}, lm.info.name, cache_bytes=estimate(lm, n, 10).keep * 3 // 2)
+    engine = make_engine({lm.info.name: lm}, lm.info.name, store_bytes=estimate(lm, n, 10).keep * 3 // 2)
     gate = Gate()
     engine.scores.pause = gate
     try:
         old = engine.analyse(TEXT)
         new = engine.analyse(TEXT + "!")  # the cache holds one run: the first is evicted, its scores still owed
-        assert not engine.store.holds(old.run_id, old.cache) and len(engine.store) == 1
+        assert not engine.store.holds(old.run_id, old.record) and len(engine.store) == 1
         gate.open.set()
         with pytest.raises(RunNotFound) as err:
             engine.wait_scores(old.run_id, WAIT)
         assert err.value.expired
         assert engine.wait_scores(new.run_id, WAIT).summary.scores_pending == ()
         assert engine.scores.wait_idle(WAIT)
-        assert old.cache.summary.scores_pending == ALL  # the evicted run was left alone
-        assert old.cache.pending is not None and old.cache.pending.done.is_set() and old.cache.pending.error is None
-        assert engine.store.nbytes == new.cache.nbytes
+        assert old.record.summary.scores_pending == ALL  # the evicted run was left alone
+        assert old.record.pending is not None and old.record.pending.done.is_set() and old.record.pending.error is None
+        assert engine.store.nbytes == new.record.nbytes
     finally:
         engine.close()
 
@@ -205,6 +205,6 @@ def test_closing_the_engine_says_the_scores_will_not_come(llama: tuple[Engine, L
     gate.open.set()
     closing.join(WAIT)
     assert not closing.is_alive()
-    pending = result.cache.pending
+    pending = result.record.pending
     assert pending is not None and pending.done.is_set() and pending.error == STOPPED
     assert engine.wait_scores(result.run_id, 0).summary.scores_pending == ALL

@@ -136,7 +136,7 @@ def test_the_prefetch_waits_for_requests_and_drops_runs_that_are_gone() -> None:
 
 def test_a_long_runs_overviews_and_thumbnails_through_the_api() -> None:
     lm = wrap_model("long-llama", long_llama(), tiny_tokenizer(), source="config:long-llama")
-    engine = make_engine({"long-llama": lm}, "long-llama", cache_bytes=1 << 28, max_tokens=1024)
+    engine = make_engine({"long-llama": lm}, "long-llama", store_bytes=1 << 28, max_tokens=1024)
     n = 600
     with TestClient(create_app(Settings(models={}, default_model="long-llama"), engine)) as client:
         r = client.post("/api/runs", json={"text": text_of(n), "model": "long-llama"})

@@ -56,8 +56,8 @@ def save_tiny(arch: str, folder: Path, **extra: object) -> Path:
     return folder
 
 
-def make_engine(models: dict[str, LoadedModel], default: str, cache_bytes: int = 1 << 28,
+def make_engine(models: dict[str, LoadedModel], default: str, store_bytes: int = 1 << 28,
                 max_tokens: int = 1024) -> Engine:
-    return Engine(models, default, RunStore(cache_bytes), max_tokens)
+    return Engine(models, default, RunStore(store_bytes), max_tokens)
 
 

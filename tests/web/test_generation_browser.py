@@ -128,13 +128,13 @@ def test_a_count_of_zero_minus_three_or_nothing_is_refused_at_the_box(page: obje
 def test_a_failure_after_the_stream_started_is_said_at_the_generate_control(
         page: object, base_url: str, bundled_engine: object, monkeypatch: pytest.MonkeyPatch, lang: str) -> None:
     """A failure after the stream has started ends it with an "error" event (the recorded run would not
-    fit the run cache, here): the page stops reading, says the server's message in its language next
+    fit the run store, here): the page stops reading, says the server's message in its language next
     to Generate, and asks for no run that does not exist."""
     from attnscope.model.errors import TooLarge
 
     def too_large(*_args: object, **_kwargs: object) -> object:
         raise TooLarge("this prompt's run would keep 9 MiB (30 tokens; its forward peaks near 12 MiB); "
-                       "the run cache holds at most 1 MiB (ATTNSCOPE_CACHE_BYTES)", code="run_too_big",
+                       "the run store holds at most 1 MiB (ATTNSCOPE_RUN_STORE_BYTES)", code="run_too_big",
                        params={"keep": "9 MiB", "tokens": 30, "peak": "12 MiB", "cap": "1 MiB"})  # as budget.admit
 
     monkeypatch.setattr(bundled_engine, "store_generation", too_large)

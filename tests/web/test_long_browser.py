@@ -58,7 +58,7 @@ def long_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     LlamaForCausalLM(config).save_pretrained(folder)
     AutoTokenizer.from_pretrained(BUNDLED).save_pretrained(folder)
     engine = make_engine({"long-llama": load_model("long-llama", str(folder))}, "long-llama",
-                         cache_bytes=1 << 30, max_tokens=32_768)
+                         store_bytes=1 << 30, max_tokens=32_768)
     settings = Settings(models={}, default_model="long-llama", max_body_bytes=4 << 20)
     with serve(create_app(settings, engine)) as url:
         yield url
