@@ -17,11 +17,37 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["Run", "Scope", "__version__", "load", "save_html", "show"]
+# what a script needs, without deep imports: the doors, the bundled model's folder and the result types
+# (imported on first use, so that ``attnscope --help`` loads no torch)
+_EXPORTS = {
+    "Scope": "attnscope.model.services.scope", "Run": "attnscope.model.services.scope",
+    "Generated": "attnscope.model.services.scope", "RunFile": "attnscope.model.services.files",
+    "HeadScore": "attnscope.model.scores.analysis", "HeadSparsity": "attnscope.model.scores.analysis",
+    "Token": "attnscope.model.load.tokens", "PositionPrediction": "attnscope.model.results",
+    "NextDistribution": "attnscope.model.results", "LogitLens": "attnscope.model.results",
+    "Heads": "attnscope.model.services.runs", "Residual": "attnscope.model.services.runs",
+    "Ablation": "attnscope.model.services.tools", "Scan": "attnscope.model.services.tools",
+    "Patch": "attnscope.model.services.tools", "Attribution": "attnscope.model.services.tools",
+    "EngineError": "attnscope.model.errors", "BadInput": "attnscope.model.errors",
+    "TooLarge": "attnscope.model.errors",
+}
+__all__ = [
+    "BUNDLED", "Ablation", "Attribution", "BadInput", "EngineError", "Generated", "HeadScore", "HeadSparsity",
+    "Heads", "LogitLens", "NextDistribution", "Patch", "PositionPrediction", "Residual", "Run", "RunFile", "Scan",
+    "Scope", "Token", "TooLarge", "__version__", "load", "save_html", "show",
+]
 
 if TYPE_CHECKING:
+    from attnscope.model.errors import BadInput, EngineError, TooLarge
+    from attnscope.model.load.tokens import Token
+    from attnscope.model.results import LogitLens, NextDistribution, PositionPrediction
+    from attnscope.model.scores.analysis import HeadScore, HeadSparsity
     from attnscope.model.services.files import RunFile
-    from attnscope.model.services.scope import Run, Scope
+    from attnscope.model.services.runs import Heads, Residual
+    from attnscope.model.services.scope import Generated, Run, Scope
+    from attnscope.model.services.tools import Ablation, Attribution, Patch, Scan
+
+    BUNDLED: Path
 
 
 def show(what: Any, tokenizer: Any = None, text: str | None = None, *, lang: str = "en", height: int = 780) -> Any:
@@ -88,8 +114,12 @@ _provide_doors()
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("Scope", "Run"):
-        from attnscope.model.services import scope
+    import importlib
 
-        return getattr(scope, name)
+    if name == "BUNDLED":  # the bundled model's folder: AutoModelForCausalLM.from_pretrained(attnscope.BUNDLED)
+        from attnscope.model.load.sources import BUNDLED_DIR
+
+        return BUNDLED_DIR / "attnscope-tiny"
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'attnscope' has no attribute {name!r}")

@@ -118,3 +118,16 @@ def test_the_scan_finds_what_it_is_for(tmp_path: Path) -> None:
         "self._mine = 1\n", encoding="utf-8")
     got = findings(sample, own={"_mine"})
     assert [line.split(":")[0] for line in got] == ["2", "3", "4", "5", "6", "7", "8"], got
+
+
+def test_the_top_level_names_every_export_and_the_bundled_folder() -> None:
+    """``attnscope.X`` for the doors and every result type a script meets, without deep imports; __all__ and
+    the lazy table agree, and each name is the engine's own class."""
+    import attnscope
+    from attnscope.model.services.tools import Ablation
+
+    assert set(attnscope.__all__) == {*attnscope._EXPORTS, "BUNDLED", "__version__", "load", "save_html", "show"}
+    for name in attnscope._EXPORTS:
+        assert getattr(attnscope, name).__name__ == name
+    assert attnscope.Ablation is Ablation
+    assert (attnscope.BUNDLED / "config.json").is_file()

@@ -264,6 +264,16 @@ class RunStore:
         if self.backing is not None:
             self.backing.flush()
 
+    def hold(self, run_id: str, record: RunRecord) -> None:
+        """Keep this run under its id again if it was evicted: a run a user holds (``attnscope.Run``) is
+        a value that stays; it comes back as the newest, older ones go to make room."""
+        with self._lock:
+            if self._runs.get(run_id) is record:
+                self._runs.move_to_end(run_id)
+                return
+            self._evicted.pop(run_id, None)
+        self._keep(run_id, record)
+
     def holds(self, run_id: str, record: RunRecord) -> bool:
         """Is this run (this very object) still stored? Touches nothing."""
         with self._lock:

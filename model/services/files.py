@@ -11,7 +11,7 @@ import torch
 from attnscope.model.errors import BadInput, ImportBusy, TooLarge
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import PositionPrediction
-from attnscope.model.runs import runfile
+from attnscope.model.runs import activations, runfile
 from attnscope.model.runs.budget import mib, mib_over
 from attnscope.model.runs.disk import write_whole
 from attnscope.model.runs.persist import Origin, record_from, record_of
@@ -76,11 +76,20 @@ def _adopted(engine: Engine, record: RunRecord, adopt: str | None) -> RunResult:
 
 
 class RecordView:
-    """What a run says of itself, read from its record (``Run`` on a Scope, ``RunFile`` from a file)."""
+    """What a run says of itself, read from its record (``Run`` on a Scope, ``RunFile`` from a file), and
+    its activations by name as TransformerLens' cache gives them: ``run["resid_post", 3]``,
+    ``run["blocks.3.hook_resid_post"]``, ``run["pattern", 4]`` (computed from the kept Q and K)."""
 
     @property
     def record(self) -> RunRecord:
         raise NotImplementedError
+
+    def __getitem__(self, key: activations.Key) -> torch.Tensor:
+        return activations.activation(self.record, key)
+
+    def names(self) -> list[str]:
+        """Every activation name the run answers to (``run[name]``), block by block."""
+        return activations.names(self.record)
 
     @property
     def text(self) -> str:

@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -132,13 +132,13 @@ class Scope:
         ``run_model_missing``)."""
         data = Path(path).read_bytes()
         made = self.call(files.import_run, data=data, max_bytes=len(data), adopt=self._lm.info.name)
-        return Run(self, made.run_id)
+        return Run.of(self, made.run_id)
 
     def run(self, text: str, *, top_k: int = 10, truncate: bool = False) -> Run:
         """One forward over ``text``, everything captured: the run to read."""
         with self.borrowed():
             result = self._engine.analyse(text, top_k=top_k, truncate=truncate)
-        return Run(self, result.run_id)
+        return Run(self, result.run_id, result.record)
 
     def generate(self, text: str, *, max_new_tokens: int = 20, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop_at_eos: bool = True) -> Generated:
@@ -155,7 +155,7 @@ class Scope:
         if finished.run is None:  # recorded generations always end as a run
             raise RuntimeError("the generation was not recorded")
         return Generated(text=finished.text, stop=finished.stop, steps=list(gen.steps),
-                         run=Run(self, finished.run.run_id))
+                         run=Run(self, finished.run.run_id, finished.run.record))
 
     def patch(self, *, clean: str, corrupted: str, answer: str, wrong: str, position: int | None = None) -> Patch:
         """Activation patching from ``clean`` into ``corrupted`` (same token count); the metric is
@@ -189,19 +189,33 @@ class Scope:
         attention changes."""
         if a.scope is not self or b.scope is not self:
             raise BadInput("both runs must come from this Scope", code="different_models")
+        for run in (a, b):
+            self._engine.store.hold(run.run_id, run.held)
         return self.call(learn.compare, a=a.run_id, b=b.run_id)
 
 
 @dataclass(frozen=True)
 class Run(files.RecordView):
-    """One analysed prompt, kept by its Scope (``Run.record``: what it keeps)."""
+    """One analysed prompt: a value that owns what its forward kept (``Run.record``), so it never expires
+    while you hold it (the Scope's store bounds only the runs nobody holds: one held after eviction is
+    kept again when used). Its activations by name: ``run["resid_post", 3]``, ``run["pattern", 4]``."""
 
     scope: Scope
     run_id: str
+    held: RunRecord = field(repr=False, compare=False)
+
+    @staticmethod
+    def of(scope: Scope, run_id: str) -> Run:
+        return Run(scope, run_id, scope.engine.run(run_id))
 
     @property
     def record(self) -> RunRecord:
-        return self.scope.engine.run(self.run_id)
+        return self.held
+
+    def _call(self, service: Callable[..., T], **kwargs: Any) -> T:
+        """A service on this run, the run first kept again under its id if the store had let it go."""
+        self.scope.engine.store.hold(self.run_id, self.held)
+        return self.scope.call(service, run_id=self.run_id, **kwargs)
 
     def attention(self, layer: int, head: int, *, q0: int | None = None, q1: int | None = None,
                   k0: int | None = None, k1: int | None = None, size: int | None = None,
@@ -210,13 +224,14 @@ class Run(files.RecordView):
         tile as the API gives it: queries [q0, q1) x keys [k0, k1) pooled into at most size x size
         bins (NaN: a bin with no visible cell)."""
         if all(v is None for v in (q0, q1, k0, k1, size)):
-            return self.scope.call(runs.attention, run_id=self.run_id, layer=layer, head=head)
-        return self.scope.call(runs.attention_tile, run_id=self.run_id, layer=layer, head=head, q0=q0, q1=q1,
+            return self._call(runs.attention, layer=layer, head=head)
+        return self._call(runs.attention_tile, layer=layer, head=head, q0=q0, q1=q1,
                                k0=k0, k1=k1, size=size, pool=pool)
 
     def heads(self, *, wait: bool = True) -> list[HeadScore]:
         """Every head's scores (entropy, previous-token, first-token, max, induction), complete: waits
         for the ones still computed in the background unless ``wait=False``."""
+        self.scope.engine.store.hold(self.run_id, self.held)
         result: Heads = runs.heads(self.scope.engine, run_id=self.run_id, wait=None if wait else 0.0)
         if result.error is not None:
             raise BadInput(f"the run's head scores could not be computed: {result.error}")
@@ -226,7 +241,7 @@ class Run(files.RecordView):
         """The run's file (``attnscope-run/1``, what the API's format=attnscope gives), written whole or not at
         all: ``scope.load(path)`` reads it back with its tools, ``attnscope.load(path)`` without a model,
         ``attnscope open FILE`` or the explorer's "Open run" on a server."""
-        return self.scope.call(files.save, run_id=self.run_id, path=path)
+        return self._call(files.save, path=path)
 
     def save_html(self, path: str | Path, *, heads: str | None = None, lang: str = "en") -> Path:
         """This run as one self-contained HTML file: the explorer on it, opened from disk with no server
@@ -237,39 +252,39 @@ class Run(files.RecordView):
     def ablate(self, heads: list[tuple[int, int]], *, mode: str = "zero", top_k: int = 5) -> Ablation:
         """The prompt again with ``heads`` zeroed (or replaced by their mean): per position the KL
         divergence from the original, the new top tokens and the actual next token before and after."""
-        return self.scope.call(tools.ablate, run_id=self.run_id, heads=heads, mode=mode, top_k=top_k)
+        return self._call(tools.ablate, heads=heads, mode=mode, top_k=top_k)
 
     def ablate_scan(self, *, position: int, token: int | None = None, mode: str = "zero") -> Scan:
         """Every head and MLP ablated alone: the change of ln p(token) at ``position``."""
-        return self.scope.call(tools.ablate_scan, run_id=self.run_id, position=position, token=token, mode=mode)
+        return self._call(tools.ablate_scan, position=position, token=token, mode=mode)
 
     def attribute(self, *, position: int, token: int | None = None, token_b: int | None = None) -> Attribution:
         """Direct logit attribution of ``token`` (default: the next token) at ``position``."""
-        return self.scope.call(tools.attribute, run_id=self.run_id, position=position, token=token,
+        return self._call(tools.attribute, position=position, token=token,
                                token_b=token_b)
 
     def lens(self, *, top_k: int = 5) -> LogitLens:
         """Each layer's residual stream read through the final norm and the LM head."""
-        return self.scope.call(runs.lens, run_id=self.run_id, top_k=top_k)
+        return self._call(runs.lens, top_k=top_k)
 
     def residual(self) -> Residual:
         """The residual stream layer by layer: norms, change, attention vs MLP."""
-        return self.scope.call(runs.residual, run_id=self.run_id)
+        return self._call(runs.residual)
 
     def next(self, *, position: int, temperature: float = 1.0, top_k: int = 10) -> NextDistribution:
         """The next-token distribution at ``position``, re-scaled by ``temperature``."""
-        return self.scope.call(runs.next_token, run_id=self.run_id, position=position, temperature=temperature,
+        return self._call(runs.next_token, position=position, temperature=temperature,
                                top_k=top_k)
 
     def contributions(self, *, layer: int, head: int, position: int) -> Contributions:
         """What each source token the query at ``position`` sees adds to the head's output: its weight,
         ‖v W_O‖ and their product (where the head looks is not what it takes)."""
-        return self.scope.call(learn.contributions, run_id=self.run_id, layer=layer, head=head, position=position)
+        return self._call(learn.contributions, layer=layer, head=head, position=position)
 
     def contribution_gaps(self, *, position: int) -> ContributionGaps:
         """Per head at ``position``: the total-variation distance between its weights and each source's
         share of what it adds (0: the weights tell the whole story)."""
-        return self.scope.call(learn.contribution_gaps, run_id=self.run_id, position=position)
+        return self._call(learn.contribution_gaps, position=position)
 
     def show(self, *, lang: str = "en", height: int = 780) -> Any:
         """The explorer on this run's text in a notebook's output cell (``attnscope.show``)."""
@@ -277,7 +292,7 @@ class Run(files.RecordView):
 
     def sparsity(self) -> list[HeadSparsity]:
         """How concentrated each head is (top-1 / top-5 mass, keys holding 90 %)."""
-        return self.scope.call(runs.sparsity, run_id=self.run_id)
+        return self._call(runs.sparsity)
 
 
 @dataclass(frozen=True)
