@@ -10,7 +10,7 @@ COPY app app
 COPY model model
 COPY static static
 COPY templates templates
-# attnscope/ links to the four folders above: installed, they are attnscope.app, attnscope.model, …
+# pyproject.toml maps the four folders above into the package: installed, they are attnscope.app, …
 COPY attnscope attnscope
 RUN pip install --no-cache-dir -e . && useradd --create-home attnscope
 USER attnscope

@@ -4,8 +4,9 @@ One import name for everything installed: ``attnscope.app`` (the HTTP door: Fast
 the ``attnscope`` command) and ``attnscope.model`` (loading, capture, runs, scores, tools, lessons),
 with the browser's ``static/`` and ``templates/`` and the bundled model inside the package. In the
 repository these are the top-level folders ``app/``, ``model/``, ``static/`` and ``templates/``;
-``attnscope/`` links to them, so that the source tree and an installed wheel import the same names
-(and a user's own ``model.py`` or ``app.py`` shadows nothing).
+pyproject.toml's ``package-dir`` maps them into this package (no links), so that an editable install
+and an installed wheel import the same names (and a user's own ``model.py`` or ``app.py`` shadows
+nothing).
 
 The Python door: ``attnscope.Scope(model, tokenizer)`` (``model.services.scope``), imported on first
 use so that ``attnscope --help`` loads no torch.

@@ -68,3 +68,24 @@ def test_dev_script_names_the_python_it_lacks_in_one_line(tmp_path: Path) -> Non
     for line in lines:
         version = line.split()[1].rstrip(":")
         assert line.endswith(f"missing (pyenv install {version}, or put python{version} on PATH)") or "/" in line
+
+
+def test_every_package_folder_is_mapped_and_listed() -> None:
+    """pyproject's package-dir maps the top-level folders into attnscope (no symbolic links), and its package
+    list names every folder that holds Python or shipped files, so the wheel carries the whole tree."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert config["package-dir"] == {"attnscope": "attnscope", "attnscope.app": "app", "attnscope.model": "model",
+                                     "attnscope.static": "static", "attnscope.templates": "templates"}
+    listed = set(config["packages"])
+    for top in ("app", "model", "static", "templates"):
+        for folder in [ROOT / top, *(p for p in (ROOT / top).rglob("*") if p.is_dir())]:
+            rel = folder.relative_to(ROOT)
+            if "__pycache__" in rel.parts or (rel.parts[:2] == ("model", "bundled") and len(rel.parts) > 2):
+                continue
+            assert ".".join(["attnscope", *rel.parts]) in listed, rel
+
+
+def test_no_symbolic_link_is_tracked() -> None:
+    files = subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    links = [line.split("\t")[1] for line in files.splitlines() if line.startswith("120000")]
+    assert links == []

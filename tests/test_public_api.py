@@ -23,7 +23,7 @@ def _private(name: str) -> bool:
 
 def shipped_files() -> list[Path]:
     files = [*sorted((ROOT / "model").rglob("*.py")), *sorted((ROOT / "app").rglob("*.py"))]
-    files += sorted(p for p in (ROOT / "attnscope").glob("*.py"))  # attnscope/ links to app/ and model/
+    files += sorted(p for p in (ROOT / "attnscope").glob("*.py"))  # the package front (app/ and model/ are mapped into it)
     return [p for p in files if "__pycache__" not in p.parts]
 
 

@@ -39,7 +39,12 @@ def test_the_readme_python_example_runs(tmp_path: Path) -> None:
 def test_the_readme_python_example_type_checks_strictly(tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(readme_example(), encoding="utf-8")
-    # the project's mypy settings (strict) and its cache, warm after the gates' run
+    # the project's mypy settings (strict) and its cache, warm after the gates' run; attnscope as the wheel
+    # lays it out (scripts/typecheck.py stages it: app/ and model/ live at the top of the repository)
+    from scripts.typecheck import stage
+
+    env = {**os.environ, "MYPYPATH": str(stage())}
     done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--config-file", str(ROOT / "pyproject.toml"),
-                           str(script)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+                           "--cache-dir", str(ROOT / ".mypy_cache"), str(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
