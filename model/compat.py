@@ -14,7 +14,7 @@ name serves, is read defensively, and has a public fallback that the tests run t
   weights (``flex_attention``'s ``return_lse`` needs ``torch.compile`` to be fused; eager it builds every
   score). Gated by :func:`fused_available` (the op exists in this torch build, and
   ``ATTNSCOPE_FUSED=0`` is not set); where it is not, the capture runs its block path, which uses
-  public operators only and computes the same weights (``tests/model/test_fused_fallback.py``).
+  public operators only and computes the same weights (``tests/model/attention/test_interface.py``).
 """
 
 from __future__ import annotations

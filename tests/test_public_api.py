@@ -3,7 +3,7 @@
 The shipped code (model/, app/, attnscope/) imports no underscore name from either library, reads no
 underscore attribute of their modules or objects, and calls no private ``torch.ops`` kernel — except in
 ``model/compat.py``, where each such name is listed, says why no public name serves, and has a public
-fallback (tested in tests/model/test_fused_fallback.py)."""
+fallback (tested in tests/model/attention/test_interface.py)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 
 from attnscope.model.runs.disk import host_name
-from tests.app.test_run_store_processes import TEXT, attnscope, fresh
+from tests.app.test_workers import TEXT, attnscope, fresh
 
 WRITER = textwrap.dedent("""
     import sys, threading, time

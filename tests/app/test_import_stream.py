@@ -18,7 +18,7 @@ import pytest
 from attnscope.model.errors import ImportBusy, TooLarge
 from attnscope.model.runs import runfile
 from attnscope.model.services import files
-from tests.app.test_run_store_processes import TEXT, attnscope, fresh
+from tests.app.test_workers import TEXT, attnscope, fresh
 from tests.support.tiny import make_engine
 
 MIB = 1 << 20

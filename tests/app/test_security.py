@@ -164,7 +164,7 @@ def test_an_oversize_request_line_gets_the_json_error_and_the_headers(tiny_dirs:
     and no security headers); the app answers a path and query over 256 KiB with 414 in the JSON shape."""
     import socket
 
-    from tests.app.test_run_store_processes import attnscope
+    from tests.app.test_workers import attnscope
 
     def request_line(url: str, target: str) -> tuple[int, dict[str, str], bytes]:
         """A GET sent as raw bytes (httpx refuses a query this long before it sends it)."""

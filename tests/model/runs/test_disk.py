@@ -19,7 +19,7 @@ from attnscope.model.errors import TooLarge
 from attnscope.model.runs.budget import mib_over
 from attnscope.model.runs.disk import LOCKS, REJECTED, TMP_PREFIX, RunDir, RunDirError, valid_id
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
