@@ -25,6 +25,21 @@ def sqrt_u8(packed: torch.Tensor) -> bytes:
     return q.cpu().numpy().tobytes()  # a GPU run's weights come back to the host here
 
 
+def u8_tile(values: torch.Tensor) -> bytes:
+    """(..., cells) pooled weights with NaN for hidden bins -> one byte a bin.
+
+    A byte q < 255 stands for the weight (q / 254)²; 255 (MASKED_U8) is a bin with no
+    visible cell.
+    """
+    hidden = values.isnan()
+    q = torch.round(values.nan_to_num(0.0).clamp(0, 1).sqrt() * 254).to(torch.uint8)
+    return q.masked_fill(hidden, MASKED_U8).cpu().numpy().tobytes()  # a GPU run's tile too
+
+
+
+MASKED_U8 = 255  # the byte of a tile's bin with no visible cell
+
+
 def f32_le(packed: torch.Tensor) -> bytes:
     """(..., cells) weights -> little-endian float32 bytes, exact."""
     return packed.to(torch.float32).cpu().numpy().astype("<f4").tobytes()

@@ -185,3 +185,7 @@ class TooLarge(EngineError):
     """What a request would keep or need is more than this server allows (413)."""
 
     default_code = "too_large"
+
+
+class Cancelled(Exception):
+    """The patching was asked to stop (its client went away) between two batched forwards."""

@@ -4,7 +4,8 @@ app/settings.py), and benchmarks and the command line reach no route module eith
 
 The engine's pipeline flows forward, read from the import graph (imports inside functions and under
 TYPE_CHECKING count too): each package of model/ imports only packages before it in ``ORDER``, the
-capture neither runs nor scores, nothing in the engine imports the package's front (``attnscope``), and
+capture neither runs nor scores, nothing in the engine imports the package's front (``attnscope``), a route
+reaches the engine through its services, errors and result types only, and
 no module of model/, app/ or the front is on an import circle. Each rule is also shown to fail on a
 back-edge planted in a copy of the graph."""
 
@@ -141,6 +142,40 @@ def test_a_planted_circle_is_found() -> None:
     g["attnscope.model.runs.record"].add("attnscope.model.runs.runfile")
     g["attnscope.model.runs.runfile"].add("attnscope.model.runs.record")
     assert ["attnscope.model.runs.record", "attnscope.model.runs.runfile"] in circles(g)
+
+
+def route_reaches(path: Path) -> list[str]:
+    """What a route module imports from the engine besides its services, its errors and result types (names
+    that are dataclasses: what a service returns or takes)."""
+    import dataclasses
+    import importlib
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnscope.model"):
+            if node.module.startswith(("attnscope.model.services", "attnscope.model.errors")):
+                continue
+            module = importlib.import_module(node.module)
+            found += [f"{node.module}.{a.name}" for a in node.names
+                      if not (isinstance(getattr(module, a.name, None), type)
+                              and dataclasses.is_dataclass(getattr(module, a.name)))]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.startswith("attnscope.model")]
+    return found
+
+
+def test_routes_reach_the_engine_through_its_services() -> None:
+    routes = sorted((ROOT / "app" / "routes").glob("*.py"))
+    assert len(routes) >= 5
+    assert {str(p.relative_to(ROOT)): route_reaches(p) for p in routes if route_reaches(p)} == {}
+
+
+def test_a_route_reaching_past_the_services_is_found(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("from attnscope.model.runs.tile_store import OVERVIEW, Tiles\n"
+                       "from attnscope.model.runs.record import RunRecord\n", encoding="utf-8")
+    assert route_reaches(planted) == ["attnscope.model.runs.tile_store.OVERVIEW",
+                                      "attnscope.model.runs.tile_store.Tiles"]
 
 
 def test_model_imports_nothing_from_the_http_door() -> None:

@@ -26,8 +26,8 @@ from attnscope.app.intervention_schemas import (
     ScanOut,
     ScanRequest,
 )
+from attnscope.model.errors import Cancelled
 from attnscope.model.services import tools
-from attnscope.model.tools import patching
 
 router = APIRouter(tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
@@ -96,7 +96,7 @@ async def patch(body: PatchRequest, request: Request, engine: EngineDep, gate: G
             stop.set()
     try:
         out = task.result()
-    except patching.Cancelled:
+    except Cancelled:
         return Response(status_code=499)  # nobody reads it: the client closed the connection
     return Response(out.model_dump_json(), media_type="application/json")
 

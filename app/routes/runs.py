@@ -9,14 +9,13 @@ from typing import Annotated, Literal
 
 import anyio
 import numpy as np
-import torch
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from attnscope.app import standalone
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
-from attnscope.app.encoding import attention_bytes, f32_le, rows, sqrt_u8
+from attnscope.app.encoding import MASKED_U8, attention_bytes, f32_le, rows, sqrt_u8, u8_tile
 from attnscope.app.errors import ERRORS, ErrorOut
 from attnscope.app.runjson import EXPORT_FORMAT, LENS_JSON, RUN_JSON, attention_cells, attention_json, run_body
 from attnscope.app.schemas import (
@@ -39,11 +38,8 @@ from attnscope.app.schemas import (
 from attnscope.app.settings import DEFAULT_TOP_K, Settings
 from attnscope.app.upload import spooled
 from attnscope.model.errors import BadInput
-from attnscope.model.runs.export import to_safetensors
-from attnscope.model.runs.persist import RunFiles
 from attnscope.model.runs.record import RunRecord
-from attnscope.model.runs.tile_store import OVERVIEW, Tiles
-from attnscope.model.runs.tiles import MASKED_U8, TileSpec, u8_tile
+from attnscope.model.runs.tiles import TileSpec
 from attnscope.model.services import files, runs
 
 router = APIRouter(tags=["runs"])
@@ -89,8 +85,7 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
             result = engine.analyse_chat(chat, lm.info.name, top_k)
         else:
             result = engine.analyse(body.text or "", lm.info.name, top_k, truncate=body.truncate)
-    if result.record.n > OVERVIEW:  # the explorer draws a long run from tiles: its overviews start now
-        tiles.prefetch.submit(result.run_id, result.record.attention)
+    runs.prefetch_overviews(tiles, run_id=result.run_id, record=result.record)  # a long run is drawn from tiles
     sent = len(body.text or "")
     cut = (TruncatedOut(tokens=result.record.n, chars=len(result.record.text), total_chars=sent)
            if body.truncate and len(result.record.text) < sent else None)  # what a cut kept
@@ -116,9 +111,8 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
                          "runs the model answers 409 (`run_model_missing`, `run_model_changed`) unless that "
                          "model is loaded here as it was.")
 async def import_run(request: Request, engine: EngineDep, settings: SettingsDep) -> Response:
-    backing = engine.store.backing
-    folder = backing.folder.path if isinstance(backing, RunFiles) else None
-    async with spooled(request, folder) as path:  # streamed to disk: memory holds a buffer, not the body
+    # streamed to disk: memory holds a buffer, not the body
+    async with spooled(request, files.spool_folder(engine)) as path:
         result = await run_in_threadpool(files.import_run_file, engine, path=path,
                                          max_bytes=settings.max_run_file_bytes)
     return _typed_json(RUN_JSON.dump_json(run_body(result.run_id, result.record)), status=201)
@@ -219,18 +213,12 @@ def _cell_limit(cells: int, settings: Settings, what: str) -> None:
                        params={"what": what, "cells": cells, "limit": settings.max_cells})
 
 
-def kept_tiles(tiles: Tiles, run_id: str, record: RunRecord, layer: int, heads: list[int],
-               spec: TileSpec) -> torch.Tensor:
-    """As ``model.runs.tiles.head_tiles``, through the tile cache (kept tiles, overviews computed ahead, thumbnails
-    from them)."""
-    return torch.stack([tiles.tile(run_id, layer, record.attention[layer], h, spec) for h in heads])
-
-
-def _tile_response(tiles: Tiles, run_id: str, record: RunRecord, layer: int, head: int | None, spec: TileSpec,
+def _tile_response(tiles: TilesDep, run_id: str, record: RunRecord, layer: int, head: int | None, spec: TileSpec,
                    fmt: str) -> Response:
     heads = list(range(record.n_heads)) if head is None else [head]
     start = time.perf_counter()
-    values = kept_tiles(tiles, run_id, record, layer, heads, spec)  # (heads, Sq, Sk)
+    values = runs.kept_tiles(tiles, run_id=run_id, record=record, layer=layer, heads=heads,
+                             spec=spec)  # (heads, Sq, Sk)
     timing = f"tile;dur={1e3 * (time.perf_counter() - start):.1f}"  # computed, kept or waited for
     if fmt == "json":
         host = values.cpu().numpy()  # a GPU run's tiles too
@@ -283,8 +271,7 @@ def attention(
     n_heads = record.n_heads if head is None else 1
     tiled = any(v is not None for v in (q0, q1, k0, k1, pool)) or (size is not None and head is not None)
     if tiled:
-        spec = TileSpec(*runs.span("q", q0, q1, record.n), *runs.span("k", k0, k1, record.n), size=size,
-                        pool=pool or "max")
+        spec = runs.tile_spec(record, q0=q0, q1=q1, k0=k0, k1=k1, size=size, pool=pool)
         rows_, cols = spec.shape
         _cell_limit(n_heads * rows_ * cols, settings, "this tile")
         return _tile_response(tiles, run_id, record, layer, head, spec, format)
@@ -293,8 +280,9 @@ def attention(
             size = None
         else:
             _cell_limit(n_heads * size * size, settings, "these thumbnails")
-            thumbs = kept_tiles(tiles, run_id, record, layer, list(range(record.n_heads)),
-                                TileSpec(0, record.n, 0, record.n, size=size, pool="mean")).nan_to_num(0.0)
+            thumbs = runs.kept_tiles(tiles, run_id=run_id, record=record, layer=layer,
+                                     heads=list(range(record.n_heads)),
+                                     spec=runs.whole_tile(record, size=size, pool="mean")).nan_to_num(0.0)
             thumbs = thumbs / thumbs.amax(dim=(-1, -2), keepdim=True).clamp_min(1e-12)  # (H, size, size)
             return attention_bytes(sqrt_u8(thumbs.reshape(thumbs.shape[0], -1)), n=record.n, heads=thumbs.shape[0],
                                    causal=record.causal, layer=layer, head=None, encoding="sqrt-u8-pooled",
@@ -411,7 +399,8 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: R
                "model_info": asdict(lm.info) if lm is not None else {"name": record.model}, "causal": record.causal,
                **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms", "scores_pending")}}
     if format == "safetensors":
-        body = to_safetensors(record, {k: v for k, v in summary.items() if k != "predictions"})
+        body = files.kept_safetensors(engine, run_id=run_id,
+                                      summary={k: v for k, v in summary.items() if k != "predictions"})
         return Response(body, media_type="application/octet-stream",
                         headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.safetensors"'})
     cells = attention_cells(record)

@@ -281,17 +281,3 @@ def _pool_rows(values: torch.Tensor, rel_edges: torch.Tensor, how: str) -> torch
         last = values[rel_edges[:-1][wide] + w0]  # (wide bins, w)
         out[wide] = torch.maximum(out[wide], last) if how == "max" else out[wide] + last
     return out
-
-
-def u8_tile(values: torch.Tensor) -> bytes:
-    """(..., cells) pooled weights with NaN for hidden bins -> one byte a bin.
-
-    A byte q < 255 stands for the weight (q / 254)²; 255 (MASKED_U8) is a bin with no
-    visible cell.
-    """
-    hidden = values.isnan()
-    q = torch.round(values.nan_to_num(0.0).clamp(0, 1).sqrt() * 254).to(torch.uint8)
-    return q.masked_fill(hidden, MASKED_U8).cpu().numpy().tobytes()  # a GPU run's tile too
-
-
-MASKED_U8 = 255

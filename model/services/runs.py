@@ -15,7 +15,8 @@ import torch
 from attnscope.model.errors import BadInput
 from attnscope.model.results import LogitLens, NextDistribution
 from attnscope.model.runs.record import RunRecord
-from attnscope.model.runs.tiles import TileSpec, head_tile
+from attnscope.model.runs.tile_store import OVERVIEW, Tiles
+from attnscope.model.runs.tiles import Pool, TileSpec, head_tile
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity, ResidualLayer, residual_stats
 from attnscope.model.services.engine import Engine
 
@@ -120,3 +121,28 @@ def next_token(engine: Engine, *, run_id: str, position: int, temperature: float
 
 def sparsity(engine: Engine, *, run_id: str) -> list[HeadSparsity]:
     return engine.sparsity(run_id)
+
+
+def kept_tiles(tiles: Tiles, *, run_id: str, record: RunRecord, layer: int, heads: list[int],
+               spec: TileSpec) -> torch.Tensor:
+    """(heads, Sq, Sk) as ``model.runs.tiles.head_tiles``, through the tile store (kept tiles, overviews computed
+    ahead, thumbnails pooled from them)."""
+    return torch.stack([tiles.tile(run_id, layer, record.attention[layer], h, spec) for h in heads])
+
+
+def tile_spec(record: RunRecord, *, q0: int | None, q1: int | None, k0: int | None, k1: int | None,
+              size: int | None, pool: Pool | None) -> TileSpec:
+    """The tile a request names: queries [q0, q1) x keys [k0, k1) of the run (defaults: all), pooled into at
+    most size x size bins (422 for a range outside the run)."""
+    return TileSpec(*span("q", q0, q1, record.n), *span("k", k0, k1, record.n), size=size, pool=pool or "max")
+
+
+def whole_tile(record: RunRecord, *, size: int, pool: Pool) -> TileSpec:
+    """The whole square of the run pooled into size x size bins (thumbnails, overviews)."""
+    return TileSpec(0, record.n, 0, record.n, size=size, pool=pool)
+
+
+def prefetch_overviews(tiles: Tiles, *, run_id: str, record: RunRecord) -> None:
+    """A long run is drawn from tiles: every head's overview is computed ahead, in the background, right away."""
+    if record.n > OVERVIEW:
+        tiles.prefetch.submit(run_id, record.attention)

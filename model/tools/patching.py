@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
-from attnscope.model.errors import BadInput
+from attnscope.model.errors import BadInput, Cancelled
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import tokenize
 from attnscope.model.tools.intervene import (
@@ -75,10 +75,6 @@ PAIRS = (
          "My friend John lives in the country. My friend John lives in the", " city", " country"),
     Pair("The key is red. The key is red. The key is", "The key is blue. The key is blue. The key is", " red", " blue"),
 )
-
-
-class Cancelled(Exception):
-    """The patching was asked to stop (its client went away) between two batched forwards."""
 
 
 PROBE_ROWS = 8  # rows of the probe forward: enough for its speed to be a batched forward's, per row

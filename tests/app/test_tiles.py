@@ -10,9 +10,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
+from attnscope.app.encoding import MASKED_U8
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
-from attnscope.model.runs.tiles import MASKED_U8, TileSpec, edges, tile
+from attnscope.model.runs.tiles import TileSpec, edges, tile
 from attnscope.model.services.engine import Engine
 
 PROMPT = "the cat sat on the mat and the dog sat on the log while the cat ran off to the barn; " * 2

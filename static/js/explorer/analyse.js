@@ -12,7 +12,9 @@ import { grid, selectPos, tools } from "./selection.js";
 import { isLong, tiles } from "./zoom.js";
 import { hideStatus, showStep, updateGenerate } from "./timeline.js";
 import { showExportProblem } from "./export.js";
-import { forgetOffer } from "./runfiles.js";
+
+// the event a new run sends, before it is drawn (runfiles.js listens: no import back into this module)
+export const NEW_RUN = "attnscope:new-run";
 
 // ---- the prompt ------------------------------------------------------------------------------
 
@@ -107,7 +109,8 @@ export async function loadRun(run, initial = {}) {
   tiles.reset();
   $("#zoom-note").hidden = true; // a note about the last run's zoom boxes
   showExportProblem(null); // about the last run's export
-  forgetOffer(); // the last run's HTML file
+  // what was about the last run (its HTML file offer, the note that a file was opened) goes: runfiles.js listens
+  document.dispatchEvent(new CustomEvent(NEW_RUN));
   grid.widen(run); // the columns' widths before anything is drawn in them
   $("#explorer").hidden = false;
   // a long run's overview tile is asked for before the token strip and pickers are built, and

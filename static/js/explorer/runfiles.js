@@ -12,7 +12,7 @@ import { lang, t } from "../i18n.js";
 import { report, showCut, showError } from "./errors.js";
 import { begin, end, latest } from "./requests.js";
 import { hideStatus } from "./timeline.js";
-import { analyse, loadRun } from "./analyse.js";
+import { NEW_RUN, analyse, loadRun } from "./analyse.js";
 import { download } from "./export.js";
 
 // an exported HTML file answers the page's requests from what it holds: it has no server to send a run to
@@ -210,7 +210,7 @@ export function cancelHTML() {
 }
 
 // the offer is about one run: another run takes it away (and the note that a file was opened)
-export function forgetOffer() {
+function forgetOffer() {
   if (offer && offer.run !== state.run) cancelHTML();
   opening = null;
   showOpened();
@@ -232,6 +232,7 @@ function showOpened() {
 
 // `exporting` says an export's failure under the export buttons (export.js).
 export function wireRunFiles(exporting) {
+  document.addEventListener(NEW_RUN, forgetOffer);
   const buttons = ["#run-download", "#run-open", "#run-html"];
   if (offline) { // the file holds one run and no server: nothing here may ask for another run
     const serverOnly = [...buttons, "#analyze", "#run-hint", ".examples", "#chat-toggle", "#export-json",
