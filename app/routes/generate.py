@@ -110,7 +110,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
         finally:
             admission.close()
 
-    # no-record, not no-store: Chromium cancels a no-store response read through a stream reader even
+    # no-cache, not no-store: Chromium cancels a no-store response read through a stream reader even
     # after its last byte (a failed /api/generate, net::ERR_ABORTED, after every finished generation)
     return StreamingResponse(events(), media_type="text/event-stream", background=BackgroundTask(admission.close),
-                             headers={"Cache-Control": "no-record", "X-Accel-Buffering": "no"})
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
