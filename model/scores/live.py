@@ -119,17 +119,19 @@ def scored_run(lm: LoadedModel, input_ids: torch.Tensor, names: Iterable[str] | 
                defer: bool = False) -> tuple[Captures, LiveScores, list[HeadScore]]:
     """``run_with_cache`` with every head's scores (``input_ids`` (n,)). ``timing_ms`` of the captures gains
     "exact_scores": the ms of the sweep for the fields the forward could not give on the way (and of the
-    assembly, where it swept), and "forward" loses them. With ``defer``, the fused layers' fields are all
-    left (about a third of the capture's own cost at 1k tokens): None in the scores, named by layer in the
+    assembly, where it swept every row for the scores; otherwise the assembly counts in "forward"). With
+    ``defer``, the fused layers' fields are all left (about a third of the capture's own cost at 1k tokens): None in the scores, named by layer in the
     listener's ``pending`` for ``model.runs.late``. The caller holds ``lm.lock``."""
     scores = LiveScores(lm.info.n_heads, input_ids.to(lm.input_device), defer=defer)
     acts = run_with_cache(lm, input_ids, names, scores)
+    acts.timing_ms["exact_scores"] = 0.0
     t0 = time.perf_counter()
     with torch.inference_mode():
         heads = scores.finish(acts.layers, keep_pending=defer)
-    exact = 1e3 * (time.perf_counter() - t0) + (acts.timing_ms["assemble"] if scores.swept else 0.0)
-    acts.timing_ms["exact_scores"] = exact
-    acts.timing_ms["forward"] += acts.timing_ms["assemble"] - (acts.timing_ms["assemble"] if scores.swept else 0.0)
+    # the assembly counts as scoring where it swept every row for the scores, else as part of the forward
+    timing = acts.timing_ms
+    timing["exact_scores" if scores.swept else "forward"] += timing["assemble"]
+    timing["exact_scores"] += 1e3 * (time.perf_counter() - t0)
     return acts, scores, heads
 
 
