@@ -120,8 +120,9 @@ def scored_run(lm: LoadedModel, input_ids: torch.Tensor, names: Iterable[str] | 
     """``run_with_cache`` with every head's scores (``input_ids`` (n,)). ``timing_ms`` of the captures gains
     "exact_scores": the ms of the sweep for the fields the forward could not give on the way (and of the
     assembly, where it swept every row for the scores; otherwise the assembly counts in "forward"). With
-    ``defer``, the fused layers' fields are all left (about a third of the capture's own cost at 1k tokens): None in the scores, named by layer in the
-    listener's ``pending`` for ``model.runs.late``. The caller holds ``lm.lock``."""
+    ``defer``, the fused layers' fields are all left (about a third of the capture's own cost at 1k tokens):
+    None in the scores, named by layer in the listener's ``pending`` for ``model.runs.late``.
+    The caller holds ``lm.lock``."""
     scores = LiveScores(lm.info.n_heads, input_ids.to(lm.input_device), defer=defer)
     acts = run_with_cache(lm, input_ids, names, scores)
     acts.timing_ms["exact_scores"] = 0.0
