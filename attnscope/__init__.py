@@ -27,8 +27,8 @@ _EXPORTS = {
     "Token": "attnscope.model.load.tokens", "PositionPrediction": "attnscope.model.results",
     "NextDistribution": "attnscope.model.results", "LogitLens": "attnscope.model.results",
     "Heads": "attnscope.model.services.runs", "Residual": "attnscope.model.services.runs",
-    "Ablation": "attnscope.model.services.tools", "Scan": "attnscope.model.services.tools",
-    "Patch": "attnscope.model.services.tools", "Attribution": "attnscope.model.services.tools",
+    "Ablation": "attnscope.model.tools.ablation", "Scan": "attnscope.model.tools.ablation",
+    "Patch": "attnscope.model.tools.patching", "Attribution": "attnscope.model.tools.attribution",
     "EngineError": "attnscope.model.errors", "BadInput": "attnscope.model.errors",
     "TooLarge": "attnscope.model.errors",
 }
@@ -46,7 +46,9 @@ if TYPE_CHECKING:
     from attnscope.model.services.files import RunFile
     from attnscope.model.services.runs import Heads, Residual
     from attnscope.model.services.scope import Generated, Run, Scope
-    from attnscope.model.services.tools import Ablation, Attribution, Patch, Scan
+    from attnscope.model.tools.ablation import Ablation, Scan
+    from attnscope.model.tools.attribution import Attribution
+    from attnscope.model.tools.patching import Patch
 
     BUNDLED: Path
 

@@ -54,7 +54,7 @@ def bench_scan(lm: LoadedModel, engine: Engine, text: str, sample: int) -> dict[
     batched = time.perf_counter() - t0
     jobs = ablation.scan_jobs(lm)
     prefix = cache.input_ids[: position + 1][None]  # (1, P+1)
-    flat = [x for row in result.heads for x in row] + result.mlp
+    flat = torch.cat([result.effects.flatten(), result.mlp]).tolist()  # in scan_jobs order
     picked = _spread(len(jobs), sample)
     with lm.lock:
         base = float(logits(lm, prefix, keep=1)[0, -1].log_softmax(-1)[token])
@@ -83,16 +83,16 @@ def bench_patch(lm: LoadedModel, text: str, sample: int, from_end: int) -> dict[
     jobs += [("heads", layer, h) for layer in range(n_layers) for h in range(lm.info.n_heads)]
     grids = {"resid": result.resid, "attn_out": result.attn_out, "mlp_out": result.mlp_out, "heads": result.heads}
     picked = _spread(len(jobs), sample)
-    span = result.clean_metric - result.corrupted_metric
+    span = result.clean.metric - result.corrupted.metric
     with lm.lock:
         clean_run = patching.capture_clean(lm, clean, answer, wrong)
         t0 = time.perf_counter()
         for i in picked:
             with temporary_hooks(patching.patch_hooks(lm, clean_run, [jobs[i]], first_row=0)):
                 out = logits(lm, corrupted[None], keep=1)[:, -1]  # (1, V)
-            got = (float(patching.metric_of(out, answer, wrong)[0]) - result.corrupted_metric) / span
+            got = (float(patching.metric_of(out, answer, wrong)[0]) - result.corrupted.metric) / span
             site, row, col = jobs[i]
-            assert abs(got - grids[site][row][col]) < 1e-2, (jobs[i], got, grids[site][row][col])
+            assert abs(got - float(grids[site][row, col])) < 1e-2, (jobs[i], got, float(grids[site][row, col]))
         single = (time.perf_counter() - t0) / len(picked) * len(jobs)
     return {"what": "full patching", "count": len(jobs), "forwards": result.forwards,
             "batched_s": batched, "single_s": single, "sampled": len(picked)}

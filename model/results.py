@@ -1,15 +1,47 @@
-"""Typed results the engine hands to its callers (plain data, no HTTP).
+"""Typed results the engine hands to its callers (plain data, no HTTP), and the field types they share.
 
-``app/`` turns each into its pydantic response schema; nothing here is shaped for JSON.
+Each result is declared once: the routes return these dataclasses as they are (FastAPI serialises a
+dataclass as its ``response_model``), and a field's description lives here, on its one declaration
+(``Annotated[T, Field(description=...)]``). Matrices a researcher computes with are tensors
+(``Matrix``: a float tensor that JSON writes as nested lists, row by row).
 Token strings are display strings (``model.load.tokens.token_map``): untrusted text.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Any
+
+import torch
+from pydantic import Field, PlainSerializer, PlainValidator, WithJsonSchema
 
 from attnscope.model.load.tokens import Token
 from attnscope.model.scores.analysis import HeadScore
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float32)
+
+
+def _as_lists(value: torch.Tensor) -> Any:
+    return value.tolist()
+
+
+# (rows, cols) float tensor in Python; in JSON rows of numbers (NaN written as null)
+Matrix = Annotated[torch.Tensor, PlainValidator(_as_tensor),
+                   PlainSerializer(_as_lists, return_type=list[list[float]]),
+                   WithJsonSchema({"type": "array", "items": {"type": "array", "items": {"type": "number"}}})]
+# (n,) float tensor in Python; in JSON a list of numbers
+Vector = Annotated[torch.Tensor, PlainValidator(_as_tensor), PlainSerializer(_as_lists, return_type=list[float]),
+                   WithJsonSchema({"type": "array", "items": {"type": "number"}})]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRef:
+    """A vocabulary id and its display string (untrusted text)."""
+
+    id: int
+    token: Annotated[str, Field(description="display string of the vocabulary entry")]
 
 
 @dataclass(frozen=True, slots=True)

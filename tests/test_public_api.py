@@ -124,7 +124,7 @@ def test_the_top_level_names_every_export_and_the_bundled_folder() -> None:
     """``attnscope.X`` for the doors and every result type a script meets, without deep imports; __all__ and
     the lazy table agree, and each name is the engine's own class."""
     import attnscope
-    from attnscope.model.services.tools import Ablation
+    from attnscope.model.tools.ablation import Ablation
 
     assert set(attnscope.__all__) == {*attnscope._EXPORTS, "BUNDLED", "__version__", "load", "save_html", "show"}
     for name in attnscope._EXPORTS:

@@ -2,7 +2,7 @@
 
 Each handler is a plain ``def`` (FastAPI runs it in the thread pool; patching runs there too, from an
 ``async`` handler that watches for the client going away and stops it between forwards), passes the model's gate and
-maps the typed result of ``model.services.tools`` (which validates, budgets and locks) to its schema.
+returns the typed result of ``model.services.tools`` (which validates, budgets and locks) as it is.
 """
 
 from __future__ import annotations
@@ -12,28 +12,24 @@ import threading
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from pydantic import TypeAdapter
 from starlette.concurrency import run_in_threadpool
 
 from attnscope.app.deps import EngineDep, GateDep
 from attnscope.app.errors import ERRORS
-from attnscope.app.intervention_schemas import (
-    AblateOut,
-    AblateRequest,
-    AttributionOut,
-    PatchExampleOut,
-    PatchOut,
-    PatchRequest,
-    ScanOut,
-    ScanRequest,
-)
+from attnscope.app.intervention_schemas import AblateRequest, PatchRequest, ScanRequest
 from attnscope.model.errors import Cancelled
 from attnscope.model.services import tools
+from attnscope.model.tools.ablation import Ablation, Scan
+from attnscope.model.tools.attribution import Attribution
+from attnscope.model.tools.patching import Patch, PatchExample
 
 router = APIRouter(tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
+PATCH_JSON = TypeAdapter(Patch)
 
 
-@router.get("/runs/{run_id}/attribution", response_model=AttributionOut, responses=ERRORS,
+@router.get("/runs/{run_id}/attribution", response_model=Attribution, responses=ERRORS,
             summary="Direct logit attribution: each head, MLP, the embeddings and biases as terms of one logit",
             description="The final norm's scale at the position is frozen (TransformerLens' convention), so "
                         "the terms sum to `logit`; `error` is the float residue. With `token_b` the logit "
@@ -41,38 +37,38 @@ Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
                         "token, or the top prediction at the last position.")
 def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
               token: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
-              token_b: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None) -> AttributionOut:
+              token_b: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None) -> Attribution:
     record = engine.run(run_id)
     with gate.enter(record.model):
         result = tools.attribute(engine, run_id=run_id, position=position, token=token, token_b=token_b)
-    return AttributionOut.model_validate(result, from_attributes=True)
+    return result
 
 
-@router.post("/runs/{run_id}/ablate", response_model=AblateOut, responses=ERRORS,
+@router.post("/runs/{run_id}/ablate", response_model=Ablation, responses=ERRORS,
              summary="Run the prompt again with some heads' outputs zeroed or replaced by their mean",
              description="Needs a run: create one with POST /api/runs and use its `run_id`. The example "
                          "ablates layer 4 head 0, the bundled model's induction head.")
-def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -> AblateOut:
+def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -> Ablation:
     record = engine.run(run_id)
     with gate.enter(record.model):
         result = tools.ablate(engine, run_id=run_id, heads=[(layer, head) for layer, head in body.heads],
                               mode=body.mode, top_k=body.top_k)
-    return AblateOut.model_validate(result, from_attributes=True)
+    return result
 
 
-@router.post("/runs/{run_id}/ablate/scan", response_model=ScanOut, responses=ERRORS,
+@router.post("/runs/{run_id}/ablate/scan", response_model=Scan, responses=ERRORS,
              summary="Ablate every head (and every MLP) alone: the change of ln p(token) at one position",
              description="Batched: many ablations per forward, over the prefix the position sees. Needs a run: "
                          "create one with POST /api/runs and use its `run_id`; `position` is one of its "
                          "positions.")
-def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep) -> ScanOut:
+def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep) -> Scan:
     record = engine.run(run_id)
     with gate.enter(record.model):
         result = tools.ablate_scan(engine, run_id=run_id, position=body.position, token=body.token, mode=body.mode)
-    return ScanOut.model_validate(result, from_attributes=True)
+    return result
 
 
-@router.post("/patch", response_model=PatchOut, responses=ERRORS,
+@router.post("/patch", response_model=Patch, responses=ERRORS,
              summary="Activation patching from a clean prompt into a corrupted one",
              description="Metric: logit(answer) - logit(wrong) at `position` (default: the last). Each value is "
                          "(patched - corrupted) / (clean - corrupted): 1 restores the clean answer, 0 does "
@@ -83,11 +79,10 @@ async def patch(body: PatchRequest, request: Request, engine: EngineDep, gate: G
     lm = engine.model(body.model)
     stop = threading.Event()  # set when the client goes away (the page's Cancel): the loop stops between forwards
 
-    def work() -> PatchOut:
+    def work() -> Patch:
         with gate.enter(lm.info.name):
-            result = tools.patch(engine, model=lm.info.name, clean=body.clean, corrupted=body.corrupted,
-                                 answer=body.answer, wrong=body.wrong, position=body.position, stop=stop)
-        return PatchOut.model_validate(result, from_attributes=True)
+            return tools.patch(engine, model=lm.info.name, clean=body.clean, corrupted=body.corrupted,
+                               answer=body.answer, wrong=body.wrong, position=body.position, stop=stop)
 
     task = asyncio.ensure_future(run_in_threadpool(work))
     while not task.done():
@@ -98,16 +93,16 @@ async def patch(body: PatchRequest, request: Request, engine: EngineDep, gate: G
         out = task.result()
     except Cancelled:
         return Response(status_code=499)  # nobody reads it: the client closed the connection
-    return Response(out.model_dump_json(), media_type="application/json")
+    return Response(PATCH_JSON.dump_json(out), media_type="application/json")
 
 
-@router.get("/models/{name}/patch-example", response_model=PatchExampleOut, responses=ERRORS,
+@router.get("/models/{name}/patch-example", response_model=PatchExample, responses=ERRORS,
             summary="The Patch tool's default pair for this model, checked on it by one cheap forward",
             description="The first of a few candidate pairs (IOI, a copied sentence, a repeated colour) whose "
                         "clean metric is positive and at least 0.5 above the corrupted one; with it, what "
                         "patching it costs (patched rows, TFLOP, and seconds estimated on this server).")
-def patch_example(name: str, engine: EngineDep, gate: GateDep) -> PatchExampleOut:
+def patch_example(name: str, engine: EngineDep, gate: GateDep) -> PatchExample:
     lm = engine.model(name)
     with gate.enter(lm.info.name):
         result = tools.patch_example(engine, model=lm.info.name)
-    return PatchExampleOut.model_validate(result, from_attributes=True)
+    return result

@@ -162,6 +162,18 @@ def _tokens_from_pieces(ids: list[int], pieces: list[Piece]) -> list[Token]:
     return tokens
 
 
+def tokens_of(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> tuple[str, list[Token]]:
+    """The text ``ids`` spell and their tokens, offsets into that text (ids without a prompt's own text:
+    a generation, ids a caller built)."""
+    assembler = TextAssembler(tokenizer)
+    pieces = [assembler.push(int(tid)) for tid in ids]
+    rest = assembler.finish()
+    if rest and pieces:  # the last token completes the characters still open
+        last = pieces[-1]
+        pieces[-1] = Piece(text=last.text + rest, display=last.display, special=last.special, partial=False)
+    return assembler.text, _tokens_from_pieces(ids, pieces)
+
+
 def _tokens_by_offsets(tokenizer: PreTrainedTokenizerBase, text: str, ids: list[int], raws: list[str],
                        offsets: list[tuple[int, int]]) -> list[Token]:
     """Spans from the tokenizer's offsets when the bytes cannot be read: each character

@@ -44,7 +44,9 @@ from attnscope.model.services import generate as generate_service
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.learn import Comparison, ContributionGaps, Timing
 from attnscope.model.services.runs import Heads, Residual
-from attnscope.model.services.tools import Ablation, Attribution, Patch, Scan
+from attnscope.model.tools.ablation import Ablation, Scan
+from attnscope.model.tools.attribution import Attribution
+from attnscope.model.tools.patching import Patch
 
 T = TypeVar("T")
 DEFAULT_KEEP_BYTES = 2 << 30  # runs a Scope keeps (least recently used first out)

@@ -13,14 +13,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
+from attnscope.model.load.tokens import token_map
+from attnscope.model.results import Matrix, TokenRef, Vector
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.tools.intervene import (
     batch_size,
@@ -38,36 +41,57 @@ from attnscope.model.tools.intervene import (
 Mode = Literal["zero", "mean"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Candidate:
     id: int
-    prob: float  # after the ablation
-    prob_before: float  # the model's own
+    token: str
+    prob: Annotated[float, Field(description="after the ablation")]
+    prob_before: Annotated[float, Field(description="the model's own probability of this token")]
 
 
-@dataclass(frozen=True)
-class NextChange:
+@dataclass(frozen=True, slots=True)
+class AblatedNext:
     id: int
+    token: str
     prob_before: float
     prob_after: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class AblatedPosition:
     position: int
-    kl: float  # KL(original || ablated) of the next-token distribution, nats
-    top: list[Candidate]  # the ablated distribution's most likely tokens
-    actual_next: NextChange | None  # the prompt's next token, before and after
+    kl: Annotated[float, Field(description="KL(original || ablated) of the next-token distribution, nats")]
+    top: Annotated[list[Candidate], Field(description="the ablated distribution's most likely tokens")]
+    actual_next: Annotated[AblatedNext | None, Field(
+        description="the prompt's next token; null at the last position")]
 
 
-@dataclass(frozen=True)
-class ScanResult:
+@dataclass(frozen=True, slots=True)
+class Ablation:
+    """Every position's next-token distribution with ``heads`` ablated, against the original."""
+
+    # an example: Swagger UI samples a tuple's prefixItems as nulls
+    heads: Annotated[list[tuple[int, int]], Field(description="the [layer, head] pairs ablated",
+                                                  examples=[[[4, 0]]])]
+    mode: Mode
+    positions: list[AblatedPosition]
+
+
+@dataclass(frozen=True, slots=True)
+class Scan:
+    """The change in ln p(token) at ``position`` when each head (``effects[layer, head]``) or each MLP
+    (``mlp[layer]``) alone is ablated."""
+
     position: int
-    token: int
-    logprob: float  # ln p(token) at the position without any ablation
-    heads: list[list[float]]  # [layer][head] change in ln p(token) when that head alone is ablated
-    mlp: list[float]  # [layer] the same for each MLP
-    forwards: int  # batched forwards run (the clean sequence rides along in each)
+    token: TokenRef
+    mode: Mode
+    logprob: Annotated[float, Field(description="ln p(token) at position without any ablation")]
+    effects: Annotated[Matrix, Field(description="[layer][head] change of ln p(token) when that head alone "
+                                                 "is ablated (negative: the head helped); a (layers, heads) "
+                                                 "tensor in Python")]
+    mlp: Annotated[Vector, Field(description="[layer] the same for each MLP")]
+    forwards: Annotated[int, Field(description="batched forwards the scan ran (the clean sequence rides along "
+                                               "in each)")]
 
 
 def check_heads(lm: LoadedModel, heads: list[tuple[int, int]]) -> None:
@@ -105,9 +129,10 @@ def output_editor(edits: list[tuple[int, torch.Tensor]]) -> Hook:
 
 
 def ablate(lm: LoadedModel, record: RunRecord, heads: list[tuple[int, int]], mode: Mode,
-           top_k: int = 5) -> list[AblatedPosition]:
+           top_k: int = 5) -> Ablation:
     """Every position's next-token distribution with ``heads`` ablated, against the original."""
     require_decoder(lm, "ablation")
+    heads = [(int(layer), int(head)) for layer, head in heads]
     check_heads(lm, heads)
     by_layer: dict[int, list[tuple[int, int, torch.Tensor | None]]] = defaultdict(list)
     for layer, head in dict.fromkeys(heads):
@@ -123,18 +148,19 @@ def ablate(lm: LoadedModel, record: RunRecord, heads: list[tuple[int, int]], mod
     kl = kl_divergence(clean, edited)  # (n,)
     before, after = clean.exp(), edited.exp()  # (n, V)
     top = after.topk(min(top_k, after.shape[-1]), dim=-1)
+    strings = token_map(lm.tokenizer, top.indices.flatten().tolist() + ids[1:].tolist())
     result = []
     for pos in range(record.n):
         actual = None
         if pos + 1 < record.n:
             nxt = int(ids[pos + 1])
-            actual = NextChange(nxt, float(before[pos, nxt]), float(after[pos, nxt]))
+            actual = AblatedNext(nxt, strings[nxt], float(before[pos, nxt]), float(after[pos, nxt]))
         result.append(AblatedPosition(
             position=pos, kl=float(kl[pos]),
-            top=[Candidate(int(i), float(p), float(before[pos, i]))
+            top=[Candidate(int(i), strings[int(i)], float(p), float(before[pos, i]))
                  for i, p in zip(top.indices[pos], top.values[pos], strict=True)],
             actual_next=actual))
-    return result
+    return Ablation(heads=heads, mode=mode, positions=result)
 
 
 def default_token(record: RunRecord, lm: LoadedModel, position: int) -> int:
@@ -172,7 +198,7 @@ def scan_means(lm: LoadedModel, record: RunRecord) -> tuple[list[torch.Tensor], 
     return [z.mean(0) for z in zs], [m.mean(0) for m in record.mlp_out]
 
 
-def scan(lm: LoadedModel, record: RunRecord, position: int, token: int, mode: Mode) -> ScanResult:
+def scan(lm: LoadedModel, record: RunRecord, position: int, token: int, mode: Mode) -> Scan:
     """The change in ln p(token) at ``position`` from ablating each head, and each MLP, alone.
 
     Causal models: position P sees tokens 0..P only, so the batch runs that prefix. The
@@ -197,6 +223,7 @@ def scan(lm: LoadedModel, record: RunRecord, position: int, token: int, mode: Mo
         forwards += 1
         base = float(logp[0, token])
         deltas.extend((logp[1:, token] - logp[0, token]).tolist())
-    heads = [deltas[layer * n_heads : (layer + 1) * n_heads] for layer in range(n_layers)]
-    return ScanResult(position=position, token=token, logprob=base, heads=heads,
-                      mlp=deltas[n_layers * n_heads :], forwards=forwards)
+    effects = torch.tensor(deltas, dtype=torch.float32)  # (L * H + L,): the heads, then the MLPs
+    return Scan(position=position, token=TokenRef(token, token_map(lm.tokenizer, [token])[token]), mode=mode,
+                logprob=base, effects=effects[: n_layers * n_heads].reshape(n_layers, n_heads),
+                mlp=effects[n_layers * n_heads :], forwards=forwards)

@@ -12,37 +12,52 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
+from attnscope.model.load.tokens import token_map
+from attnscope.model.results import TokenRef
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.tools.intervene import capture_z, head_weights, require_decoder
 
 TermKind = Literal["embed", "head", "mlp", "bias"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Term:
     kind: TermKind
-    layer: int | None  # None for the embeddings and the final bias
-    head: int | None  # only for heads
-    value: float
+    layer: Annotated[int | None, Field(description="the block; null for the embeddings and for the final bias")]
+    head: Annotated[int | None, Field(description="the head, for kind 'head'; otherwise null")]
+    value: Annotated[float, Field(description="this component's share of the logit (or of the difference)")]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Attribution:
+    """The logit of ``token`` (minus ``token_b``'s) at ``position``, split into ``terms`` that sum to it
+    up to ``error``."""
+
     position: int
-    token: int
-    token_b: int | None
-    logit: float  # the model's own logit of token (minus that of token_b), before any final transform
-    terms: list[Term]
-    error: float  # logit - sum(terms): the float residue
-    final_transform: str | None  # what the model applies after the logit (soft-capping), if anything
-    final_steps: list[FinalStep]  # the same, one step at a time, for a client to say in its own language
+    token: TokenRef
+    token_b: Annotated[TokenRef | None, Field(
+        description="the token subtracted, when a difference is attributed")]
+    logit: Annotated[float, Field(description=(
+        "the model's logit of token (minus token_b's) at position, before any final transform"))]
+    terms: Annotated[list[Term], Field(description=(
+        "embeddings, every head's own output through its slice of W_O, each attention projection's bias "
+        "(kind 'bias' with a layer), every MLP, and the final norm's shift plus the LM head's bias (kind "
+        "'bias', layer null); the final norm's scale at position is frozen, so the terms sum to logit"))]
+    error: Annotated[float, Field(description="logit minus the sum of the terms: the float residue")]
+    final_transform: Annotated[str | None, Field(description=(
+        "what the model applies to its logits after the LM head (soft-capping), if anything; the attributed "
+        "logit is the one before it"))]
+    final_steps: Annotated[list[FinalStep], Field(description=(
+        "the same transform step by step, in order (empty when the model applies none), for a client that "
+        "says it in another language"))]
 
 
 @dataclass(frozen=True)
@@ -108,13 +123,14 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
                    code="norm_unsupported", params={"norm": type(norm).__name__})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class FinalStep:
     """One thing a family does to its logits after the LM head, in order."""
 
-    op: Literal["multiply", "divide", "softcap"]  # x * value, x / value, tanh(x / value) * value
+    op: Annotated[Literal["multiply", "divide", "softcap"], Field(description=(
+        "multiply: x * value; divide: x / value; softcap: tanh(x / value) * value"))]
     value: float
-    setting: str  # the config attribute it comes from
+    setting: Annotated[str, Field(description="the model config's attribute the value comes from")]
 
 
 def final_steps(lm: LoadedModel) -> list[FinalStep]:
@@ -237,5 +253,7 @@ def attribute(lm: LoadedModel, record: RunRecord, position: int, token: int,
     terms.append(Term("bias", None, None, float(frozen.shift @ u) + bias))
     error = logit - math.fsum(t.value for t in terms)
     steps = final_steps(lm)
-    return Attribution(position=position, token=token, token_b=token_b, logit=logit, terms=terms,
-                       error=error, final_transform=final_transform(steps), final_steps=steps)
+    named = token_map(lm.tokenizer, [token] + ([] if token_b is None else [token_b]))
+    return Attribution(position=position, token=TokenRef(token, named[token]),
+                       token_b=None if token_b is None else TokenRef(token_b, named[token_b]), logit=logit,
+                       terms=terms, error=error, final_transform=final_transform(steps), final_steps=steps)

@@ -21,15 +21,17 @@ import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from attnscope.model.capture.hooks import Hook, Registration, temporary_hooks
 from attnscope.model.errors import BadInput, Cancelled
 from attnscope.model.load.models import LoadedModel
-from attnscope.model.load.tokens import tokenize
+from attnscope.model.load.tokens import Token, ids_tensor, token_map, tokenize, tokens_of
+from attnscope.model.results import Matrix, TokenRef
 from attnscope.model.tools.intervene import (
     attention_module,
     batch_size,
@@ -115,19 +117,54 @@ def cost(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor) 
     return len(jobs), len(jobs) * forward_flops(lm, n)
 
 
-@dataclass(frozen=True)
-class PatchResult:
+@dataclass(frozen=True, slots=True)
+class PatchPrompt:
+    text: str
+    tokens: list[Token]
+    metric: Annotated[float, Field(description="logit(answer) - logit(wrong) at position")]
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """Activation patching from ``clean`` into ``corrupted``: each value is (patched - corrupted) /
+    (clean - corrupted) of the metric; 1 restores the clean answer. The maps are tensors in Python."""
+
+    model: str
+    clean: PatchPrompt
+    corrupted: PatchPrompt
+    answer: TokenRef
+    wrong: TokenRef
     position: int
-    answer: int
-    wrong: int
-    clean_metric: float  # logit(answer) - logit(wrong) at position, clean prompt
+    first_difference: Annotated[int, Field(description="first position where the prompts' tokens differ")]
+    resid: Annotated[Matrix, Field(description=(
+        "[stage][position], L + 1 stages: stage 0 the embeddings (blocks.0.hook_resid_pre), stage i the "
+        "output of block i - 1; each value (patched - corrupted) / (clean - corrupted)"))]
+    attn_out: Annotated[Matrix, Field(description="[layer][position] patching the attention sublayer's output")]
+    mlp_out: Annotated[Matrix, Field(description="[layer][position] patching the MLP's output")]
+    heads: Annotated[Matrix, Field(description="[layer][head] patching one head's output at every position")]
+    forwards: Annotated[int, Field(description="batched forwards the patches ran")]
+
+
+@dataclass(frozen=True, slots=True)
+class PatchExample:
+    """The default pair for ``model`` (the first of ``PAIRS`` it separates, by one cheap forward each), its
+    two metrics, and what patching it costs: ``forwards`` patched rows, ``tflop``, and ``seconds`` estimated
+    from the probe's speed per row (a batched forward of ``PROBE_ROWS``)."""
+
+    model: str
+    clean: str
+    corrupted: str
+    answer: str
+    wrong: str
+    clean_metric: Annotated[float, Field(
+        description="logit(answer) - logit(wrong) at the last position, clean prompt")]
     corrupted_metric: float
-    first_difference: int  # first position where the prompts' tokens differ
-    resid: list[list[float]]  # [stage][position], L + 1 stages
-    attn_out: list[list[float]]  # [layer][position]
-    mlp_out: list[list[float]]  # [layer][position]
-    heads: list[list[float]]  # [layer][head]
-    forwards: int  # batched forwards run for the patches
+    separated: Annotated[bool, Field(description="clean > 0 and clean - corrupted >= 0.5: the pair suits this "
+                                                 "model (else it is the best of the pairs tried)")]
+    forwards: Annotated[int, Field(description="patched rows patching this pair runs")]
+    tflop: float
+    seconds: Annotated[float, Field(
+        description="how long patching it should take here, from the probe forward's speed")]
 
 
 @dataclass(frozen=True)
@@ -259,12 +296,24 @@ def single_token(lm: LoadedModel, text: str, what: str) -> int:
     return int(ids[0])
 
 
-def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor, answer: int, wrong: int,
-          position: int | None = None, sites: tuple[Site, ...] = SITES, skip_unaffected: bool = True,
-          max_flops: float = MAX_FLOPS, stop: threading.Event | None = None) -> PatchResult:
-    """Patch every site of ``sites`` from the clean prompt into the corrupted one, one at a time.
-    ``stop`` set: Cancelled, between two batched forwards (the client went away)."""
+def _prompt(lm: LoadedModel, prompt: torch.Tensor | list[Token], text: str | None) -> tuple[str, list[Token]]:
+    if isinstance(prompt, torch.Tensor):
+        spelt, tokens = tokens_of(lm.tokenizer, prompt.tolist())
+        return spelt if text is None else text, tokens
+    return "".join(t.text for t in prompt) if text is None else text, prompt
+
+
+def patch(lm: LoadedModel, clean: torch.Tensor | list[Token], corrupted: torch.Tensor | list[Token], answer: int,
+          wrong: int, position: int | None = None, sites: tuple[Site, ...] = SITES, skip_unaffected: bool = True,
+          max_flops: float = MAX_FLOPS, stop: threading.Event | None = None,
+          texts: tuple[str, str] | None = None) -> Patch:
+    """Patch every site of ``sites`` from the clean prompt into the corrupted one, one at a time. Each
+    prompt is its ids (n,) or its tokens; ``texts``: the two prompts as typed (default: what the tokens
+    spell). ``stop`` set: Cancelled, between two batched forwards (the client went away)."""
     require_decoder(lm, "activation patching")
+    clean_text, clean_tokens = _prompt(lm, clean, None if texts is None else texts[0])
+    corrupted_text, corrupted_tokens = _prompt(lm, corrupted, None if texts is None else texts[1])
+    clean_ids, corrupted_ids = ids_tensor(clean_tokens), ids_tensor(corrupted_tokens)  # (n,) each
     n = int(clean_ids.shape[0])
     if corrupted_ids.shape[0] != n:
         raise BadInput(f"the clean prompt has {n} tokens and the corrupted one {int(corrupted_ids.shape[0])}; "
@@ -279,13 +328,13 @@ def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
     n_layers, n_heads = lm.info.n_layers, lm.info.n_heads
     clean_prefix, corrupted_prefix = clean_ids[: pos + 1], corrupted_ids[: pos + 1]
     lowest = min(first_diff, pos + 1) if skip_unaffected else 0
-    clean = capture_clean(lm, clean_prefix, answer, wrong)
+    clean_run = capture_clean(lm, clean_prefix, answer, wrong)
     corrupted_metric = float(metric_of(logits(lm, corrupted_prefix[None], keep=1)[:, -1], answer, wrong)[0])
-    if abs(clean.metric - corrupted_metric) < 1e-6 * max(1.0, abs(clean.metric)):
-        raise BadInput(f"both prompts give the same metric (logit(answer) - logit(wrong) = {clean.metric:.6g} "
+    if abs(clean_run.metric - corrupted_metric) < 1e-6 * max(1.0, abs(clean_run.metric)):
+        raise BadInput(f"both prompts give the same metric (logit(answer) - logit(wrong) = {clean_run.metric:.6g} "
                        f"and {corrupted_metric:.6g}): there is no difference for patching to recover",
                        code="patch_same",
-                       params={"clean": f"{clean.metric:.6g}", "corrupted": f"{corrupted_metric:.6g}"})
+                       params={"clean": f"{clean_run.metric:.6g}", "corrupted": f"{corrupted_metric:.6g}"})
     jobs: list[Job] = jobs_for(n_layers, n_heads, lowest, pos, sites)
     flops = len(jobs) * forward_flops(lm, pos + 1)
     if flops > max_flops:
@@ -305,18 +354,24 @@ def patch(lm: LoadedModel, clean_ids: torch.Tensor, corrupted_ids: torch.Tensor,
         # the references ride in the batch, so that an identical row gives exactly 0 or 1
         batch = torch.cat([corrupted_prefix[None], clean_prefix[None],
                            corrupted_prefix[None].expand(len(part), -1)])  # (B, P+1)
-        with temporary_hooks(patch_hooks(lm, clean, part)):
+        with temporary_hooks(patch_hooks(lm, clean_run, part)):
             out = logits(lm, batch, keep=1)[:, -1]  # (B, V)
         forwards += 1
         metric = metric_of(out, answer, wrong)  # (B,)
         low, span = metric[0], metric[1] - metric[0]
         values.update(zip(part, ((metric[2:] - low) / span).tolist(), strict=True))
 
-    def grid(site: Site, rows: int, cols: int) -> list[list[float]]:
-        return [[values.get((site, r, c), 0.0) for c in range(cols)] for r in range(rows)]
+    def grid(site: Site, rows: int, cols: int) -> torch.Tensor:
+        out = torch.zeros(rows, cols)  # (rows, cols): 0 where a site was skipped
+        for (where, r, c), value in values.items():
+            if where == site:
+                out[r, c] = value
+        return out
 
-    return PatchResult(position=pos, answer=answer, wrong=wrong, clean_metric=clean.metric,
-                       corrupted_metric=corrupted_metric, first_difference=first_diff,
-                       resid=grid("resid", n_layers + 1, n), attn_out=grid("attn_out", n_layers, n),
-                       mlp_out=grid("mlp_out", n_layers, n), heads=grid("heads", n_layers, n_heads),
-                       forwards=forwards)
+    named = token_map(lm.tokenizer, [answer, wrong])
+    return Patch(model=lm.info.name, clean=PatchPrompt(clean_text, clean_tokens, clean_run.metric),
+                 corrupted=PatchPrompt(corrupted_text, corrupted_tokens, corrupted_metric),
+                 answer=TokenRef(answer, named[answer]), wrong=TokenRef(wrong, named[wrong]), position=pos,
+                 first_difference=first_diff, resid=grid("resid", n_layers + 1, n),
+                 attn_out=grid("attn_out", n_layers, n), mlp_out=grid("mlp_out", n_layers, n),
+                 heads=grid("heads", n_layers, n_heads), forwards=forwards)

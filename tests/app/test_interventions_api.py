@@ -159,15 +159,15 @@ def test_openapi_documents_every_intervention(client: TestClient) -> None:
     assert "post" in paths["/api/runs/{run_id}/ablate/scan"]
     assert "post" in paths["/api/patch"]
     schemas = doc["components"]["schemas"]
-    for name in ("AttributionOut", "TermOut", "AblateRequest", "AblateOut", "ScanRequest", "ScanOut",
-                 "PatchRequest", "PatchOut"):
+    for name in ("Attribution", "Term", "AblateRequest", "Ablation", "ScanRequest", "Scan",
+                 "PatchRequest", "Patch"):
         assert name in schemas, name
 
     def ok_schema(path: str, method: str) -> str:
         content = paths[path][method]["responses"]["200"]["content"]["application/json"]["schema"]
         return content["$ref"].rsplit("/", 1)[-1]
 
-    assert ok_schema("/api/runs/{run_id}/attribution", "get") == "AttributionOut"
-    assert ok_schema("/api/runs/{run_id}/ablate", "post") == "AblateOut"
-    assert ok_schema("/api/runs/{run_id}/ablate/scan", "post") == "ScanOut"
-    assert ok_schema("/api/patch", "post") == "PatchOut"
+    assert ok_schema("/api/runs/{run_id}/attribution", "get") == "Attribution"
+    assert ok_schema("/api/runs/{run_id}/ablate", "post") == "Ablation"
+    assert ok_schema("/api/runs/{run_id}/ablate/scan", "post") == "Scan"
+    assert ok_schema("/api/patch", "post") == "Patch"

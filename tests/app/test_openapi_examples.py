@@ -204,4 +204,4 @@ def test_no_tuple_is_shown_as_nulls(docs_client: TestClient) -> None:
             if "prefixItems" in json.dumps(node):
                 tuples.append(f"{name}.{prop}")
                 assert node.get("examples") or node.get("example") is not None, f"{name}.{prop} has no example"
-    assert "AblateOut.heads" in tuples
+    assert "Ablation.heads" in tuples

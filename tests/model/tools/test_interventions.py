@@ -99,7 +99,7 @@ def test_freeze_norm_recognises_layer_and_rms_norms() -> None:
 def test_ablating_no_head_changes_nothing(engine: Engine, tiny_models: dict[str, LoadedModel], arch: str) -> None:
     lm, cache = tiny_models[arch], _run(engine, arch)
     for mode in ("zero", "mean"):
-        positions = ablation.ablate(lm, cache, [], mode)
+        positions = ablation.ablate(lm, cache, [], mode).positions
         assert [p.kl for p in positions] == [0.0] * cache.n
         for p in positions:
             assert all(c.prob == c.prob_before for c in p.top)
@@ -111,7 +111,7 @@ def test_ablating_no_head_changes_nothing(engine: Engine, tiny_models: dict[str,
 def test_ablation_changes_the_distribution(engine: Engine, tiny_models: dict[str, LoadedModel], arch: str) -> None:
     lm, cache = tiny_models[arch], _run(engine, arch)
     every = [(i, j) for i in range(lm.info.n_layers) for j in range(lm.info.n_heads)]
-    positions = ablation.ablate(lm, cache, every, "zero")
+    positions = ablation.ablate(lm, cache, every, "zero").positions
     assert all(p.kl >= 0 for p in positions)
     assert max(p.kl for p in positions) > 1e-6
     # the prompt's first position sees only itself: its heads' output is its own value
@@ -126,14 +126,15 @@ def test_scan_entry_equals_single_ablation(engine: Engine, tiny_models: dict[str
     position = cache.n - 4
     token = int(cache.input_ids[position + 1])
     result = ablation.scan(lm, cache, position, token, mode)
-    assert len(result.heads) == lm.info.n_layers and len(result.heads[0]) == lm.info.n_heads
-    assert len(result.mlp) == lm.info.n_layers
+    assert result.effects.shape == (lm.info.n_layers, lm.info.n_heads)  # a tensor a researcher computes with
+    assert result.mlp.shape == (lm.info.n_layers,)
+    assert result.token.id == token and result.token.token  # with its display string
     for layer, head in [(0, 0), (1, lm.info.n_heads - 1), (lm.info.n_layers - 1, 1)]:
-        single = ablation.ablate(lm, cache, [(layer, head)], mode)[position].actual_next
+        single = ablation.ablate(lm, cache, [(layer, head)], mode).positions[position].actual_next
         assert single is not None
         expected = math.log(single.prob_after) - math.log(single.prob_before)
-        assert result.heads[layer][head] == pytest.approx(expected, abs=1e-4)
-    base = ablation.ablate(lm, cache, [], mode)[position].actual_next
+        assert float(result.effects[layer, head]) == pytest.approx(expected, abs=1e-4)
+    base = ablation.ablate(lm, cache, [], mode).positions[position].actual_next
     assert base is not None
     assert result.logprob == pytest.approx(math.log(base.prob_before), abs=1e-5)
 
@@ -164,11 +165,15 @@ def test_patching_invariants(tiny_models: dict[str, LoadedModel], arch: str) -> 
     last = clean.shape[0] - 1
     n_layers = lm.info.n_layers
     assert full.first_difference == d and full.position == last
-    assert len(full.resid) == n_layers + 1 and all(len(r) == clean.shape[0] for r in full.resid)
+    assert full.resid.shape == (n_layers + 1, clean.shape[0])  # (stages, positions), a tensor
+    assert full.heads.shape == (n_layers, lm.info.n_heads)
     # the embeddings at the only differing position make the corrupted input the clean one
-    assert full.resid[0][d] == pytest.approx(1.0, abs=1e-4)
+    assert float(full.resid[0, d]) == pytest.approx(1.0, abs=1e-4)
     # the final residual at the answer position is all the LM head reads
-    assert full.resid[n_layers][last] == pytest.approx(1.0, abs=1e-4)
+    assert float(full.resid[n_layers, last]) == pytest.approx(1.0, abs=1e-4)
+    # the prompts come back as their tokens and the text they spell
+    assert [t.id for t in full.clean.tokens] == clean.tolist() and full.clean.text
+    assert full.answer.id == answer and full.wrong.id == wrong
     # before the first difference both runs are the same: nothing to patch, at every stage
     for grid in (full.resid, full.attn_out, full.mlp_out):
         for row in grid:
@@ -176,11 +181,10 @@ def test_patching_invariants(tiny_models: dict[str, LoadedModel], arch: str) -> 
     # embeddings elsewhere are identical in both prompts
     assert all(abs(v) < 1e-4 for p, v in enumerate(full.resid[0]) if p != d)
     skipped = patching.patch(lm, clean, corrupted, answer, wrong)
-    for a, b in zip(skipped.resid + skipped.attn_out + skipped.mlp_out + skipped.heads,
-                    full.resid + full.attn_out + full.mlp_out + full.heads, strict=True):
-        assert a == pytest.approx(b, abs=1e-4)
+    for site in ("resid", "attn_out", "mlp_out", "heads"):
+        assert torch.allclose(getattr(skipped, site), getattr(full, site), atol=1e-4), site
     assert skipped.forwards <= full.forwards
-    assert skipped.clean_metric != skipped.corrupted_metric
+    assert skipped.clean.metric != skipped.corrupted.metric
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -189,8 +193,8 @@ def test_patching_at_an_earlier_position_ignores_later_tokens(tiny_models: dict[
     clean, corrupted, answer, wrong = _pair(lm)
     d = int((clean != corrupted).nonzero()[0, 0])
     result = patching.patch(lm, clean, corrupted, answer, wrong, position=d + 2)
-    assert result.resid[lm.info.n_layers][d + 2] == pytest.approx(1.0, abs=1e-4)
-    assert all(v == 0.0 for row in result.resid for v in row[d + 3:])
+    assert float(result.resid[lm.info.n_layers, d + 2]) == pytest.approx(1.0, abs=1e-4)
+    assert bool((result.resid[:, d + 3:] == 0.0).all())
 
 
 def test_patching_refuses_what_it_cannot_do(tiny_models: dict[str, LoadedModel]) -> None:

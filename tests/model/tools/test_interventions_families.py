@@ -56,21 +56,21 @@ def test_attribution_terms_sum_to_the_logit(family: Family) -> None:
 def test_ablation_and_scan(family: Family) -> None:
     lm, cache = _run(family)
     hooks = _hooks(lm)
-    none = ablation.ablate(lm, cache, [], "zero")
+    none = ablation.ablate(lm, cache, [], "zero").positions
     assert [p.kl for p in none] == [0.0] * cache.n
     every = [(i, j) for i in range(lm.info.n_layers) for j in range(lm.info.n_heads)]
-    assert max(p.kl for p in ablation.ablate(lm, cache, every, "zero")) > 1e-6
+    assert max(p.kl for p in ablation.ablate(lm, cache, every, "zero").positions) > 1e-6
     position = cache.n - 3
     token = int(cache.input_ids[position + 1])
     for mode in ("zero", "mean"):
         scan = ablation.scan(lm, cache, position, token, mode)
         layer, head = lm.info.n_layers - 1, lm.info.n_heads - 1
-        single = ablation.ablate(lm, cache, [(layer, head)], mode)[position].actual_next
+        single = ablation.ablate(lm, cache, [(layer, head)], mode).positions[position].actual_next
         assert single is not None
         expected = math.log(single.prob_after) - math.log(single.prob_before)
         # the families' weights are drawn wide (tests/support/families.py), so batch-shape rounding reaches
         # ~3e-3 in ln p for some (OPT): the tolerance is that, not the 1e-4 of the gpt2-style tests
-        assert scan.heads[layer][head] == pytest.approx(expected, abs=1e-2)
+        assert float(scan.effects[layer, head]) == pytest.approx(expected, abs=1e-2)
     assert _hooks(lm) == hooks
 
 
@@ -83,7 +83,7 @@ def test_patching_recovers_the_clean_run(family: Family) -> None:
     corrupted[d] = (int(clean[d]) + 1) % lm.info.vocab_size
     result = patching.patch(lm, clean, corrupted, int(clean[d]), int(corrupted[d]), sites=("resid", "heads"))
     last = clean.shape[0] - 1
-    assert result.resid[0][d] == pytest.approx(1.0, abs=1e-3)
-    assert result.resid[lm.info.n_layers][last] == pytest.approx(1.0, abs=1e-3)
-    assert all(v == 0.0 for row in result.resid for v in row[:d])
-    assert torch.isfinite(torch.tensor(result.heads)).all()
+    assert float(result.resid[0, d]) == pytest.approx(1.0, abs=1e-3)
+    assert float(result.resid[lm.info.n_layers, last]) == pytest.approx(1.0, abs=1e-3)
+    assert bool((result.resid[:, :d] == 0.0).all())
+    assert torch.isfinite(result.heads).all()
