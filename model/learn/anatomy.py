@@ -4,6 +4,9 @@ position embeddings, attention, MLP and norms per layer, the LM head), from its 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from attnscope.model.load.models import LoadedModel, input_embeddings, output_embeddings, position_embeddings
 
@@ -25,7 +28,7 @@ class Anatomy:
     token_embedding: int
     position_embedding: int
     final_norm_and_other: int
-    lm_head: int  # 0 when the LM head shares the token embedding's weights
+    lm_head: Annotated[int, Field(description="0 when the LM head shares the token embedding's weights")]
     lm_head_tied: bool
     total: int
 

@@ -5,8 +5,10 @@ attention changes. Both read what the two runs kept (no forward)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from attnscope.model.attention.kept import LayerAttention
 
@@ -16,17 +18,21 @@ class TokenMatch:
     """Token ``a`` of prompt A and the same token id in prompt B (``b``, None where B lacks it)."""
 
     a: int
-    b: int | None
+    b: Annotated[int | None, Field(description=(
+        "the position of the same token id in prompt B (None: B does not have it)"))]
     token: str  # token a's display string
-    cos: float | None  # cosine of the final hidden states
-    cos_by_stage: list[float]  # embedding + position, then after each block (empty without a match)
+    cos: Annotated[float | None, Field(description=(
+        "cosine of the final hidden states of the same token in both prompts"))]
+    cos_by_stage: Annotated[list[float], Field(description=(
+        "the same cosine at every stage: embedding + position, then after each block"))]
 
 
 @dataclass(frozen=True, slots=True)
 class HeadDiff:
     layer: int
     head: int
-    diff: float  # mean total-variation distance between A's and B's rows, position by position
+    diff: Annotated[float, Field(description=(
+        "mean total-variation distance between A's and B's attention rows, position by position"))]
 
 
 def hidden_similarity(a_ids: list[int], a_resid: list[torch.Tensor], b_ids: list[int],

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from attnscope.model.load.models import LoadedModel, input_embeddings
 from attnscope.model.load.tokens import token_map
@@ -46,7 +48,8 @@ class Row:
     id: int
     token: str  # its display string (untrusted text)
     cos: float  # cosine with the asked row
-    untrained: bool  # one of a block of near-identical rows training never moved apart
+    untrained: Annotated[bool, Field(description=(
+        "the row is one of a block of near-identical rows training never moved apart"))]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,15 +59,20 @@ class Neighbourhood:
     model: str
     id: int
     token: str
-    vector: list[float]  # the row itself (d_model values)
+    vector: Annotated[list[float], Field(description="row id of the token embedding matrix E (d_model values)")]
     norm: float
-    untrained: bool
-    untrained_count: int  # rows of E flagged as untrained (estimated from the sample where sampled)
-    untrained_examined: int  # rows of E whose twins were counted: V (all), or SAMPLE_ROWS drawn at random
-    neighbours: list[Row]  # the nearest rows by cosine, nearest first
-    adjacent: list[Row]  # ids k - 1 and k + 1, where the vocabulary has them
-    double: list[Row]  # id 2k, where the vocabulary has it
-    random_mean: float  # mean cosine between random pairs of trained rows, for scale
+    untrained: Annotated[bool, Field(description=(
+        "this row is one of the near-identical rows of tokens training never saw"))]
+    untrained_count: Annotated[int, Field(description=(
+        "how many rows of E are flagged as untrained (an estimate from `untrained_examined` rows drawn at "
+        "random where that is less than V)"))]
+    untrained_examined: Annotated[int, Field(description=(
+        "rows of E whose near-twins were counted: the vocabulary size, or a random sample where the V x V "
+        "sweep is too costly"))]
+    neighbours: Annotated[list[Row], Field(description="nearest rows of E by cosine similarity")]
+    adjacent: Annotated[list[Row], Field(description="the ids k-1 and k+1: neighbours in number only")]
+    double: Annotated[list[Row], Field(description="the id 2k, when the vocabulary has it")]
+    random_mean: Annotated[float, Field(description="mean cosine between random pairs of trained rows, for scale")]
     random_std: float
 
 

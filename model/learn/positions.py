@@ -4,8 +4,10 @@ first rows and their cosines), or the frequencies and angles a rotary model turn
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from attnscope.model.families.table import PositionEncoding
 from attnscope.model.families.weights import rotary
@@ -18,12 +20,14 @@ class PositionTable:
     kind: PositionEncoding
     count: int
     d_model: int | None = None
-    matrix: list[list[float]] | None = None  # learned: the first `count` rows of the table
-    similarity: list[list[float]] | None = None  # learned: cosine between those rows
+    matrix: Annotated[list[list[float]] | None, Field(description=(
+        "learned: the first `count` rows of the position table"))] = None
+    similarity: Annotated[list[list[float]] | None, Field(description="learned: cosine between position rows")] = None
     theta: float | None = None  # rotary: the base
     rotary_dims: int | None = None
-    inv_freq: list[float] | None = None  # rotary: each pair of dimensions' frequency
-    angles: list[list[float]] | None = None  # rotary: cos(position x frequency)
+    inv_freq: Annotated[list[float] | None, Field(description=(
+        "rotary: the rotation frequency of each pair of dimensions"))] = None
+    angles: Annotated[list[list[float]] | None, Field(description="rotary: cos(position x frequency)")] = None
 
 
 def position_table(lm: LoadedModel, count: int) -> PositionTable:

@@ -12,8 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from attnscope.model.load.models import LoadedModel
 
@@ -27,12 +29,13 @@ class Timings:
 
     n: int
     repeats: int
-    parallel_ms: float  # one forward over all n tokens (median)
-    serial_cache_ms: list[float]  # step t: one token in, earlier keys/values from the KV cache (median)
-    serial_no_cache_ms: list[float]  # step t: the prefix 0..t recomputed (median)
-    parallel_runs_ms: list[float]
-    cache_totals_ms: list[float]
-    no_cache_totals_ms: list[float]
+    parallel_ms: Annotated[float, Field(description="one forward over all n tokens at once (median of the repeats)")]
+    serial_cache_ms: Annotated[list[float], Field(description=(
+        "step t: one token in, keys/values of earlier ones from the KV cache (median)"))]
+    serial_no_cache_ms: Annotated[list[float], Field(description="step t: the whole prefix 0..t recomputed (median)")]
+    parallel_runs_ms: Annotated[list[float], Field(description="every repeat's parallel forward")]
+    cache_totals_ms: Annotated[list[float], Field(description="every repeat's total over n steps with the KV cache")]
+    no_cache_totals_ms: Annotated[list[float], Field(description="every repeat's total over n steps without it")]
 
 
 def let_others_in(lock: threading.Lock, patience: float) -> None:

@@ -9,9 +9,10 @@ model's lock (``model.services.learn`` takes it).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import torch
+from pydantic import Field
 from torch import nn
 
 from attnscope.model.capture.hooks import Registration, temporary_hooks
@@ -29,9 +30,9 @@ class Contributions:
     layer: int
     head: int
     position: int
-    weights: list[float]  # attention from the query to each visible source
-    value_norms: list[float]  # ‖v_j W_O^h‖: what source j would add at weight 1
-    contributions: list[float]  # weight x value norm
+    weights: Annotated[list[float], Field(description="attention from the query to each visible source token")]
+    value_norms: Annotated[list[float], Field(description="‖v_j W_O^h‖: how much source j would add at weight 1")]
+    contributions: Annotated[list[float], Field(description="weight x value norm: how much each source actually adds")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,9 +41,10 @@ class HeadGap:
 
     layer: int
     head: int
-    gap: float  # total-variation distance: 0 when the weights tell the whole story
-    top_weight: int  # the source with the largest weight
-    top_share: int  # the source that adds the most
+    gap: Annotated[float, Field(description=(
+        "total-variation distance between the weights and each source's share of what the head adds"))]
+    top_weight: Annotated[int, Field(description="the source with the largest weight")]
+    top_share: Annotated[int, Field(description="the source that adds the most")]
 
 
 def layer_values(lm: LoadedModel, ids: torch.Tensor, layers: list[int]) -> dict[int, torch.Tensor]:

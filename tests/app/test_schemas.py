@@ -10,7 +10,9 @@ must be equal, so a missing, extra or mistyped field fails.
 from __future__ import annotations
 
 import functools
+import importlib
 import operator
+import pkgutil
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +20,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import BaseModel, TypeAdapter
 
+import attnscope.model
 from attnscope.app import intervention_schemas, schemas
 from attnscope.app.runjson import RunBody
 from attnscope.model.results import LogitLens
@@ -83,24 +86,38 @@ REQUESTS: dict[str, list[Request]] = {
 }
 
 
-def _schema_class(ref: str) -> type[BaseModel]:
+def _result_classes() -> dict[str, list[type]]:
+    """Every class the app's schemas and the engine define, by name: a route answers with the engine's
+    result dataclasses or the app's pydantic models, and the OpenAPI document names each by its class."""
+    found: dict[str, list[type]] = {}
+    modules = [schemas, intervention_schemas, *(importlib.import_module(m.name) for m in
+                                               pkgutil.walk_packages(attnscope.model.__path__, "attnscope.model."))]
+    for module in modules:
+        for name, value in vars(module).items():
+            if isinstance(value, type) and value.__module__ == module.__name__:
+                found.setdefault(name, []).append(value)
+    return found
+
+
+def _schema_class(ref: str, classes: dict[str, list[type]]) -> type:
     name = ref.rsplit("/", 1)[-1]
-    for module in (schemas, intervention_schemas):
-        if isinstance(getattr(module, name, None), type):
-            return getattr(module, name)
-    raise LookupError(f"no schema class {name}")
+    if name not in classes:
+        raise LookupError(f"no schema class {name}")
+    assert len(classes[name]) == 1, f"{name} is declared more than once: {classes[name]}"
+    return classes[name][0]
 
 
 def _json_operations(client: TestClient) -> dict[str, TypeAdapter[Any]]:
     """'METHOD path' -> an adapter for the model its success response names (JSON ones only)."""
     out: dict[str, TypeAdapter[Any]] = {}
+    classes = _result_classes()
     for path, ops in client.app.openapi()["paths"].items():
         for method, op in ops.items():
             for status, response in op["responses"].items():
                 schema = response.get("content", {}).get("application/json", {}).get("schema", {})
                 refs = [schema["$ref"]] if "$ref" in schema else [s["$ref"] for s in schema.get("anyOf", [])]
                 if status.startswith("2") and refs:
-                    model = functools.reduce(operator.or_, [_schema_class(ref) for ref in refs])  # A | B | ...
+                    model = functools.reduce(operator.or_, [_schema_class(ref, classes) for ref in refs])  # A | B | ...
                     out[f"{method.upper()} {path}"] = TypeAdapter(model)
     return out
 
