@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from attnscope.app.schemas import RunOut
+    from attnscope.app.runjson import RunBody
     from attnscope.app.settings import Settings
+    from attnscope.model.results import PositionPrediction
     from attnscope.model.runs.record import RunRecord
 
 log = logging.getLogger("attnscope")
@@ -173,14 +174,15 @@ def _open(args: argparse.Namespace) -> int:
     return _serve_one(settings, opened=args.file, browser=not args.no_browser)
 
 
-def run_file(out: RunOut, record: RunRecord, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
-    """``analyze --json``: the run (RunOut's fields) in the format of the API's JSON export
+def run_file(out: RunBody, record: RunRecord, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
+    """``analyze --json``: the run (its API fields) in the format of the API's JSON export
     (``attnscope-run/2``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
     run.json`` then ``attnscope export run.json ...`` works; above ``max_cells`` cells the attention is
     left out, as the API's export refuses it."""
-    from attnscope.app.runjson import EXPORT_FORMAT, attention_cells, attention_json
+    from attnscope.app.runjson import EXPORT_FORMAT, RUN_JSON, attention_cells, attention_json
 
-    saved: dict[str, Any] = {"format": EXPORT_FORMAT, **out.model_dump(mode="json"), "model_info": model_info}
+    saved: dict[str, Any] = {"format": EXPORT_FORMAT, **RUN_JSON.dump_python(out, mode="json"),
+                             "model_info": model_info}
     cells = attention_cells(record)
     if cells > max_cells:
         saved["attention_note"] = (f"{cells:,} attention cells, more than the limit of {max_cells:,} "
@@ -191,8 +193,7 @@ def run_file(out: RunOut, record: RunRecord, model_info: dict[str, Any], max_cel
 
 
 def _analyze(args: argparse.Namespace) -> int:
-    from attnscope.app.runjson import run_out
-    from attnscope.app.schemas import PredictionOut
+    from attnscope.app.runjson import run_body
     from attnscope.app.settings import Settings
     from attnscope.model.errors import EngineError
     from attnscope.model.load.models import load_model
@@ -216,7 +217,7 @@ def _analyze(args: argparse.Namespace) -> int:
                   forward_bytes=settings.forward_bytes)
         result = engine.analyse(args.text, name, args.top_k)
         record = engine.wait_scores(result.run_id, None)  # a command prints every head score, complete
-        out = run_out(result.run_id, record)
+        out = run_body(result.run_id, record)
         saved = run_file(out, record, asdict(lm.info), settings.max_cells) if args.json else None
         engine.close()
     except EngineError as exc:
@@ -227,7 +228,7 @@ def _analyze(args: argparse.Namespace) -> int:
             sys.stderr.write(f"attnscope: the run's attention is left out of the JSON: {saved['attention_note']}\n")
         sys.stdout.write(json.dumps(saved, indent=1, ensure_ascii=False) + "\n")
     else:
-        preds: list[PredictionOut | None] = list(out.predictions) or [None] * len(out.tokens)
+        preds: list[PositionPrediction | None] = list(out.predictions) or [None] * len(out.tokens)
         for tok, pred in zip(out.tokens, preds, strict=True):
             guess = f" -> {pred.top[0].token!r} ({pred.top[0].prob:.2f})" if pred else ""
             sys.stdout.write(f"{tok.index:4d} {tok.id:6d} {tok.text!r}{guess}\n")

@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from pydantic import Strict as StrictType
 from pydantic_core import PydanticCustomError
 
-from attnscope.model.scores.analysis import INDUCTION_NEAR, INDUCTION_RULE
+from attnscope.model.scores.analysis import HeadSparsity
+from attnscope.model.services.models import Offered
 
 PositionEncoding = Literal["learned", "sinusoidal", "rotary", "alibi", "none"]
 
@@ -55,14 +56,9 @@ class ModelOut(BaseModel):
         description="[layer][head] induction score on a random sequence repeated twice")
 
 
-class AvailableModelOut(BaseModel):
-    name: str
-    about: str = Field(description="what the model is and where it comes from")
-
-
 class ModelsOut(BaseModel):
     models: list[ModelOut] = Field(description="the loaded models")
-    available: list[AvailableModelOut] = Field(
+    available: list[Offered] = Field(
         default_factory=list, description="models offered but not loaded yet (a real model whose package is "
         "installed): the first request naming one loads it (seconds; a GGUF file's first de-quantization, a "
         "minute), then it is listed in `models`")
@@ -143,111 +139,14 @@ class RunRequest(Strict):
         return self
 
 
-class TokenOut(BaseModel):
-    index: int
-    text: str = Field(description="display string (BPE markers cleaned)")
-    id: int
-    start: int = Field(description="character offset of the first character this token completes")
-    end: int = Field(description="character offset just past the last; start == end when it completes none. "
-                                 "Spans never overlap: consecutive tokens are contiguous and rebuild the text once")
-    special: bool = Field(False, description="a special token (<|endoftext|>, [CLS]); it covers no text of a "
-                                             "prompt (in a chat run: its spelling in the rendered template)")
-    partial: bool = Field(False, description="holds bytes of a character that a later token completes "
-                                             "(text then shows those bytes, e.g. ‹e6 88›)")
-
-
-class TopToken(BaseModel):
-    id: int
-    token: str
-    prob: float
-
-
-class ActualNext(TopToken):
-    rank: int = Field(description="1 = the model's most likely token")
-
-
-class PredictionOut(BaseModel):
-    position: int
-    top: list[TopToken]
-    actual_next: ActualNext | None
-
-
-class HeadOut(BaseModel):
-    layer: int
-    head: int
-    entropy: float | None = Field(description="mean row entropy, nats, exact over every row; null while pending "
-                                              "(the run's scores_pending lists it)")
-    prev_token: float | None = Field(description="mean attention from token i to i-1, exact over every row; null "
-                                                 "while pending (the run's scores_pending lists it)")
-    first_token: float | None = Field(description="mean attention from token i to token 0 (sink), exact over every "
-                                                  "row; null while pending (the run's scores_pending lists it)")
-    max: float | None = Field(description="mean over rows of the largest weight, exact over every row; null while "
-                                          "pending (the run's scores_pending lists it)")
-    induction: float | None = Field(description=f"copying evidence: {INDUCTION_RULE} (the run's induction_queries "
-                                                "counts them); null then, or while pending (the run's "
-                                                "scores_pending lists it)")
-
-
-class SparsityHead(BaseModel):
-    layer: int
-    head: int
-    top1: float = Field(description="mean share of a row's mass on its largest key")
-    top5: float = Field(description="mean share of a row's mass on its 5 largest keys")
-    keys_90: float = Field(description="mean number of keys that hold 90% of a row's mass")
-
-
 class SparsityOut(BaseModel):
-    heads: list[SparsityHead]
+    heads: list[HeadSparsity]
 
 
 class TruncatedOut(BaseModel):
     tokens: int = Field(description="tokens analysed: the model's limit (a token at the cut may leave one fewer)")
     chars: int = Field(description="characters analysed: the text's beginning, which the run's `text` holds")
     total_chars: int = Field(description="characters of the text sent")
-
-
-class RunOut(BaseModel):
-    model_config = ConfigDict(protected_namespaces=())
-    run_id: str
-    model: str
-    causal: bool
-    n_layers: int
-    n_heads: int
-    text: str = Field(description="the text the tokens cover (for a recorded generation: prompt + generated text)")
-    tokens: list[TokenOut]
-    predictions: list[PredictionOut] = Field(description="next-token distribution at every position, from one "
-                                                         "forward; empty for encoders")
-    heads: list[HeadOut]
-    induction_queries: int = Field(description="queries that count for the induction score: their token occurred "
-                                               f"earlier at j with j + 1 more than {INDUCTION_NEAR} positions back")
-    induction_min_queries: int = Field(description="how many such queries a score needs (fewer: `induction` is "
-                                                   "null)")
-    timing_ms: dict[str, float]
-    scores_pending: list[str] = Field(
-        default=[], description="head score fields still being computed after this response (on layers the "
-                                "fused kernel ran: \"entropy\", \"max\", \"prev_token\", \"first_token\", "
-                                "\"induction\"): null in `heads` until then; GET /api/runs/{run_id}/heads?wait=S "
-                                "returns them")
-    stored: bool = Field(
-        default=False, description="whether the run's file is on disk now (written whole and fsync'd, in the "
-                                   "server's run directory): a run answered with `stored: false` is being "
-                                   "written in the background (a crash in that moment loses it), or is kept in "
-                                   "memory only (no run directory, or over its cap). GET "
-                                   "/api/runs/{run_id}/stored?wait=S waits for the file")
-    truncated: TruncatedOut | None = Field(
-        default=None, description="set when `truncate` cut the text to the model's limit (in the answer to that "
-                                  "POST /api/runs): what was kept; null otherwise")
-
-
-class HeadsOut(BaseModel):
-    run_id: str
-    heads: list[HeadOut]
-    scores_pending: list[str] = Field(description="fields still being computed (null in `heads`); empty when complete")
-    timing_ms: dict[str, float] = Field(description="the run's timings; once complete also \"exact_scores\" (ms of "
-                                                    "the late sweep) and \"scores_ready\" (ms from the analyse's "
-                                                    "start until every score was in)")
-    error: str | None = Field(default=None, description="why the pending scores could not be computed, if they "
-                                                        "could not")
 
 
 class AttentionOut(BaseModel):
@@ -282,47 +181,6 @@ class AttentionTileOut(BaseModel):
     k_edges: list[int] = Field(description="the key bins' boundaries, likewise")
     cells: list[list[list[float | None]]] = Field(
         description="[head][query bin][key bin]; null where every cell of the bin is masked")
-
-
-class NextOut(BaseModel):
-    position: int
-    temperature: float
-    top: list[TopToken] = Field(description="softmax(logits / temperature) over the whole vocabulary, top-k")
-    actual_next: ActualNext | None = Field(description="the prompt's own next token at this temperature")
-    entropy: float = Field(description="entropy of the re-scaled distribution, nats")
-
-
-class ResidualLayerOut(BaseModel):
-    layer: int
-    resid_norm: list[float] = Field(description="‖resid_post‖ per token")
-    cos_prev: list[float] = Field(description="cosine(resid_post, resid_pre) per token")
-    attn_norm: list[float] = Field(description="‖attention sublayer output‖ per token")
-    mlp_norm: list[float] = Field(description="‖MLP sublayer output‖ per token")
-
-
-class ResidualOut(BaseModel):
-    n_layers: int
-    n: int
-    embed_norm: list[float] = Field(description="‖embedding output‖ (blocks.0.hook_resid_pre) per token")
-    layers: list[ResidualLayerOut]
-
-
-class LensPosition(BaseModel):
-    position: int
-    top: list[TopToken]
-
-
-class LensLayer(BaseModel):
-    layer: int = Field(description="-1 = the embedding output, i = after block i")
-    label: str
-    positions: list[LensPosition]
-
-
-class LogitLensOut(BaseModel):
-    n_layers: int
-    n: int
-    top_k: int
-    layers: list[LensLayer]
 
 
 class GenerateRequest(Strict):

@@ -60,7 +60,7 @@ class ActualNext:
     id: int
     token: str
     prob: float
-    rank: int  # 1 = the most likely token
+    rank: Annotated[int, Field(description="1 = the model's most likely token")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +87,9 @@ class RunSummary:
 class NextDistribution:
     position: int
     temperature: float
-    top: list[TokenProb]  # softmax(logits / temperature), top-k
-    actual_next: ActualNext | None
-    entropy: float  # nats, of the re-scaled distribution
+    top: Annotated[list[TokenProb], Field(description="softmax(logits / temperature) over the whole vocabulary, top-k")]
+    actual_next: Annotated[ActualNext | None, Field(description="the prompt's own next token at this temperature")]
+    entropy: Annotated[float, Field(description="entropy of the re-scaled distribution, nats")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +100,7 @@ class LensPosition:
 
 @dataclass(frozen=True, slots=True)
 class LensStage:
-    layer: int  # -1 = the embedding output, i = after block i
+    layer: Annotated[int, Field(description="-1 = the embedding output, i = after block i")]
     label: str
     positions: list[LensPosition]
 

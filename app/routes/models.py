@@ -7,7 +7,7 @@ from fastapi import APIRouter
 
 from attnscope.app.deps import EngineDep, TilesDep
 from attnscope.app.memory import rss_bytes
-from attnscope.app.schemas import AvailableModelOut, HealthOut, ModelOut, ModelsOut
+from attnscope.app.schemas import HealthOut, ModelOut, ModelsOut
 from attnscope.model.services import models
 from attnscope.model.services.models import ModelView
 
@@ -22,7 +22,7 @@ def model_out(view: ModelView) -> ModelOut:
 @router.get("/models", response_model=ModelsOut, summary="The models this server offers")
 def list_models(engine: EngineDep) -> ModelsOut:
     return ModelsOut(models=[model_out(v) for v in models.loaded(engine)],
-                     available=[AvailableModelOut(name=o.name, about=o.about) for o in models.offered(engine)])
+                     available=list(models.offered(engine)))
 
 
 @router.post("/models/{name}/load", response_model=ModelOut,

@@ -17,20 +17,22 @@ from attnscope.app import standalone
 from attnscope.app.deps import EngineDep, GateDep, SettingsDep, TilesDep
 from attnscope.app.encoding import MASKED_U8, attention_bytes, f32_le, rows, sqrt_u8, u8_tile
 from attnscope.app.errors import ERRORS, ErrorOut
-from attnscope.app.runjson import EXPORT_FORMAT, LENS_JSON, RUN_JSON, attention_cells, attention_json, run_body
+from attnscope.app.runjson import (
+    EXPORT_FORMAT,
+    HEADS_JSON,
+    LENS_JSON,
+    RUN_JSON,
+    RunBody,
+    attention_cells,
+    attention_json,
+    run_body,
+)
 from attnscope.app.schemas import (
     MAX_TOP_K_SETTING,
     AttentionOut,
     AttentionTileOut,
-    HeadOut,
-    HeadsOut,
     LayerAttentionOut,
-    LogitLensOut,
-    NextOut,
-    ResidualOut,
-    RunOut,
     RunRequest,
-    SparsityHead,
     SparsityOut,
     StoredOut,
     TruncatedOut,
@@ -38,9 +40,11 @@ from attnscope.app.schemas import (
 from attnscope.app.settings import DEFAULT_TOP_K, Settings
 from attnscope.app.upload import spooled
 from attnscope.model.errors import BadInput
+from attnscope.model.results import LogitLens, NextDistribution
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.tiles import TileSpec
 from attnscope.model.services import files, runs
+from attnscope.model.services.runs import Heads, Residual
 
 router = APIRouter(tags=["runs"])
 
@@ -74,7 +78,7 @@ def _typed_json(content: bytes, status: int = 200) -> Response:
     return Response(content, status_code=status, media_type="application/json")
 
 
-@router.post("/runs", status_code=201, response_model=RunOut, responses=ERRORS,
+@router.post("/runs", status_code=201, response_model=RunBody, responses=ERRORS,
              summary="Analyse a prompt: one forward, everything captured")
 def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: SettingsDep, tiles: TilesDep) -> Response:
     top_k = checked_top_k(body.top_k, settings)
@@ -93,7 +97,7 @@ def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: Set
 
 
 # before /runs/{run_id}: another method on /runs/import is this route's 405 (Allow: POST), not a run id's
-@router.post("/runs/import", status_code=201, response_model=RunOut,
+@router.post("/runs/import", status_code=201, response_model=RunBody,
              responses={**ERRORS, 413: {"model": ErrorOut}},
              openapi_extra={"requestBody": {"required": True, "content": {"application/octet-stream": {
                  "schema": {"type": "string", "format": "binary"}}}}},
@@ -124,7 +128,7 @@ def import_other_methods() -> Response:
     raise StarletteHTTPException(405, "only POST stores a run file here", headers={"Allow": "POST"})
 
 
-@router.get("/runs/{run_id}", response_model=RunOut, responses=ERRORS, summary="A stored run's summary")
+@router.get("/runs/{run_id}", response_model=RunBody, responses=ERRORS, summary="A stored run's summary")
 def get_run(run_id: str, engine: EngineDep) -> Response:
     return _typed_json(RUN_JSON.dump_json(run_body(run_id, engine.run(run_id))))
 
@@ -156,7 +160,7 @@ MAX_WAIT_S = 60.0  # the longest a heads request may hold its connection for sco
 
 
 @router.get(
-    "/runs/{run_id}/heads", response_model=HeadsOut, responses={**ERRORS, 202: {"model": HeadsOut}},
+    "/runs/{run_id}/heads", response_model=Heads, responses={**ERRORS, 202: {"model": Heads}},
     summary="Every head's scores, complete: waits for the ones still being computed if asked to",
     description="The analyse answers right after its forward; the head scores a fused forward cannot give "
                 "on the way (entropy and max: every visible cell once more) are computed exactly right after, "
@@ -177,13 +181,9 @@ async def run_heads(run_id: str, engine: EngineDep,
             break
         await anyio.sleep(min(WAIT_POLL_S, left))
     record = await run_in_threadpool(engine.run, run_id)  # RunNotFound (expired) when it was evicted meanwhile
-    s = record.summary
-    pending = list(s.scores_pending)
-    out = HeadsOut(run_id=run_id, heads=[HeadOut.model_validate(h, from_attributes=True) for h in s.heads],
-                   scores_pending=pending, timing_ms=s.timing_ms,
-                   error=record.pending.error if pending and record.pending is not None else None)
-    still = pending and out.error is None  # an error: those scores will not come, waiting is over
-    return _typed_json(out.model_dump_json().encode(), status=202 if still else 200)
+    out = runs.heads_of(run_id, record)
+    still = out.scores_pending and out.error is None  # an error: those scores will not come, waiting is over
+    return _typed_json(HEADS_JSON.dump_json(out), status=202 if still else 200)
 
 
 def checked_top_k(top_k: int | None, settings: Settings) -> int:
@@ -302,13 +302,13 @@ def attention(
                   "heads": [rows(h, record.causal, decimals=4) for h in pattern]})
 
 
-@router.get("/runs/{run_id}/residual", response_model=ResidualOut, responses=ERRORS,
+@router.get("/runs/{run_id}/residual", response_model=Residual, responses=ERRORS,
             summary="The residual stream layer by layer: norms, change, attention vs MLP")
-def residual(run_id: str, engine: EngineDep) -> ResidualOut:
-    return ResidualOut.model_validate(runs.residual(engine, run_id=run_id), from_attributes=True)
+def residual(run_id: str, engine: EngineDep) -> Residual:
+    return runs.residual(engine, run_id=run_id)
 
 
-@router.get("/runs/{run_id}/logit-lens", response_model=LogitLensOut, responses=ERRORS,
+@router.get("/runs/{run_id}/logit-lens", response_model=LogitLens, responses=ERRORS,
             summary="Each layer's residual stream read through the final norm and LM head")
 def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
                top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> Response:
@@ -322,11 +322,10 @@ def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
 @router.get("/runs/{run_id}/sparsity", response_model=SparsityOut, responses=ERRORS,
             summary="How concentrated each head is: top-1 / top-5 mass and keys holding 90%, exact over all rows")
 def sparsity(run_id: str, engine: EngineDep) -> SparsityOut:
-    return SparsityOut(heads=[SparsityHead.model_validate(h, from_attributes=True)
-                              for h in runs.sparsity(engine, run_id=run_id)])
+    return SparsityOut(heads=runs.sparsity(engine, run_id=run_id))
 
 
-@router.get("/runs/{run_id}/next", response_model=NextOut, responses=ERRORS,
+@router.get("/runs/{run_id}/next", response_model=NextDistribution, responses=ERRORS,
             summary="Next-token distribution at one position, re-scaled by a temperature")
 def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                position: Annotated[int, Query(ge=-(2**31), le=2**31)],
@@ -334,10 +333,9 @@ def next_token(run_id: str, engine: EngineDep, settings: SettingsDep,
                top_k: Annotated[int | None, Query(ge=1, le=MAX_TOP_K_SETTING,
                                                   description="at most the server's ATTNSCOPE_MAX_TOP_K (100 "
                                                   "unless configured; past it, 422); default 10, or that limit "
-                                                  "if lower")] = None) -> NextOut:
+                                                  "if lower")] = None) -> NextDistribution:
     k = checked_top_k(top_k, settings)
-    return NextOut.model_validate(runs.next_token(engine, run_id=run_id, position=position, temperature=temperature,
-                                                  top_k=k), from_attributes=True)
+    return runs.next_token(engine, run_id=run_id, position=position, temperature=temperature, top_k=k)
 
 
 def _html_export(request: Request, run_id: str, *, heads: str | None, lang: str, dry_run: bool) -> Response:

@@ -17,8 +17,10 @@ import threading
 import weakref
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Annotated
 
 import torch
+from pydantic import Field
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 # BPE / SentencePiece / WordPiece markers, as the raw vocabulary spells them
@@ -29,11 +31,16 @@ _MARKERS = {"Ġ": " ", "▁": " ", "Ċ": "\n", "ĉ": "\t"}
 class Token:
     index: int
     id: int
-    text: str  # what a person sees: markers cleaned; partial characters as ‹hex› bytes
-    start: int  # character offsets of the characters this token completes; start == end when none
-    end: int
-    special: bool = False  # a special token (<|endoftext|>, [CLS]): it covers no text
-    partial: bool = False  # holds bytes of a character that a later token completes
+    text: Annotated[str, Field(description="display string (BPE markers cleaned)")]
+    start: Annotated[int, Field(description="character offset of the first character this token completes")]
+    end: Annotated[int, Field(description=(
+        "character offset just past the last; start == end when it completes none. Spans never overlap: "
+        "consecutive tokens are contiguous and rebuild the text once"))]
+    special: Annotated[bool, Field(description=(
+        "a special token (<|endoftext|>, [CLS]); it covers no text of a prompt (in a chat run: its spelling "
+        "in the rendered template)"))] = False
+    partial: Annotated[bool, Field(description=(
+        "holds bytes of a character that a later token completes (text then shows those bytes, e.g. ‹e6 88›)"))] = False
 
 
 @dataclass(frozen=True)

@@ -5,44 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from attnscope.model.load.models import LMHead
-
-
-@dataclass(frozen=True)
-class HeadScore:
-    layer: int
-    head: int
-    entropy: float | None  # mean over query rows of the row's entropy, nats; None while pending
-    prev_token: float | None  # mean attention from i to i-1 (i >= 1); None while pending
-    first_token: float | None  # mean attention from i to token 0 (i >= 1): the "sink"; None while pending
-    max: float | None  # mean over rows of the largest weight: how peaked the head is; None while pending
-    induction: float | None  # copying evidence (``INDUCTION_RULE``); None with too few repeats, or pending
-
-
-# an accumulator's field -> the HeadScore field it fills
-SCORE_NAMES = {"entropy": "entropy", "peak": "max", "prev": "prev_token", "first": "first_token",
-               "induction": "induction"}
-
-
-@dataclass(frozen=True)
-class HeadSparsity:
-    layer: int
-    head: int
-    top1: float  # mean share of a row's mass on its largest key
-    top5: float  # ... on its 5 largest keys
-    keys_90: float  # mean number of keys that hold 90% of a row's mass
-
-
-def previous_token_weights(pattern: torch.Tensor) -> torch.Tensor:
-    """(..., n, n) -> (..., n - 1): the attention from each query i >= 1 to key i - 1."""
-    rows = torch.arange(1, pattern.shape[-1], device=pattern.device)
-    return pattern[..., rows, rows - 1]
-
-
-SCORE_FIELDS = ("entropy", "peak", "prev", "first", "induction")
 
 # The induction score counts only evidence of copying. A query i "repeats" when its token occurred
 # earlier at some j whose next position j + 1 lies outside the query's own neighbourhood
@@ -60,6 +28,48 @@ INDUCTION_RULE = (f"mean over the queries whose token occurred earlier (at j, wi
                   f"{INDUCTION_NEAR} positions back) of the attention on j + 1 minus the attention on j; "
                   f"null with fewer than {INDUCTION_MIN_QUERIES} such queries")
 
+
+@dataclass(frozen=True)
+class HeadScore:
+    layer: int
+    head: int
+    entropy: Annotated[float | None, Field(description=(
+        "mean row entropy, nats, exact over every row; null while pending (the run's scores_pending lists it)"))]
+    prev_token: Annotated[float | None, Field(description=(
+        "mean attention from token i to i-1, exact over every row; null while pending (the run's "
+        "scores_pending lists it)"))]
+    first_token: Annotated[float | None, Field(description=(
+        "mean attention from token i to token 0 (sink), exact over every row; null while pending (the run's "
+        "scores_pending lists it)"))]
+    max: Annotated[float | None, Field(description=(
+        "mean over rows of the largest weight, exact over every row; null while pending (the run's "
+        "scores_pending lists it)"))]
+    induction: Annotated[float | None, Field(description=(
+        f"copying evidence: {INDUCTION_RULE} (the run's induction_queries counts them); null then, or while "
+        "pending (the run's scores_pending lists it)"))]
+
+
+# an accumulator's field -> the HeadScore field it fills
+SCORE_NAMES = {"entropy": "entropy", "peak": "max", "prev": "prev_token", "first": "first_token",
+               "induction": "induction"}
+
+
+@dataclass(frozen=True)
+class HeadSparsity:
+    layer: int
+    head: int
+    top1: Annotated[float, Field(description="mean share of a row's mass on its largest key")]
+    top5: Annotated[float, Field(description="mean share of a row's mass on its 5 largest keys")]
+    keys_90: Annotated[float, Field(description="mean number of keys that hold 90% of a row's mass")]
+
+
+def previous_token_weights(pattern: torch.Tensor) -> torch.Tensor:
+    """(..., n, n) -> (..., n - 1): the attention from each query i >= 1 to key i - 1."""
+    rows = torch.arange(1, pattern.shape[-1], device=pattern.device)
+    return pattern[..., rows, rows - 1]
+
+
+SCORE_FIELDS = ("entropy", "peak", "prev", "first", "induction")
 
 def induction_queries(ids: torch.Tensor) -> int:
     """How many queries of a run (ids (n,)) count for the induction score."""
@@ -266,10 +276,10 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class ResidualLayer:
     layer: int
-    resid_norm: list[float]  # ‖resid_post‖ per token
-    cos_prev: list[float]  # cos(resid_post, resid_pre) per token
-    attn_norm: list[float]  # ‖attn_out‖ per token
-    mlp_norm: list[float]  # ‖mlp_out‖ per token
+    resid_norm: Annotated[list[float], Field(description="‖resid_post‖ per token")]
+    cos_prev: Annotated[list[float], Field(description="cosine(resid_post, resid_pre) per token")]
+    attn_norm: Annotated[list[float], Field(description="‖attention sublayer output‖ per token")]
+    mlp_norm: Annotated[list[float], Field(description="‖MLP sublayer output‖ per token")]
 
 
 def residual_stats(resid: torch.Tensor, attn_out: torch.Tensor, mlp_out: torch.Tensor) -> list[ResidualLayer]:

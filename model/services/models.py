@@ -4,6 +4,9 @@ probe) and of the run directory behind its store, for the HTTP door's /api/model
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from attnscope.model.load.models import ModelInfo
 from attnscope.model.runs.persist import RunFiles
@@ -27,7 +30,7 @@ class Offered:
     """A model the server offers but has not loaded (an installed named model): loaded on first use."""
 
     name: str
-    about: str
+    about: Annotated[str, Field(description="what the model is and where it comes from")]
 
 
 @dataclass(frozen=True, slots=True)

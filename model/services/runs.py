@@ -9,8 +9,10 @@ valid range), takes the model's lock where it runs the model, and returns typed 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
+from pydantic import Field
 
 from attnscope.model.errors import BadInput
 from attnscope.model.results import LogitLens, NextDistribution
@@ -27,9 +29,15 @@ MAX_TOP_K = 50  # the lens's and the ablation's candidates a position, at most
 class Heads:
     """Every head's scores, layer by layer and head by head."""
 
+    run_id: str
     heads: list[HeadScore]
-    scores_pending: tuple[str, ...]  # fields still being computed (None in ``heads``); empty when complete
-    error: str | None  # why the pending scores cannot come, if they cannot
+    scores_pending: Annotated[tuple[str, ...], Field(description=(
+        "fields still being computed (null in `heads`); empty when complete"))]
+    timing_ms: Annotated[dict[str, float], Field(description=(
+        "the run's timings; once complete also \"exact_scores\" (ms of the late sweep) and \"scores_ready\" "
+        "(ms from the analyse's start until every score was in)"))]
+    error: Annotated[str | None, Field(description=(
+        "why the pending scores could not be computed, if they could not"))] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +46,7 @@ class Residual:
 
     n_layers: int
     n: int
-    embed_norm: list[float]  # ‖embedding output‖ per token
+    embed_norm: Annotated[list[float], Field(description="‖embedding output‖ (blocks.0.hook_resid_pre) per token")]
     layers: list[ResidualLayer]
 
 
@@ -51,9 +59,15 @@ def check_position(record: RunRecord, position: int, name: str = "position") -> 
 def heads(engine: Engine, *, run_id: str, wait: float | None = 0.0) -> Heads:
     """The run's head scores; ``wait`` seconds (None: as long as it takes) for late ones still owed."""
     record = engine.wait_scores(run_id, wait) if wait is None or wait > 0 else engine.run(run_id)
+    return heads_of(run_id, record)
+
+
+def heads_of(run_id: str, record: RunRecord) -> Heads:
+    """The head scores ``record`` holds now, with the error that keeps the pending ones from coming."""
     s = record.summary
     error = record.pending.error if s.scores_pending and record.pending is not None else None
-    return Heads(heads=list(s.heads), scores_pending=tuple(s.scores_pending), error=error)
+    return Heads(run_id=run_id, heads=list(s.heads), scores_pending=tuple(s.scores_pending),
+                 timing_ms=dict(s.timing_ms), error=error)
 
 
 def attention(engine: Engine, *, run_id: str, layer: int, head: int) -> torch.Tensor:

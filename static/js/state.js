@@ -5,7 +5,7 @@ import { search, setSearch } from "./page.js";
 export const state = {
   models: [],
   model: null, // the ModelOut of the current run's model
-  run: null, // the RunOut of POST /api/runs
+  run: null, // the run (RunBody) of POST /api/runs
   layer: 0,
   head: 0,
   pos: 0, // selected query position

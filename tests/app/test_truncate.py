@@ -4,8 +4,9 @@ first limit tokens) instead of refused, and the answer says what was kept (issue
 from __future__ import annotations
 
 from fastapi.testclient import TestClient
+from pydantic import TypeAdapter
 
-from attnscope.app.schemas import RunOut
+from attnscope.app.runjson import RunBody
 
 # the tiny GPT-2 has 256 positions; about 360 tokens of the bundled tokenizer
 LONG = "The cat sat on the mat and looked at the dog. " * 30
@@ -20,7 +21,7 @@ def test_over_the_limit_is_refused_without_truncate(client: TestClient) -> None:
 def test_truncate_analyses_the_first_limit_tokens_and_says_so(client: TestClient) -> None:
     r = client.post("/api/runs", json={"text": LONG, "model": "tiny-gpt2", "truncate": True})
     assert r.status_code == 201, r.text
-    run = RunOut.model_validate(r.json())
+    run = TypeAdapter(RunBody).validate_python(r.json())
     assert run.truncated is not None
     assert 250 <= len(run.tokens) <= 256 and run.truncated.tokens == len(run.tokens)
     assert LONG.startswith(run.text) and run.truncated.chars == len(run.text) < run.truncated.total_chars == len(LONG)
