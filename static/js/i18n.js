@@ -1,5 +1,5 @@
 // One message catalogue per language (static/i18n/en.js, static/i18n/zh.js), shared by
-// Learn and the explorer. Keys are flat ("l3.note.adjacent"); "{name}" is a placeholder.
+// Learn and the explorer. Keys are flat ("ids.note.adjacent"); "{name}" is a placeholder.
 // The language comes from ?lang=zh|en, else from the reader's last choice (localStorage, so
 // it carries across pages), else from the browser; switching rewrites every [data-i18n*] node,
 // the nav links' ?lang= and calls each registered painter, without a reload.

@@ -26,7 +26,7 @@ def test_same_keys_and_placeholders() -> None:
 def test_chinese_keeps_only_the_seeds_english_terms() -> None:
     """Latin words in the Chinese catalogue are the technical terms the seed note writes in
     English, symbols, names and quoted example text — nothing else."""
-    examples = {"x.placeholder": "I love artificial intelligence", "l6.p": "dog bites man the",
+    examples = {"x.placeholder": "I love artificial intelligence", "positions.p": "dog bites man the",
                 "lang.switch": "English", "err.patch_one": "Peter",  # the Patch tool's example answer
                 "err.patch_same": "answer wrong", "err.patch_same_token": "answer wrong",
                 "err.patch_flops": "TFLOP",
@@ -74,8 +74,8 @@ def test_chinese_headings_and_tabs_say_something_in_chinese() -> None:
     """Lesson headings, explorer panel headings and tool tabs: each holds Chinese, not only a term."""
     cjk = re.compile("[\u3400-\u9fff]")
     zh = CATALOGUES["zh"]
-    keys = [k for k in zh if re.fullmatch(r"l\d\.h|x\.tool\.(?!intro|encoder)\w+|x\.(attention|tokens|heads|focus|next)", k)]
-    assert {"l9.h", "x.attention", "x.tool.residual"} <= set(keys)
+    keys = [k for k in zh if re.fullmatch(r"(?:context|parallel|ids|embedding|shapes|positions|encoders|pipeline|residual)\.h|x\.tool\.(?!intro|encoder)\w+|x\.(attention|tokens|heads|focus|next)", k)]
+    assert {"residual.h", "x.attention", "x.tool.residual"} <= set(keys)
     assert [k for k in keys if not cjk.search(zh[k])] == []
 
 
@@ -100,3 +100,22 @@ def test_no_key_is_written_twice() -> None:
     for lang in ("en", "zh"):
         keys = re.findall(r'^\s*"([\w.]+)":', (ROOT / "static" / "i18n" / f"{lang}.js").read_text(encoding="utf-8"), re.M)
         assert sorted(k for k in set(keys) if keys.count(k) > 1) == [], lang
+
+
+def test_lessons_are_named_by_topic_in_one_order() -> None:
+    """Learn's lessons go by their topic, not a number: the page's sections (templates/learn.html), the
+    lesson list (static/js/learn/main.js), their modules and their catalogue keys agree, in one order."""
+    template = (ROOT / "templates" / "learn.html").read_text(encoding="utf-8")
+    main = (ROOT / "static" / "js" / "learn" / "main.js").read_text(encoding="utf-8")
+    listed = re.search(r'\{% for topic in \[([^\]]*)\] %\}', template)
+    assert listed is not None
+    sections = re.findall(r'"(\w+)"', listed.group(1))
+    lessons = re.findall(r'\{ topic: "(\w+)", module: (\w+) \}', main)
+    assert [topic for topic, _module in lessons] == sections and len(sections) == 9
+    for topic, module in lessons:
+        assert module == topic and (ROOT / "static" / "js" / "learn" / f"{topic}.js").is_file(), topic
+        assert f'import * as {topic} from "./{topic}.js";' in main, topic
+        for lang in ("en", "zh"):
+            assert {f"{topic}.h", f"{topic}.p"} <= set(CATALOGUES[lang]), (lang, topic)
+    numbered = [k for k in CATALOGUES["en"] if re.match(r"l[1-9]\.", k)]
+    assert numbered == [], numbered  # no lesson key goes by its number any more

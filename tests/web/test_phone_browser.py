@@ -87,19 +87,19 @@ def test_learn_at_phone_width(phone: object, base_url: str, lang: str) -> None:
     phone.wait_for_timeout(300)
     assert (covered := phone.evaluate(COVERED)) == [], "\n".join(covered)
     # Lesson 3: eleven bars' labels ("8505 ␣worthy") side by side, none over another
-    got = phone.evaluate(OVERLAPS, ["l3-chart", ".xtick text"])
+    got = phone.evaluate(OVERLAPS, ["ids-chart", ".xtick text"])
     assert got["count"] >= 10 and got["out"] == [], "\n".join(got["out"])
     # Lesson 2: every token of the table on one line (a row breaks between tokens only)
-    spans = phone.evaluate("""() => [...document.querySelectorAll('[data-testid=l2-table] .tok')]
+    spans = phone.evaluate("""() => [...document.querySelectorAll('[data-testid=parallel-table] .tok')]
         .map((s) => [s.textContent, s.getClientRects().length])""")
-    n = phone.evaluate("() => document.querySelectorAll('[data-testid=l2-table] tbody tr').length")
+    n = phone.evaluate("() => document.querySelectorAll('[data-testid=parallel-table] tbody tr').length")
     assert len(spans) >= 2 * n  # the prefix's tokens, the predicted and the true next token
     assert [s for s in spans if s[1] != 1] == []
     # and the table still fits the phone: the page does not scroll sideways
     assert phone.evaluate("() => document.documentElement.scrollWidth <= document.documentElement.clientWidth")
     # the generation steps' chart: its long x title wraps inside the chart (plotly cut it at the edge)
-    phone.get_by_test_id("l2-generate").click()
-    phone.wait_for_function("() => document.querySelector('[data-testid=l2-stream]').dataset.done", timeout=120_000)
-    box = phone.evaluate("""() => { const gd = document.querySelector('[data-testid=l2-steps]'), b = gd.getBoundingClientRect(),
+    phone.get_by_test_id("parallel-generate").click()
+    phone.wait_for_function("() => document.querySelector('[data-testid=parallel-stream]').dataset.done", timeout=120_000)
+    box = phone.evaluate("""() => { const gd = document.querySelector('[data-testid=parallel-steps]'), b = gd.getBoundingClientRect(),
         r = gd.querySelector('.g-xtitle text').getBoundingClientRect(); return [b.left, b.right, r.left, r.right]; }""")
     assert box[0] - 1 <= box[2] and box[3] <= box[1] + 1, box

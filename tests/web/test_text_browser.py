@@ -58,7 +58,7 @@ def test_recorded_generation_keeps_the_prompt_once(page: object, base_url: str) 
 def test_learn_prefix_table_holds_each_character_once(page: object, base_url: str) -> None:
     page.goto(f"{base_url}/learn?text={quote(CJK)}")
     page.wait_for_function("() => document.querySelectorAll('.lesson-body[data-ready]').length === 9", timeout=90_000)
-    prefixes = page.eval_on_selector_all("[data-testid=l2-table] tbody tr td.prefix", "tds => tds.map(t => t.textContent)")
+    prefixes = page.eval_on_selector_all("[data-testid=parallel-table] tbody tr td.prefix", "tds => tds.map(t => t.textContent)")
     assert prefixes[-1] == CJK
     assert all(CJK.startswith(p) for p in prefixes)
 

@@ -13,7 +13,7 @@ export function tokenAxis(tokens, max = 40, offset = 0) {
 // embedding (learned, sinusoidal), plain "embedding" when position enters inside attention
 // (rotary, ALiBi) or nowhere. `model` is an entry of /api/models.
 export const addsPosition = (model) => model.position_encoding === "learned" || model.position_encoding === "sinusoidal";
-export const embedStage = (t, model) => t(addsPosition(model) ? "l6.stage.embed" : "l6.stage.embed_only");
+export const embedStage = (t, model) => t(addsPosition(model) ? "positions.stage.embed" : "positions.stage.embed_only");
 export const headName = (t, layer, head) => t("common.layer_head", { layer, head });
 
 // A select filled with count options labelled by fn(i); keeps its value across repaints.

@@ -7,17 +7,29 @@ import { $, el } from "../dom.js";
 import { getJSON, postJSON } from "../api.js";
 import { errorText, initLanguage, lang, onLanguage, sentences, t } from "../i18n.js";
 import { chineseNote } from "./note.js";
-import * as l1 from "./l1.js";
-import * as l2 from "./l2.js";
-import * as l3 from "./l3.js";
-import * as l4 from "./l4.js";
-import * as l5 from "./l5.js";
-import * as l6 from "./l6.js";
-import * as l7 from "./l7.js";
-import * as l8 from "./l8.js";
-import * as l9 from "./l9.js";
+import * as context from "./context.js";
+import * as parallel from "./parallel.js";
+import * as ids from "./ids.js";
+import * as embedding from "./embedding.js";
+import * as shapes from "./shapes.js";
+import * as positions from "./positions.js";
+import * as encoders from "./encoders.js";
+import * as pipeline from "./pipeline.js";
+import * as residual from "./residual.js";
 
-const LESSONS = [l1, l2, l3, l4, l5, l6, l7, l8, l9];
+// The lessons in the page's order, each named by its topic: its module, its section's id
+// (templates/learn.html: <section id="TOPIC">), its catalogue keys ("TOPIC.h") and test ids ("TOPIC-…").
+const LESSONS = [
+  { topic: "context", module: context },
+  { topic: "parallel", module: parallel },
+  { topic: "ids", module: ids },
+  { topic: "embedding", module: embedding },
+  { topic: "shapes", module: shapes },
+  { topic: "positions", module: positions },
+  { topic: "encoders", module: encoders },
+  { topic: "pipeline", module: pipeline },
+  { topic: "residual", module: residual },
+];
 const SEED_PROMPT = "I love artificial intelligence"; // the seed note's own example
 // parameters from which a model's lessons are drawn as they come into view: attnscope-tiny (10M) draws
 // all nine at once in seconds; SmolLM2-135M needs about 15 s for them on 2 cores, most of it below the fold
@@ -28,17 +40,17 @@ let observer = null; // the current run's IntersectionObserver (lazy lessons)
 let unregister = []; // the painters of the current run's lessons
 let lastError = null; // the whole run's error (the server's words): repainted in the new language too
 // Each lesson's own error line, shown in that lesson (a lesson may move it beside the input it
-// answers) and cleared by that lesson's next success or the next run: {box, message} by lesson number.
+// answers) and cleared by that lesson's next success or the next run: {box, message} by lesson topic.
 const lessonErrors = new Map();
 
-function errorBox(n) {
-  if (!lessonErrors.has(n)) {
+function errorBox(topic) {
+  if (!lessonErrors.has(topic)) {
     const box = el("p", { class: "error lesson-error", role: "alert", "data-testid": "lesson-error", hidden: "" });
-    lessonErrors.set(n, { box, error: "" });
+    lessonErrors.set(topic, { box, error: "" });
   }
-  const entry = lessonErrors.get(n);
+  const entry = lessonErrors.get(topic);
   if (!entry.box.isConnected) { // first use, or the lesson's body was redrawn without it
-    const section = document.querySelector(`#l${n}`);
+    const section = document.getElementById(topic);
     section.insertBefore(entry.box, section.querySelector(".lesson-body"));
   }
   return entry.box;
@@ -135,8 +147,8 @@ async function runAll(models) {
     if (drawn === LESSONS.length && mine === generation) lessons.dataset.measured = "1";
   };
   const draw = (i) => {
-    const n = i + 1;
-    const section = document.querySelector(`#l${n}`);
+    const n = LESSONS[i].topic; // what the lesson's errors are filed under
+    const section = document.getElementById(n);
     const body = section.querySelector(".lesson-body");
     if (mine !== generation || body.dataset.queued === String(mine)) return;
     body.dataset.queued = String(mine);
@@ -169,7 +181,7 @@ async function runAll(models) {
         a.href = `${u.pathname}${u.search}`;
       }));
       try {
-        await LESSONS[i].render(body, ctx);
+        await LESSONS[i].module.render(body, ctx);
         if (mine === generation) body.dataset.ready = "1";
       } catch (err) {
         showLearnError(err, n);
@@ -180,8 +192,8 @@ async function runAll(models) {
     });
     return queue;
   };
-  for (const [i] of LESSONS.entries()) { // a lazy lesson says it waits until it is in view
-    const body = document.querySelector(`#l${i + 1} .lesson-body`);
+  for (const { topic } of LESSONS) { // a lazy lesson says it waits until it is in view
+    const body = document.getElementById(topic).querySelector(".lesson-body");
     delete body.dataset.queued;
     if (lazy) {
       const wait = el("p", { class: "muted", "data-testid": "lesson-waiting" });
@@ -195,7 +207,7 @@ async function runAll(models) {
     if (lazy) {
       await draw(0); // the first lesson now; the others as they come near the window
       observer = new IntersectionObserver((entries) => {
-        for (const e of entries) if (e.isIntersecting) draw(Number(e.target.id.slice(1)) - 1);
+        for (const e of entries) if (e.isIntersecting) draw(LESSONS.findIndex((l) => l.topic === e.target.id));
       }, { rootMargin: `0px 0px ${NEAR} 0px` });
       for (const section of document.querySelectorAll(".lesson")) observer.observe(section);
     } else {

@@ -9,9 +9,9 @@ export async function render(body, ctx) {
   const { run, model: m, t } = ctx;
   const a = await getJSON(`/api/models/${encodeURIComponent(run.model)}/anatomy`);
   const n = run.tokens.length;
-  const factsTable = el("table", { "data-testid": "l5-facts" });
-  const shapesTable = el("table", { "data-testid": "l5-shapes" });
-  const chart = figure("l5-chart", "chart tall");
+  const factsTable = el("table", { "data-testid": "shapes-facts" });
+  const shapesTable = el("table", { "data-testid": "shapes-shapes" });
+  const chart = figure("shapes-chart", "chart tall");
   body.replaceChildren(factsTable, shapesTable, chart.box);
   const fill = (table, rows) => table.replaceChildren(el("tbody", {}, ...rows.map(([k, v]) => el("tr", {}, el("th", { text: t(`l5.${k}`) }), el("td", { class: "mono", text: String(v) })))));
 
@@ -21,10 +21,10 @@ export async function render(body, ctx) {
       ["h_x_dh", `${m.n_heads} × ${m.d_head} = ${m.n_heads * m.d_head}`], ["kv_heads", m.n_kv_heads],
       ["layers", m.n_layers], ["mlp", m.d_mlp], ["params", M(a.total)],
       ["tok_emb", `${M(a.token_embedding)} (${m.vocab_size} × ${m.d_model})`],
-      ["pos_emb", M(a.position_embedding)], ["lm_head", a.lm_head_tied ? t("l5.tied") : M(a.lm_head)],
+      ["pos_emb", M(a.position_embedding)], ["lm_head", a.lm_head_tied ? t("shapes.tied") : M(a.lm_head)],
     ]);
     fill(shapesTable, [
-      ["x", `${n} × ${m.d_model}`], ["qkv", t("l5.each", { shape: `${n} × ${m.d_head}` })],
+      ["x", `${n} × ${m.d_model}`], ["qkv", t("shapes.each", { shape: `${n} × ${m.d_head}` })],
       ["scores", `${n} × ${n}`], ["heads_out", `${m.n_heads} × (${n} × ${m.d_head})`],
       ["concat", `${n} × ${m.n_heads * m.d_head} = ${n} × ${m.d_model}`], ["block_out", `${n} × ${m.d_model}`],
     ]);
@@ -33,9 +33,9 @@ export async function render(body, ctx) {
     const names = a.per_layer.map((l) => t("common.block", { i: l.layer }));
     const bar = (part, key) => ({ type: "bar", name: t(key), x, y: a.per_layer.map((l) => l[part]), customdata: names,
       hovertemplate: "%{customdata}: %{y:,}<extra>%{fullData.name}</extra>" });
-    await plot(chart, [bar("attention", "l5.part.attention"), bar("mlp", "l5.part.mlp"), bar("norms", "l5.part.norms")], {
-      barmode: "stack", yaxis: { title: { text: t("l5.y") } },
-      xaxis: { title: { text: t("l5.blocks") }, automargin: true, tickangle: 0, tickmode: x.length <= 12 ? "linear" : "auto", dtick: 1 },
+    await plot(chart, [bar("attention", "shapes.part.attention"), bar("mlp", "shapes.part.mlp"), bar("norms", "shapes.part.norms")], {
+      barmode: "stack", yaxis: { title: { text: t("shapes.y") } },
+      xaxis: { title: { text: t("shapes.blocks") }, automargin: true, tickangle: 0, tickmode: x.length <= 12 ? "linear" : "auto", dtick: 1 },
       legend: { orientation: "h", x: 0, y: 1.15 }, margin: { t: 40 } }); // the legend above: every block's label fits
   });
   ctx.link({});

@@ -19,14 +19,14 @@ export async function render(body, ctx) {
   const last = n - 1;
   const gaps = await getJSON(`/api/runs/${run.run_id}/contribution-gaps?position=${last}`);
   const best = pickHead(gaps.heads);
-  const layerSel = el("select", { "data-testid": "l1-layer" });
-  const headSel = el("select", { "data-testid": "l1-head" });
-  const posSel = el("select", { "data-testid": "l1-pos" });
-  const path = figure("l1-path");
-  const pathNote = el("p", { class: "muted", "data-testid": "l1-path-note" });
-  const chart = figure("l1-chart", "chart tall");
-  const why = el("p", { class: "muted", "data-testid": "l1-default" });
-  const note = el("p", { class: "muted", "data-testid": "l1-note" });
+  const layerSel = el("select", { "data-testid": "context-layer" });
+  const headSel = el("select", { "data-testid": "context-head" });
+  const posSel = el("select", { "data-testid": "context-pos" });
+  const path = figure("context-path");
+  const pathNote = el("p", { class: "muted", "data-testid": "context-path-note" });
+  const chart = figure("context-chart", "chart tall");
+  const why = el("p", { class: "muted", "data-testid": "context-default" });
+  const note = el("p", { class: "muted", "data-testid": "context-note" });
   body.replaceChildren(el("div", { class: "wide" }, path.box, pathNote), el("div", { class: "controls" }, layerSel, headSel, posSel),
     el("div", { class: "wide" }, chart.box, why, note));
   const labels = () => {
@@ -48,31 +48,31 @@ export async function render(body, ctx) {
     const x = run.tokens.map((_, j) => j);
     const tokens = run.tokens.map((tk) => tk.text);
     await plot(path, [
-      { type: "bar", name: t("l1.path.rnn"), x, y: steps, marker: { color: "#bdbdbd" },
-        hovertemplate: t("l1.path.hover_rnn", { last }) + "<extra></extra>" },
-      { type: "bar", name: t("l1.path.attn"), x, y: x.map(() => 1), marker: { color: "#08306b" },
-        hovertemplate: t("l1.path.hover_attn", { last }) + "<extra></extra>" },
-    ], { barmode: "group", title: { text: t("l1.path.title", { last, token: label(run.tokens[last].text) }), font: { size: 12 }, x: 0, xanchor: "left" },
-      xaxis: tokenAxis(tokens), yaxis: { title: { text: t("l1.path.y") }, rangemode: "tozero", dtick: Math.max(1, Math.ceil(last / 6)) },
+      { type: "bar", name: t("context.path.rnn"), x, y: steps, marker: { color: "#bdbdbd" },
+        hovertemplate: t("context.path.hover_rnn", { last }) + "<extra></extra>" },
+      { type: "bar", name: t("context.path.attn"), x, y: x.map(() => 1), marker: { color: "#08306b" },
+        hovertemplate: t("context.path.hover_attn", { last }) + "<extra></extra>" },
+    ], { barmode: "group", title: { text: t("context.path.title", { last, token: label(run.tokens[last].text) }), font: { size: 12 }, x: 0, xanchor: "left" },
+      xaxis: tokenAxis(tokens), yaxis: { title: { text: t("context.path.y") }, rangemode: "tozero", dtick: Math.max(1, Math.ceil(last / 6)) },
       margin: { t: 16 } });
   }
 
   function paintText() {
     const [layer, head] = [Number(layerSel.value), Number(headSel.value)];
     const w0 = data && data.position === last ? data.weights[0] : null;
-    pathNote.textContent = n < 2 ? t("l1.path.one_token") : t("l1.path.note", {
+    pathNote.textContent = n < 2 ? t("context.path.one_token") : t("context.path.note", {
       first: showToken(run.tokens[0].text), last, lastTok: showToken(run.tokens[last].text), steps: last,
       head: headName(t, layer, head), w: w0 === null ? "—" : fmt(w0, 2),
     });
-    why.textContent = t("l1.default", { head: headName(t, best.layer, best.head), gap: fmt(best.gap, 2),
+    why.textContent = t("context.default", { head: headName(t, best.layer, best.head), gap: fmt(best.gap, 2),
       min: fmt(Math.min(...gaps.heads.map((g) => g.gap)), 2) });
     if (!data) return;
     const tw = data.weights.indexOf(Math.max(...data.weights));
     const ts = data.share.indexOf(Math.max(...data.share));
     const tok = (i) => showToken(run.tokens[i].text);
     note.textContent = tw !== ts
-      ? t("l1.note.differ", { tw, ttok: tok(tw), w: fmt(data.weights[tw], 2), ts, stok: tok(ts), s: fmt(data.share[ts], 2), ws: fmt(data.weights[ts], 2) })
-      : t("l1.note.same", { i: tw, tok: tok(tw), w: fmt(data.weights[tw], 2), s: fmt(data.share[ts], 2), gap: fmt(data.gap, 2) });
+      ? t("context.note.differ", { tw, ttok: tok(tw), w: fmt(data.weights[tw], 2), ts, stok: tok(ts), s: fmt(data.share[ts], 2), ws: fmt(data.weights[ts], 2) })
+      : t("context.note.same", { i: tw, tok: tok(tw), w: fmt(data.weights[tw], 2), s: fmt(data.share[ts], 2), gap: fmt(data.gap, 2) });
   }
 
   async function paintChart() {
@@ -80,12 +80,12 @@ export async function render(body, ctx) {
     const tokens = run.tokens.slice(0, data.weights.length).map((x) => x.text);
     const x = tokens.map((_, i) => i);
     await plot(chart, [
-      { type: "bar", name: t("l1.weight"), x, y: data.weights, marker: { color: "#6baed6" },
-        hovertemplate: `${t("l1.weight")}: %{y:.3f}<extra>%{x}</extra>` },
-      { type: "bar", name: t("l1.share"), x, y: data.share, marker: { color: "#08306b" },
-        hovertemplate: `${t("l1.share_short")}: %{y:.3f}<extra>%{x}</extra>` },
-    ], { barmode: "group", xaxis: tokenAxis(tokens), yaxis: { range: [0, 1], title: { text: t("l1.y") } },
-      title: { text: t("l1.chart.title", { head: headName(t, data.layer, data.head), pos: data.position, token: label(run.tokens[data.position].text) }), font: { size: 12 }, x: 0, xanchor: "left" },
+      { type: "bar", name: t("context.weight"), x, y: data.weights, marker: { color: "#6baed6" },
+        hovertemplate: `${t("context.weight")}: %{y:.3f}<extra>%{x}</extra>` },
+      { type: "bar", name: t("context.share"), x, y: data.share, marker: { color: "#08306b" },
+        hovertemplate: `${t("context.share_short")}: %{y:.3f}<extra>%{x}</extra>` },
+    ], { barmode: "group", xaxis: tokenAxis(tokens), yaxis: { range: [0, 1], title: { text: t("context.y") } },
+      title: { text: t("context.chart.title", { head: headName(t, data.layer, data.head), pos: data.position, token: label(run.tokens[data.position].text) }), font: { size: 12 }, x: 0, xanchor: "left" },
       margin: { t: 16 } });
   }
 

@@ -9,10 +9,10 @@ import { SCALE } from "../views/colour.js";
 export async function render(body, ctx) {
   const { run, model: m, t } = ctx;
   const n = run.tokens.length;
-  const flow = el("div", { class: "flow", "data-testid": "l8-flow" });
-  const lensDiv = figure("l8-lens", "chart tall");
-  const slider = el("input", { type: "range", min: 0, max: 0, step: 1, value: 0, "data-testid": "l8-window" });
-  const where = el("output", { "data-testid": "l8-where" });
+  const flow = el("div", { class: "flow", "data-testid": "pipeline-flow" });
+  const lensDiv = figure("pipeline-lens", "chart tall");
+  const slider = el("input", { type: "range", min: 0, max: 0, step: 1, value: 0, "data-testid": "pipeline-window" });
+  const where = el("output", { "data-testid": "pipeline-where" });
   const sliderLabel = el("span");
   const lensNote = el("p", { class: "muted" });
   body.replaceChildren(flow, el("div", { class: "controls" }, sliderLabel, slider, where), el("div", { class: "wide" }, lensDiv.box), el("div", { class: "wide" }, lensNote));
@@ -25,9 +25,9 @@ export async function render(body, ctx) {
 
   function paintFlow() {
     const stages = [
-      [t("l8.s.ids"), `${n}`], [t("l8.s.embed"), `${n} × ${m.d_model}`], [t("l8.s.blocks", { L: m.n_layers }), `${n} × ${m.d_model}`],
-      [t("l8.s.final"), `${n} × ${m.d_model}`], [t("l8.s.head"), `${m.d_model} × ${m.vocab_size}`], [t("l8.s.logits"), `${n} × ${m.vocab_size}`],
-      [t("l8.s.softmax"), `${n} × ${m.vocab_size}`],
+      [t("pipeline.s.ids"), `${n}`], [t("pipeline.s.embed"), `${n} × ${m.d_model}`], [t("pipeline.s.blocks", { L: m.n_layers }), `${n} × ${m.d_model}`],
+      [t("pipeline.s.final"), `${n} × ${m.d_model}`], [t("pipeline.s.head"), `${m.d_model} × ${m.vocab_size}`], [t("pipeline.s.logits"), `${n} × ${m.vocab_size}`],
+      [t("pipeline.s.softmax"), `${n} × ${m.vocab_size}`],
     ];
     flow.replaceChildren();
     stages.forEach(([name, shape], i) => {
@@ -43,17 +43,17 @@ export async function render(body, ctx) {
     const stage = (l) => (l.layer < 0 ? embedStage(t, m) : t("common.block", { i: l.layer }));
     const z = lens.layers.map((l) => x.map((p) => l.positions[p].top[0].prob));
     const text = lens.layers.map((l) => x.map((p) => label(l.positions[p].top[0].token)));
-    where.textContent = t("l8.where", { a: start, b: end - 1, n });
+    where.textContent = t("pipeline.where", { a: start, b: end - 1, n });
     await plot(lensDiv, [{ type: "heatmap", x, z, text, texttemplate: "%{text}", textfont: { size: 10 }, colorscale: SCALE, zmin: 0, zmax: 1,
       colorbar: { title: { text: "p" }, thickness: 10 },
-      hovertemplate: t("l8.hover") + "<extra></extra>", y: lens.layers.map(stage) }],
-    { title: { text: t("l8.title", { a: start, b: end - 1 }), font: { size: 12 }, x: 0, xanchor: "left" },
+      hovertemplate: t("pipeline.hover") + "<extra></extra>", y: lens.layers.map(stage) }],
+    { title: { text: t("pipeline.title", { a: start, b: end - 1 }), font: { size: 12 }, x: 0, xanchor: "left" },
       xaxis: tokenAxis(run.tokens.slice(start, end).map((tk) => tk.text), 40, start), yaxis: { automargin: true }, margin: { l: 70, r: 10, t: 8, b: 70 } });
     lensDiv.dataset.start = String(start);
     lensDiv.dataset.layers = String(lens.layers.length);
     const lastStage = lens.layers.at(-1);
     const p = end - 1;
-    lensNote.textContent = t("l8.note", { p, token: showToken(run.tokens[p].text), top: showToken(lastStage.positions[p].top[0].token), prob: lastStage.positions[p].top[0].prob.toFixed(2) });
+    lensNote.textContent = t("pipeline.note", { p, token: showToken(run.tokens[p].text), top: showToken(lastStage.positions[p].top[0].token), prob: lastStage.positions[p].top[0].prob.toFixed(2) });
     ctx.link({ pos: p });
   }
   slider.addEventListener("input", () => paintLens().catch((e) => ctx.error(e)));
@@ -66,7 +66,7 @@ export async function render(body, ctx) {
     paintLens().catch((e) => ctx.error(e));
   }).observe(lensDiv);
   await ctx.paint(async () => {
-    sliderLabel.textContent = t("l8.window");
+    sliderLabel.textContent = t("pipeline.window");
     paintFlow();
     await paintLens();
   });

@@ -23,8 +23,8 @@ const within = (v, xs) => v >= Math.min(...xs) && v <= Math.max(...xs);
 export function verdictKey(cacheTotals, noCacheTotals, cacheMs, noCacheMs) {
   const mc = median(cacheTotals), mu = median(noCacheTotals);
   const noise = within(mc, noCacheTotals) && within(mu, cacheTotals);
-  if (noise || mc === mu || (mc < mu) !== (cacheMs < noCacheMs)) return "l2.verdict.tie";
-  return cacheMs < noCacheMs ? "l2.verdict.win" : "l2.verdict.nowin";
+  if (noise || mc === mu || (mc < mu) !== (cacheMs < noCacheMs)) return "parallel.verdict.tie";
+  return cacheMs < noCacheMs ? "parallel.verdict.win" : "parallel.verdict.nowin";
 }
 
 // A token's characters as one unbreakable span; rows wrap between tokens, never inside one.
@@ -73,17 +73,17 @@ export async function render(body, ctx) {
   skippedLong = null;
   const { run, t } = ctx;
   const n = run.tokens.length;
-  const facts = el("p", { class: "facts", "data-testid": "l2-facts" });
-  const table = el("table", { "data-testid": "l2-table" });
-  const stream = el("div", { class: "stream", "data-testid": "l2-stream" });
-  const steps = figure("l2-steps");
+  const facts = el("p", { class: "facts", "data-testid": "parallel-facts" });
+  const table = el("table", { "data-testid": "parallel-table" });
+  const stream = el("div", { class: "stream", "data-testid": "parallel-stream" });
+  const steps = figure("parallel-steps");
   steps.box.hidden = true;
-  const go = el("button", { type: "button", "data-testid": "l2-generate" });
-  const serial = el("p", { class: "muted", "data-testid": "l2-serial" });
-  const timingTitle = el("p", { class: "muted", "data-testid": "l2-timing-title" });
-  const timing = figure("l2-timing", "chart tall");
-  const timingLong = figure("l2-timing-long", "chart tall");
-  const verdict = el("p", { class: "facts", "data-testid": "l2-verdict" });
+  const go = el("button", { type: "button", "data-testid": "parallel-generate" });
+  const serial = el("p", { class: "muted", "data-testid": "parallel-serial" });
+  const timingTitle = el("p", { class: "muted", "data-testid": "parallel-timing-title" });
+  const timing = figure("parallel-timing", "chart tall");
+  const timingLong = figure("parallel-timing-long", "chart tall");
+  const verdict = el("p", { class: "facts", "data-testid": "parallel-verdict" });
   body.replaceChildren(el("div", { class: "wide" }, facts), el("div", { class: "scroll wide" }, table),
     el("div", { class: "wide" }, serial, go, stream, steps.box),
     el("div", { class: "wide" }, timingTitle), timing.box, timingLong.box, el("div", { class: "wide" }, verdict));
@@ -97,52 +97,52 @@ export async function render(body, ctx) {
         el("td", { text: String(i) }), el("td", { text: String(i + 1) }),
         el("td", { class: "mono prefix" }, ...prefixSpans(run, i)),
         el("td", { class: "mono" }, "→ ", tok(showToken(p.top[0].token)), ` (${fmt(p.top[0].prob, 2)})`),
-        el("td", { class: "mono" }, truth ? tok(showToken(truth.token)) : t("l2.not_yet")),
-        el("td", { text: truth ? t("l2.prob_rank", { p: fmt(truth.prob, 3), rank: truth.rank }) : "" }));
+        el("td", { class: "mono" }, truth ? tok(showToken(truth.token)) : t("parallel.not_yet")),
+        el("td", { text: truth ? t("parallel.prob_rank", { p: fmt(truth.prob, 3), rank: truth.rank }) : "" }));
     });
     table.replaceChildren(
-      el("thead", {}, el("tr", {}, ...["pos", "sees", "prefix", "predicted", "truth", "ptruth"].map((k) => el("th", { text: t(`l2.col.${k}`) })))),
+      el("thead", {}, el("tr", {}, ...["pos", "sees", "prefix", "predicted", "truth", "ptruth"].map((k) => el("th", { text: t(`parallel.col.${k}`) })))),
       el("tbody", {}, ...rows));
     const scored = run.predictions.filter((p) => p.actual_next);
     const hits = scored.filter((p) => p.top[0].id === p.actual_next.id).length;
-    facts.textContent = t("l2.facts", {
+    facts.textContent = t("parallel.facts", {
       n, ms: fmt(run.timing_ms.forward, 1), visible: (n * (n + 1)) / 2, cells: n * n, hits, rows: scored.length,
       mean: scored.length ? fmt(scored.reduce((a, p) => a + p.actual_next.prob, 0) / scored.length, 3) : "—",
     });
-    if (run.predictions.length > ROWS) facts.textContent += ` ${t("l2.rows_shown", { rows: ROWS, n })}`;
-    serial.textContent = t("l2.serial");
-    go.textContent = t("l2.generate");
+    if (run.predictions.length > ROWS) facts.textContent += ` ${t("parallel.rows_shown", { rows: ROWS, n })}`;
+    serial.textContent = t("parallel.serial");
+    go.textContent = t("parallel.generate");
   }
 
   async function paintSteps() {
     if (!generated.length) return;
     steps.box.hidden = false;
     stream.replaceChildren(el("span", { text: ctx.text }), ...generated.map((g) => el("span", { class: g.special ? "new special" : "new", text: g.text,
-      title: `${showToken(g.token)} · ${t("l2.step_hover", { p: fmt(g.prob, 3), ms: fmt(g.ms, 1) })}` })));
+      title: `${showToken(g.token)} · ${t("parallel.step_hover", { p: fmt(g.prob, 3), ms: fmt(g.ms, 1) })}` })));
     await plot(steps, [{ type: "bar", x: generated.map((_, i) => i + 1), y: generated.map((g) => g.ms), marker: { color: "#2171b5" },
-      hovertemplate: t("l2.steps.hover") + "<extra></extra>" }],
+      hovertemplate: t("parallel.steps.hover") + "<extra></extra>" }],
     // plotly never wraps an axis title: on a phone it is broken into lines that fit the chart
-    { xaxis: { title: { text: wrap(t("l2.steps.x"), (steps.clientWidth || 600) - 40).join("<br>") }, dtick: 1 },
+    { xaxis: { title: { text: wrap(t("parallel.steps.x"), (steps.clientWidth || 600) - 40).join("<br>") }, dtick: 1 },
       yaxis: { title: { text: t("common.ms") } } });
   }
 
   async function paintTiming() {
     if (!times) return;
-    timingTitle.textContent = sentences([t("l2.timing.title"), skippedLong ? t("l2.timing.skipped", skippedLong) : ""]);
+    timingTitle.textContent = sentences([t("parallel.timing.title"), skippedLong ? t("parallel.timing.skipped", skippedLong) : ""]);
     const draw = (div, tm, titleKey) => {
       const x = tm.serial_cache_ms.map((_, i) => i + 1);
       return plot(div, [
-        { type: "scatter", mode: "lines", name: t("l2.t.nocache"), x, y: cum(tm.serial_no_cache_ms), line: { color: "#d94801" } },
-        { type: "scatter", mode: "lines", name: t("l2.t.cache"), x, y: cum(tm.serial_cache_ms), line: { color: "#2171b5" } },
-        { type: "scatter", mode: "lines+markers", name: t("l2.t.parallel", { n: tm.n }), x: [1, tm.n], y: [tm.parallel_ms, tm.parallel_ms], line: { dash: "dot", color: "#333" } },
+        { type: "scatter", mode: "lines", name: t("parallel.t.nocache"), x, y: cum(tm.serial_no_cache_ms), line: { color: "#d94801" } },
+        { type: "scatter", mode: "lines", name: t("parallel.t.cache"), x, y: cum(tm.serial_cache_ms), line: { color: "#2171b5" } },
+        { type: "scatter", mode: "lines+markers", name: t("parallel.t.parallel", { n: tm.n }), x: [1, tm.n], y: [tm.parallel_ms, tm.parallel_ms], line: { dash: "dot", color: "#333" } },
       ], { title: { text: t(titleKey, { n: tm.n, total: n, repeats: tm.repeats }), font: { size: 12 }, x: 0, xanchor: "left" },
-        xaxis: { title: { text: t("l2.t.x") }, range: [0.5, tm.n + 0.5] },
-        yaxis: { title: { text: t("l2.t.y") }, rangemode: "tozero" }, margin: { t: 16 } });
+        xaxis: { title: { text: t("parallel.t.x") }, range: [0.5, tm.n + 0.5] },
+        yaxis: { title: { text: t("parallel.t.y") }, rangemode: "tozero" }, margin: { t: 16 } });
     };
     timingLong.box.hidden = times.length < 2;
     // the caption says what was timed: the whole prompt, its first tokens, or the prompt repeated
-    await Promise.all([draw(timing, times[0], times[0].n < n ? "l2.timing.cut" : "l2.timing.short"),
-      times[1] && draw(timingLong, times[1], "l2.timing.long")]);
+    await Promise.all([draw(timing, times[0], times[0].n < n ? "parallel.timing.cut" : "parallel.timing.short"),
+      times[1] && draw(timingLong, times[1], "parallel.timing.long")]);
     timing.dataset.timed = String(times[0].n);
     const parts = times.map((tm) => {
       // the curves' end points: the sums of the per-step medians (the totals' spread beside them)
@@ -152,10 +152,10 @@ export async function render(body, ctx) {
       return t(verdictKey(tm.cache_totals_ms, tm.no_cache_totals_ms, c, u), {
         n: tm.n, c: fmt(c, 1), u: fmt(u, 1), ratio: fmt(u / c, 2), repeats: tm.repeats,
         crange: range(tm.cache_totals_ms), urange: range(tm.no_cache_totals_ms), p: fmt(tm.parallel_ms, 1), px: fmt(c / tm.parallel_ms, 1),
-        ms: fmt(run.timing_ms.forward, 1), // the run's own forward, which also captured (l2.facts)
+        ms: fmt(run.timing_ms.forward, 1), // the run's own forward, which also captured (parallel.facts)
       });
     });
-    verdict.textContent = sentences([...parts, t("l2.verdict.why")]);
+    verdict.textContent = sentences([...parts, t("parallel.verdict.why")]);
     verdict.dataset.keys = times.map((tm) => verdictKey(tm.cache_totals_ms, tm.no_cache_totals_ms,
       tm.serial_cache_ms.reduce((x, y) => x + y, 0), tm.serial_no_cache_ms.reduce((x, y) => x + y, 0))).join(" ");
   }
@@ -192,7 +192,7 @@ export async function render(body, ctx) {
   });
   // timed after the other lessons are drawn: it holds the model for a few seconds
   ctx.later(async () => {
-    timingTitle.textContent = t("l2.timing.running");
+    timingTitle.textContent = t("parallel.timing.running");
     const short = await timeWithin({ text, model: run.model, repeats: 3 }, n);
     // a short prompt is timed again repeated to LONG tokens, where the cache has room to pay off
     // (fewer on a model too slow to time LONG tokens in the server's budget: it says so)

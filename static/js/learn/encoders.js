@@ -8,15 +8,15 @@ export async function render(body, ctx) {
   const { t, models, text } = ctx;
   const enc = models.find((m) => !m.causal);
   const dec = models.find((m) => m.causal && m.default) || models.find((m) => m.causal);
-  const left = el("div", { class: "chart tall", "data-testid": "l7-encoder" });
-  const right = el("div", { class: "chart tall", "data-testid": "l7-decoder" });
+  const left = el("div", { class: "chart tall", "data-testid": "encoders-encoder" });
+  const right = el("div", { class: "chart tall", "data-testid": "encoders-decoder" });
   if (!enc || !dec) {
-    const msg = el("p", { class: "muted", "data-testid": "l7-missing" });
+    const msg = el("p", { class: "muted", "data-testid": "encoders-missing" });
     body.replaceChildren(msg);
-    await ctx.paint(() => { msg.textContent = t("l7.missing"); });
+    await ctx.paint(() => { msg.textContent = t("encoders.missing"); });
     return;
   }
-  const unk = el("p", { class: "muted", "data-testid": "l7-unk", hidden: "" });
+  const unk = el("p", { class: "muted", "data-testid": "encoders-unk", hidden: "" });
   body.replaceChildren(left, right, el("div", { class: "wide" }, unk));
   // each model on its own: a prompt one of them refuses (the encoder's 512 positions) is said in
   // this lesson, and the other one is still drawn
@@ -26,13 +26,13 @@ export async function render(body, ctx) {
   };
   const [ge, gd] = await Promise.allSettled([load(enc), load(dec)]);
   const refused = [ge, gd].find((g) => g.status === "rejected");
-  const sides = [[ge, left, "l7.enc", enc], [gd, right, "l7.dec", dec]].filter(([g, div]) => {
+  const sides = [[ge, left, "encoders.enc", enc], [gd, right, "encoders.dec", dec]].filter(([g, div]) => {
     div.hidden = g.status !== "fulfilled";
     return !div.hidden;
   });
   if (!sides.length) throw refused.reason;
   if (refused) {
-    const [key, model] = refused === ge ? ["l7.refused_enc", enc.name] : ["l7.refused_dec", dec.name];
+    const [key, model] = refused === ge ? ["encoders.refused_enc", enc.name] : ["encoders.refused_dec", dec.name];
     ctx.error(refused.reason, { key, vars: { model } });
   }
   const shown = ge.status === "fulfilled" ? { model: enc.name, r: ge.value.r } : { model: dec.name, r: gd.value.r };
@@ -43,6 +43,6 @@ export async function render(body, ctx) {
   await ctx.paint(async () => {
     for (const [g, div, key, m] of sides) await drawHeatmap(div, g.value.scores, g.value.r.tokens, { title: `${t(key)} · ${m.name} · ${headName(t, 0, 0)}` });
     unk.hidden = !unknown.length;
-    unk.textContent = unknown.length ? t("l7.unk", { model: enc.name, chars, unk: "[UNK]" }) : ""; // the token as the encoder spells it
+    unk.textContent = unknown.length ? t("encoders.unk", { model: enc.name, chars, unk: "[UNK]" }) : ""; // the token as the encoder spells it
   });
 }
