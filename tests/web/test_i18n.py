@@ -119,3 +119,23 @@ def test_lessons_are_named_by_topic_in_one_order() -> None:
             assert {f"{topic}.h", f"{topic}.p"} <= set(CATALOGUES[lang]), (lang, topic)
     numbered = [k for k in CATALOGUES["en"] if re.match(r"l[1-9]\.", k)]
     assert numbered == [], numbered  # no lesson key goes by its number any more
+
+
+def test_the_explorers_types_name_the_apis_fields() -> None:
+    """static/js/state.js's JSDoc types of the run and its parts have the fields of the Python
+    declarations the routes answer with, so a field added there is missed here by no one."""
+    import dataclasses
+
+    from attnscope.app.runjson import RunBody
+    from attnscope.app.schemas import TruncatedOut
+    from attnscope.model.load.tokens import Token
+    from attnscope.model.results import ActualNext, PositionPrediction, TokenProb
+    from attnscope.model.scores.analysis import HeadScore
+
+    source = (ROOT / "static" / "js" / "state.js").read_text(encoding="utf-8")
+    types = {name: body for body, name in re.findall(r"@typedef \{\{(.*?)\}\} (\w+)", source, re.S)}
+    for cls in (RunBody, Token, TokenProb, ActualNext, PositionPrediction, HeadScore):
+        declared = {f.name for f in dataclasses.fields(cls)}
+        documented = set(re.findall(r"(\w+): ", re.sub(r"\{[^{}]*\}", "", types[cls.__name__].replace("\n *", " "))))
+        assert documented == declared, (cls.__name__, documented ^ declared)
+    assert set(re.findall(r"(\w+): ", types["Truncated"])) == set(TruncatedOut.model_fields)

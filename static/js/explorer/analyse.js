@@ -2,7 +2,7 @@
 // computes after answering (late scores), and the sparsity scores a sort asks for.
 import { $, el, isAbort } from "../dom.js";
 import { getJSON, postJSON, waitHeads } from "../api.js";
-import { state, set, toURL } from "../state.js";
+import { state, set, toURL, ui } from "../state.js";
 import { markSelected, renderTokens } from "../views/tokens.js";
 import { t } from "../i18n.js";
 import { markStale, report, showCut, showError, tokenLimitOf } from "./errors.js";
@@ -211,7 +211,6 @@ export async function sortGrid(sort) {
 const LATE_SORTS = new Set(["entropy", "max", "prev_token", "first_token", "induction"]);
 // the page's one wait for late scores: a new run's wait cancels the last run's, so that stale waits never
 // hold the browser's few connections to the server while tiles are asked for
-let scoresWait = null; // { run, controller }
 const scoresAsked = new WeakMap(); // run -> the one wait for its late scores
 
 function scoresNote(run) {
@@ -222,15 +221,15 @@ function scoresNote(run) {
 
 function loadScores(run) {
   scoresNote(run);
-  if (scoresWait && scoresWait.run !== run) {
-    scoresWait.controller.abort();
-    scoresAsked.delete(scoresWait.run); // coming back to that run asks again
-    scoresWait = null;
+  if (ui.scoresWait && ui.scoresWait.run !== run) {
+    ui.scoresWait.controller.abort();
+    scoresAsked.delete(ui.scoresWait.run); // coming back to that run asks again
+    ui.scoresWait = null;
   }
   if (!(run.scores_pending || []).length) return Promise.resolve();
   if (!scoresAsked.has(run)) {
     const controller = new AbortController();
-    scoresWait = { run, controller };
+    ui.scoresWait = { run, controller };
     scoresAsked.set(run, (async () => {
       try {
         const done = await waitHeads(run.run_id, { signal: controller.signal });
@@ -245,7 +244,7 @@ function loadScores(run) {
         scoresAsked.delete(run); // a later load of this run asks again
         if (state.run === run && !isAbort(err)) report(err);
       } finally {
-        if (scoresWait && scoresWait.run === run) scoresWait = null;
+        if (ui.scoresWait && ui.scoresWait.run === run) ui.scoresWait = null;
         if (state.run === run) scoresNote(run);
       }
     })());

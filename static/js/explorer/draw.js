@@ -3,7 +3,7 @@
 import { $, isAbort, showToken } from "../dom.js";
 import { getAttentionBin, getAttentionF32, getNext, getRow } from "../api.js";
 import { rowOf } from "../slice.js";
-import { state, set, toURL } from "../state.js";
+import { state, set, toURL, ui } from "../state.js";
 import { cellText, drawHeatmap } from "../views/heatmap.js";
 import { inductionText, pending, scoreText } from "../views/headgrid.js";
 import { drawFocusBars, drawFocusLines, focusNote } from "../views/focus.js";
@@ -17,9 +17,8 @@ const exactCache = new Map(); // "run:layer:head" -> exact float32 cells, for ho
 
 // What a drawn heatmap answers (hover, clicks, zooms: selection.js's wireHeatmap), given once by
 // the controller; called after each draw, it wires the plotly chart the first time.
-let wire = () => {};
 export function wireWith(fn) {
-  wire = fn;
+  ui.wireHeatmap = fn;
 }
 
 // Hand the page back to the browser between two pieces of long work, so that a click, a script
@@ -61,7 +60,7 @@ async function drawLongHead() {
   const tile = await shown;
   drawFocus(); // the selected row's top keys: after the overview, which the server computes first
   if (!tile) return;
-  wire($("#heatmap"));
+  ui.wireHeatmap($("#heatmap"));
   toURL();
 }
 
@@ -96,7 +95,7 @@ export async function drawHead() {
   div.dataset.layer = String(layer);
   div.dataset.head = String(head);
   div.dataset.drawnAt = String(performance.now()); // read by bench/browser.py
-  wire(div);
+  ui.wireHeatmap(div);
   $("#layer-picker").value = String(layer);
   $("#head-picker").value = String(head);
   showZoomInputs();
@@ -109,7 +108,6 @@ export async function drawHead() {
 
 // The selected query's row: the 8-bit view of a short run's slice, or the exact row of a long
 // run fetched on its own (the newest selection wins); long rows show their top keys.
-let focusRequest = null; // the AbortController of the long row being fetched
 export async function drawFocus() {
   const { run, slice, pos, layer, head } = state;
   if (!run) return;
@@ -125,26 +123,25 @@ export async function drawFocus() {
     if (slice) show(rowOf(slice, pos), false);
     return;
   }
-  if (focusRequest) focusRequest.abort();
+  if (ui.focusRequest) ui.focusRequest.abort();
   const controller = new AbortController();
-  focusRequest = controller;
+  ui.focusRequest = controller;
   try {
     const values = await getRow(run.run_id, layer, head, pos, 0, run.causal ? pos + 1 : run.tokens.length, { signal: controller.signal });
-    if (controller !== focusRequest) return;
+    if (controller !== ui.focusRequest) return;
     state.row = { run, layer, head, pos, values };
     show(values, true);
     readout();
   } catch (err) {
-    if (!isAbort(err) && controller === focusRequest) report(err);
+    if (!isAbort(err) && controller === ui.focusRequest) report(err);
   }
 }
 
 // The next-token chart at the selected position, `delay` ms from now (the temperature slider
 // asks as it moves: the last position wins).
-let nextTimer = null;
 export function drawNextSoon(delay = 0) {
-  clearTimeout(nextTimer);
-  nextTimer = setTimeout(async () => {
+  clearTimeout(ui.nextTimer);
+  ui.nextTimer = setTimeout(async () => {
     const { run, pos, temperature } = state;
     const panel = $(".next-panel");
     if (!state.model || !state.model.has_lm_head) {

@@ -3,21 +3,21 @@
 // truncated prompt. Each keeps what it shows, so that a language switch redraws it (repaintErrors).
 import { $, el, isAbort } from "../dom.js";
 import { errorText, serverError, t } from "../i18n.js";
+import { ui } from "../state.js";
 
 // the error box's error and its offer (a way forward shown as a button: {key, vars, run}). `error` is
 // what was thrown (a server refusal is said by its code, in the page's language: errorText) or a
 // string of the page's own words; "" (or null) clears the box.
-let lastError = "", lastOffer = null;
 export function showError(error, offer = null) {
-  lastError = error || "";
-  lastOffer = lastError ? offer : null;
+  ui.error = error || "";
+  ui.errorOffer = ui.error ? offer : null;
   const box = $("#error");
-  box.replaceChildren(errorText(lastError));
-  if (lastOffer) {
+  box.replaceChildren(errorText(ui.error));
+  if (ui.errorOffer) {
     box.append(" ", el("button", { type: "button", class: "offer", "data-testid": "error-offer",
-                                   text: t(lastOffer.key, lastOffer.vars), onclick: lastOffer.run }));
+                                   text: t(ui.errorOffer.key, ui.errorOffer.vars), onclick: ui.errorOffer.run }));
   }
-  box.hidden = !lastError;
+  box.hidden = !ui.error;
 }
 
 // Report a failed fetch to the person; an aborted one was replaced on purpose.
@@ -40,33 +40,31 @@ export function tokenLimitOf(err) {
 }
 
 // What a truncated run kept (the prompt box still holds the whole text), said under the prompt.
-let cut = null; // { n, chars, total, prompt, run }
-export function showCut(next = cut) {
-  cut = next || null;
+export function showCut(next = ui.cut) {
+  ui.cut = next || null;
   const note = $("#cut-note");
-  note.textContent = cut ? t("x.truncated", { n: cut.n, chars: cut.chars.toLocaleString("en-US"), total: cut.total.toLocaleString("en-US") }) : "";
-  note.hidden = !cut;
+  note.textContent = ui.cut ? t("x.truncated", { n: ui.cut.n, chars: ui.cut.chars.toLocaleString("en-US"), total: ui.cut.total.toLocaleString("en-US") }) : "";
+  note.hidden = !ui.cut;
 }
 
 // Whether `run` was cut from `prompt` (a long paste): what goes on from it starts from the run's text.
-export const cutFrom = (run, prompt) => Boolean(cut && cut.run === run && cut.prompt === prompt);
+export const cutFrom = (run, prompt) => Boolean(ui.cut && ui.cut.run === run && ui.cut.prompt === prompt);
 
 // A failed analyse leaves the previous run's panels on the page under the new prompt: they are
 // faded and a note above them names the prompt they show, until a run loads.
-let staleRun = null; // the run those panels show, or null
 export function markStale(run) {
-  staleRun = run || null;
+  ui.staleRun = run || null;
   const note = $("#stale-note");
-  const shown = staleRun ? (staleRun.text.length > 120 ? `${staleRun.text.slice(0, 120)}…` : staleRun.text) : "";
-  note.textContent = staleRun ? t("x.stale", { prompt: `“${shown}”` }) : "";
-  note.hidden = !staleRun;
-  for (const id of ["#tokens", "#explorer", "#tools"]) $(id).classList.toggle("stale-panels", Boolean(staleRun));
-  document.body.dataset.stale = staleRun ? "1" : "0";
+  const shown = ui.staleRun ? (ui.staleRun.text.length > 120 ? `${ui.staleRun.text.slice(0, 120)}…` : ui.staleRun.text) : "";
+  note.textContent = ui.staleRun ? t("x.stale", { prompt: `“${shown}”` }) : "";
+  note.hidden = !ui.staleRun;
+  for (const id of ["#tokens", "#explorer", "#tools"]) $(id).classList.toggle("stale-panels", Boolean(ui.staleRun));
+  document.body.dataset.stale = ui.staleRun ? "1" : "0";
 }
 
 // The three in the current language.
 export function repaintErrors() {
-  showError(lastError, lastOffer);
+  showError(ui.error, ui.errorOffer);
   showCut();
-  markStale(staleRun);
+  markStale(ui.staleRun);
 }

@@ -3,7 +3,7 @@
 // export buttons, where it was asked for.
 import { $, el, plotlyText } from "../dom.js";
 import { getBlob } from "../api.js";
-import { state } from "../state.js";
+import { state, ui } from "../state.js";
 import { errorText, t } from "../i18n.js";
 import { grid } from "./selection.js";
 import { shown } from "./zoom.js";
@@ -62,12 +62,11 @@ export async function exportKept() {
 
 // An export's refusal or failure (kept as a key or the error itself, so that a language switch
 // rewrites it); the next export that succeeds, or another run, clears it.
-let exportProblem = null; // {key, vars, error}, or null
-export function showExportProblem(problem = exportProblem) {
-  exportProblem = problem || null;
+export function showExportProblem(problem = ui.exportProblem) {
+  ui.exportProblem = problem || null;
   const box = $("#export-error");
-  box.textContent = !exportProblem ? "" : exportProblem.key ? t(exportProblem.key, exportProblem.vars) : errorText(exportProblem.error);
-  box.hidden = !exportProblem;
+  box.textContent = !ui.exportProblem ? "" : ui.exportProblem.key ? t(ui.exportProblem.key, ui.exportProblem.vars) : errorText(ui.exportProblem.error);
+  box.hidden = !ui.exportProblem;
 }
 
 // Run an export and say under the buttons what went wrong, or clear what was said.

@@ -2,7 +2,7 @@
 // the recording becomes an ordinary run with a timeline.
 import { $, isAbort } from "../dom.js";
 import { getJSON, postStream, readSSE } from "../api.js";
-import { state } from "../state.js";
+import { state, ui } from "../state.js";
 import { LiveHeatmap } from "../views/live.js";
 import { errorText, t } from "../i18n.js";
 import { cutFrom, report, showCut, showError } from "./errors.js";
@@ -13,11 +13,10 @@ import { genCount, hideStatus, showStatus } from "./timeline.js";
 // ms between two redraws of the live view at least: ten a second look continuous, and the CPU
 // is left to the stream (bench/browser.py: the browser's share of it slows the server's steps)
 const LIVE_GAP = 100;
-let lastGeneration = null; // the request body, so that "continue past end-of-text" can repeat it
 
 // Go on from the last generation's text past its end-of-text token.
 export function continueGeneration() {
-  return lastGeneration && generateAndRecord({ stopAtEos: false, text: lastGeneration.text });
+  return ui.lastGeneration && generateAndRecord({ stopAtEos: false, text: ui.lastGeneration.text });
 }
 
 // Generate with the KV cache, recording every step: the heatmap fills row by row as tokens
@@ -39,7 +38,7 @@ export async function generateAndRecord({ stopAtEos = true, text = null } = {}) 
   const prompt = cutOf(state.run) ? state.run.text : $("#prompt").value;
   const body = { text: prompt, model: state.run.model, max_new_tokens: asked, temperature: Number($("#gen-temp").value),
                  top_k: 0, top_p: 1, seed: 0, stop_at_eos: stopAtEos, record: true, watch_layer: state.layer, watch_head: state.head };
-  lastGeneration = body;
+  ui.lastGeneration = body;
   const { layer, head } = state;
   showError("");
   showCut(null); // the prompt box will hold the generated text

@@ -2,22 +2,21 @@
 // listed in the picker, loaded when picked (POST /api/models/NAME/load), then ordinary models.
 import { $, el } from "../dom.js";
 import { getJSON, postJSON } from "../api.js";
-import { set } from "../state.js";
+import { set, ui } from "../state.js";
 import { errorText, t } from "../i18n.js";
 
-let offered = []; // [{ name, about }] from GET /api/models: "available"
 
 export function setOffered(list) {
-  offered = list || [];
+  ui.offeredModels = list || [];
 }
 
 export function isOffered(name) {
-  return offered.some((m) => m.name === name);
+  return ui.offeredModels.some((m) => m.name === name);
 }
 
 // The picker's options for the offered models (after the loaded ones).
 export function offeredOptions() {
-  return offered.map((m) => el("option", { value: m.name, text: t("x.model.offered", { name: m.name }), title: m.about }));
+  return ui.offeredModels.map((m) => el("option", { value: m.name, text: t("x.model.offered", { name: m.name }), title: m.about }));
 }
 
 // Load the picked offered model; the note beside the picker says so meanwhile. Resolves to the server's

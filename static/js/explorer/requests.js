@@ -4,27 +4,27 @@
 // is told through onBusy.
 import { $ } from "../dom.js";
 import { t } from "../i18n.js";
+import { ui } from "../state.js";
 
-let current = null; // the request in flight, {kind, controller, steps}, or null
 const followers = []; // called whenever the request in flight changes
 
 export function begin(kind) {
-  if (current) current.controller.abort();
-  current = { kind, controller: new AbortController(), steps: 0 };
+  if (ui.request) ui.request.controller.abort();
+  ui.request = { kind, controller: new AbortController(), steps: 0 };
   showBusy();
-  return current;
+  return ui.request;
 }
 
-export const latest = (req) => req === current;
+export const latest = (req) => req === ui.request;
 
 export function end(req) {
   if (!latest(req)) return;
-  current = null;
+  ui.request = null;
   showBusy();
 }
 
 // the request in flight, or null
-export const inFlight = () => current;
+export const inFlight = () => ui.request;
 
 export function onBusy(fn) {
   followers.push(fn);
@@ -33,8 +33,8 @@ export function onBusy(fn) {
 // The busy line (and the page's data-busy) for the request in flight, in the current language.
 export function showBusy() {
   const box = $("#busy");
-  box.hidden = !current;
-  box.textContent = !current ? "" : current.kind === "generate" ? t("x.gen.busy") : t("x.busy");
-  document.body.dataset.busy = current ? current.kind : "";
+  box.hidden = !ui.request;
+  box.textContent = !ui.request ? "" : ui.request.kind === "generate" ? t("x.gen.busy") : t("x.busy");
+  document.body.dataset.busy = ui.request ? ui.request.kind : "";
   for (const fn of followers) fn();
 }

@@ -6,7 +6,7 @@
 // link's text instead. A file's name and its bytes are untrusted: only ever text, never markup.
 import { $, isAbort } from "../dom.js";
 import { ApiError, check, getJSON, request } from "../api.js";
-import { state, toURL, urlExtras } from "../state.js";
+import { state, toURL, urlExtras, ui } from "../state.js";
 import { isEmbedded, search } from "../page.js";
 import { lang, t } from "../i18n.js";
 import { report, showCut, showError } from "./errors.js";
@@ -74,7 +74,7 @@ export async function openRunFile(file) {
     showCut(null);
     hideStatus();
     await show(run);
-    opening = { tokens: run.tokens.length, model: run.model }; // said until the next run
+    ui.opened = { tokens: run.tokens.length, model: run.model }; // said until the next run
     showOpened();
   } catch (err) {
     if (latest(req)) {
@@ -149,14 +149,13 @@ const MB = 1 << 20;
 const sizeText = (bytes) => (bytes >= MB / 10 ? `${(bytes / MB).toFixed(1)} MB` : `${Math.max(1, Math.round(bytes / 1024))} KB`);
 const headNames = (list) => list.split(",").filter(Boolean).map((h) => `L${h.replace(".", "H")}`).join(", ");
 
-// what the HTML file would hold: {run, heads, size: {bytes, exact_heads, overview_heads, every_head}}, or null
-let offer = null;
+// ui.htmlOffer (state.js): what the HTML file would hold, {run, heads, size: {bytes, exact_heads, overview_heads, every_head}}
 
 function showOffer() {
   const box = $("#html-offer");
-  box.hidden = !offer;
-  if (!offer) return;
-  const { bytes, exact_heads: exact, overview_heads: overview, every_head: all } = offer.size;
+  box.hidden = !ui.htmlOffer;
+  if (!ui.htmlOffer) return;
+  const { bytes, exact_heads: exact, overview_heads: overview, every_head: all } = ui.htmlOffer.size;
   const size = sizeText(bytes);
   $("#html-offer-text").textContent = all ? t("x.run.html_all", { size })
     : exact ? t("x.run.html_some", { size, heads: headNames(exact) })
@@ -174,7 +173,7 @@ export async function measureHTML() {
   if (!run) return;
   const button = $("#run-html");
   button.disabled = true;
-  offer = null;
+  ui.htmlOffer = null;
   showOffer();
   $("#html-offer-busy").hidden = false;
   try {
@@ -185,7 +184,7 @@ export async function measureHTML() {
       size = await getJSON(htmlURL(run, heads, { dry_run: "1" }));
     }
     if (state.run !== run) return;
-    offer = { run, heads, size };
+    ui.htmlOffer = { run, heads, size };
     showOffer();
     $("#html-offer-save").focus();
   } finally {
@@ -195,34 +194,33 @@ export async function measureHTML() {
 }
 
 export async function saveHTML() {
-  if (!offer) return;
-  const { run, heads } = offer;
-  offer = null;
+  if (!ui.htmlOffer) return;
+  const { run, heads } = ui.htmlOffer;
+  ui.htmlOffer = null;
   showOffer();
   $("#run-html").focus();
   await saveFile(htmlURL(run, heads), `attnscope-run-${run.run_id}.html`);
 }
 
 export function cancelHTML() {
-  offer = null;
+  ui.htmlOffer = null;
   showOffer();
   $("#run-html").focus();
 }
 
 // the offer is about one run: another run takes it away (and the note that a file was opened)
 function forgetOffer() {
-  if (offer && offer.run !== state.run) cancelHTML();
-  opening = null;
+  if (ui.htmlOffer && ui.htmlOffer.run !== state.run) cancelHTML();
+  ui.opened = null;
   showOpened();
 }
 
 // "Opened a run file: N tokens, model M", under the run actions, until the next run
-let opening = null;
 function showOpened() {
   const run = state.run;
   const foreign = run && !opened.has(run) ? null : run && ![...$("#model-picker").options].some((o) => o.value === run.model);
   // a run of a model this server has not loaded: said here too (the header's model line is hidden on a phone)
-  const said = [opening ? t("x.run.opened", opening) : "", foreign ? t("x.model.not_loaded", { name: run.model }) : ""];
+  const said = [ui.opened ? t("x.run.opened", ui.opened) : "", foreign ? t("x.model.not_loaded", { name: run.model }) : ""];
   const note = $("#run-note");
   note.textContent = said.filter(Boolean).join(" ");
   note.hidden = !note.textContent;

@@ -2,7 +2,7 @@
 // head grid, and the panels that follow it (the head grid, the causal tools).
 import { $ } from "../dom.js";
 import { getTile } from "../api.js";
-import { state, set, toURL } from "../state.js";
+import { state, set, toURL, ui } from "../state.js";
 import { markSelected } from "../views/tokens.js";
 import { cellText, wireHover } from "../views/heatmap.js";
 import { HeadGrid } from "../views/headgrid.js";
@@ -66,9 +66,8 @@ export function heatmapKeys(ev) {
 }
 
 // The heatmap's hover, clicks and zooms, wired once (after its first draw: plotly's events need a plot).
-let hoverWired = false;
 export function wireHeatmap(div) {
-  if (hoverWired) return;
+  if (ui.hoverWired) return;
   wireHover(div, $("#heat-tip"), (pt) => {
     if (!isLong(state.run)) return cellText(state, pt.y, pt.x);
     const bin = binOf(pt);
@@ -94,5 +93,5 @@ export function wireHeatmap(div) {
   });
   div.on("plotly_relayout", (ev) => onRelayout(ev));
   div.addEventListener("wheel", () => noteWheel(), { passive: true, capture: true });
-  hoverWired = true;
+  ui.hoverWired = true;
 }

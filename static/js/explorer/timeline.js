@@ -2,7 +2,7 @@
 // its note, the generation's last word (status), and the recorded run's timeline (showStep).
 // Each note is kept as a catalogue key and its values, so that a language switch rewrites it.
 import { $ } from "../dom.js";
-import { state, set } from "../state.js";
+import { state, set, ui } from "../state.js";
 import { drawHeatmap } from "../views/heatmap.js";
 import { t } from "../i18n.js";
 import { inFlight } from "./requests.js";
@@ -26,16 +26,15 @@ export function updateGenerate() {
   $("#gen-why").hidden = !why;
 }
 
-// The generation's last word: {key, vars, offerContinue}, or null.
-let lastStatus = null;
+// The generation's last word (ui.generationStatus in state.js): {key, vars, offerContinue}, or null.
 export function hideStatus() {
-  lastStatus = null;
+  ui.generationStatus = null;
   $("#gen-status").hidden = true;
   $("#gen-continue").hidden = true;
 }
 
 export function showStatus(key, vars = {}, offerContinue = false) {
-  lastStatus = { key, vars, offerContinue };
+  ui.generationStatus = { key, vars, offerContinue };
   $("#gen-status span").textContent = t(key, vars);
   $("#gen-status").hidden = false;
   $("#gen-continue").hidden = !offerContinue;
@@ -43,34 +42,33 @@ export function showStatus(key, vars = {}, offerContinue = false) {
 
 // Generate's count: a whole number from 1 to the box's max, or null and a note under the box
 // that says what is wrong.
-let countProblem = null; // the note's {key, vars}, or null
 export function genCount() {
   const box = $("#gen-count");
   const max = Number(box.max) || 512;
   const raw = box.value.trim();
   const n = Number(raw);
-  if (raw === "" || box.validity.badInput) countProblem = { key: "x.gen.count_empty", vars: { max } };
-  else countProblem = Number.isInteger(n) && n >= 1 && n <= max ? null : { key: "x.gen.count_bad", vars: { v: raw, max } };
+  if (raw === "" || box.validity.badInput) ui.countProblem = { key: "x.gen.count_empty", vars: { max } };
+  else ui.countProblem = Number.isInteger(n) && n >= 1 && n <= max ? null : { key: "x.gen.count_bad", vars: { v: raw, max } };
   showCountProblem();
-  if (countProblem) hideStatus(); // the last generation's word would read as this request's answer
-  return countProblem ? null : n;
+  if (ui.countProblem) hideStatus(); // the last generation's word would read as this request's answer
+  return ui.countProblem ? null : n;
 }
 
 // a fixed count clears the note
 export function recount() {
-  if (countProblem) genCount();
+  if (ui.countProblem) genCount();
 }
 
 function showCountProblem() {
   const note = $("#gen-count-error");
-  note.textContent = countProblem ? t(countProblem.key, countProblem.vars) : "";
-  note.hidden = !countProblem;
-  $("#gen-count").setAttribute("aria-invalid", countProblem ? "true" : "false");
+  note.textContent = ui.countProblem ? t(ui.countProblem.key, ui.countProblem.vars) : "";
+  note.hidden = !ui.countProblem;
+  $("#gen-count").setAttribute("aria-invalid", ui.countProblem ? "true" : "false");
 }
 
 // The status and the count's note in the current language.
 export function repaintGenerateForm() {
-  if (lastStatus) showStatus(lastStatus.key, lastStatus.vars, lastStatus.offerContinue);
+  if (ui.generationStatus) showStatus(ui.generationStatus.key, ui.generationStatus.vars, ui.generationStatus.offerContinue);
   showCountProblem();
 }
 

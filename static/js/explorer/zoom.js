@@ -2,7 +2,7 @@
 // (more than EXACT_MAX tokens: an overview first, finer tiles as one zooms) that follows them.
 import { $ } from "../dom.js";
 import { getTile } from "../api.js";
-import { state, set, toURL } from "../state.js";
+import { state, set, toURL, ui } from "../state.js";
 import { rangesFrom, refreshPeak, tickBudget, ticks } from "../views/heatmap.js";
 import { EXACT_MAX, TileView, poolingText, windowFrom } from "../views/tiled.js";
 import { sentences, t } from "../i18n.js";
@@ -40,9 +40,8 @@ function tileDrawn(tile, ms) {
 // the heatmap's tiles (a long run)
 export const tiles = new TileView($("#heatmap"), { onDrawn: tileDrawn, onError: report, getTile });
 
-let lastWheel = -Infinity; // wheel zooms come in bursts: their tile waits for the burst to settle
 export function noteWheel() {
-  lastWheel = performance.now();
+  ui.lastWheel = performance.now();
 }
 
 export function showZoomInputs() {
@@ -58,10 +57,9 @@ function relabel(zoom) {
   return { "xaxis.tickvals": x.tickvals, "xaxis.ticktext": x.ticktext, "yaxis.tickvals": y.tickvals, "yaxis.ticktext": y.ticktext };
 }
 
-let relabelling = false; // our own relayout (new tick labels) is under way: not a zoom of the person's
 // A drag-zoom (or double-click reset) in plotly: the inputs, the labels and the URL follow.
 export function onRelayout(ev) {
-  if (relabelling || !state.run) return;
+  if (ui.relabelling || !state.run) return;
   const keys = Object.keys(ev || {});
   if (!keys.some((k) => k.startsWith("xaxis.range") || k.startsWith("yaxis.range") || k.endsWith("autorange"))) return;
   $("#zoom-note").hidden = true; // it spoke of the range boxes' last zoom, which this one replaces
@@ -70,15 +68,15 @@ export function onRelayout(ev) {
     set({ zoom: all ? null : windowFrom($("#heatmap"), shown()) });
     showZoomInputs();
     toURL();
-    return tiles.show(tileView(), performance.now() - lastWheel < 200 ? 40 : 0); // a drag asks at once
+    return tiles.show(tileView(), performance.now() - ui.lastWheel < 200 ? 40 : 0); // a drag asks at once
   }
   const n = state.run.tokens.length;
   const zoom = rangesFrom($("#heatmap"), n);
   set({ zoom });
   if (state.slice) refreshPeak($("#heatmap"), state.slice, zoom, state.colour);
   showZoomInputs();
-  relabelling = true;
-  Promise.resolve(window.Plotly.relayout($("#heatmap"), relabel(zoom))).finally(() => { relabelling = false; });
+  ui.relabelling = true;
+  Promise.resolve(window.Plotly.relayout($("#heatmap"), relabel(zoom))).finally(() => { ui.relabelling = false; });
   toURL();
 }
 
@@ -109,10 +107,10 @@ export function zoom() {
     toURL();
     return tiles.show(tileView());
   }
-  relabelling = true;
+  ui.relabelling = true;
   Promise.resolve(window.Plotly.relayout($("#heatmap"), {
     "xaxis.range": [k0 - 0.5, k1 + 0.5], "yaxis.range": [q1 + 0.5, q0 - 0.5], ...relabel(z),
-  })).finally(() => { relabelling = false; });
+  })).finally(() => { ui.relabelling = false; });
   if (state.slice) refreshPeak($("#heatmap"), state.slice, z, state.colour);
   showZoomInputs();
   toURL();
