@@ -4,8 +4,11 @@ The engine is created in the app's lifespan and shared by all requests. Each mod
 has a lock: one forward at a time per model. Handlers call the engine from a
 thread pool, never on the event loop.
 
-An analyse answers right after its forward and predictions: the head scores a fused forward
-left (entropy, peak) are computed afterwards by ``scores`` (``model.runs.late.ScoreWorker``,
+It holds the models (looked up, loaded on first use, fingerprinted for run files), the run store and
+the memory budget, and hands each job to its own module: the token limits to ``model.load.limits``, the
+analyse itself to ``model.services.analyse`` (``Analyser``), the views of a stored run to
+``model.services.runs``. An analyse answers right after its forward and predictions: the head scores a
+fused forward left (entropy, peak) are computed afterwards by ``scores`` (``model.runs.late.ScoreWorker``,
 one background thread), and ``wait_scores`` waits for them.
 """
 
@@ -16,53 +19,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-import torch
-
-from attnscope.model.capture.forward import RESIDUAL, Captures
-from attnscope.model.capture.generation import tempered_logits
-from attnscope.model.capture.names import act_name
-from attnscope.model.errors import BadInput, Param, RunDetached, UnknownModel
+from attnscope.model.errors import BadInput, RunDetached, UnknownModel
 from attnscope.model.learn import embedding
+from attnscope.model.load import limits
 from attnscope.model.load.fingerprint import model_fingerprint, tokenizer_fingerprint
-from attnscope.model.load.models import LMHead, LoadedModel
+from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import (
-    TextAssembler,
     Token,
-    TokenCount,
-    count_tokens,
     first_tokens,
-    ids_tensor,
-    read_cap,
-    token_map,
-    tokenize,
 )
-from attnscope.model.results import (
-    ActualNext,
-    LensPosition,
-    LensStage,
-    LogitLens,
-    NextDistribution,
-    PositionPrediction,
-    RunSummary,
-    TokenProb,
-)
-from attnscope.model.runs.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
+from attnscope.model.runs.budget import Estimate, MemoryBudget
 from attnscope.model.runs.late import ScoreWorker
 from attnscope.model.runs.persist import Origin, RunFiles
-from attnscope.model.runs.record import PendingScores, RunRecord, RunStore
-from attnscope.model.scores import analysis, live, probes
-from attnscope.model.scores.analysis import HeadScore
+from attnscope.model.runs.record import RunRecord, RunStore
+from attnscope.model.scores import probes
+from attnscope.model.services.analyse import Analyser, RunResult
 
 log = logging.getLogger(__name__)
 DEFAULT_FORWARD_BYTES = 4 << 30
-
-
-@dataclass(frozen=True)
-class RunResult:
-    run_id: str
-    record: RunRecord
 
 
 class Engine:
@@ -79,6 +55,7 @@ class Engine:
         self.max_tokens = max_tokens
         self.budget = MemoryBudget(forward_bytes)
         self.scores = ScoreWorker(store, self.budget)  # the head scores runs still owe, after they answered
+        self.analyser = Analyser(store, self.budget, self.scores)  # analyse: one forward, kept in the store
         self._warm_stop = threading.Event()
         self._warm_thread: threading.Thread | None = None
         self._origins: dict[str, Origin] = {}  # model name -> its fingerprints, computed once (run files)
@@ -201,40 +178,16 @@ class Engine:
             self.scores.submit(run_id, record)
 
     def token_limit(self, lm: LoadedModel) -> int:
-        """ATTNSCOPE_MAX_TOKENS, bounded only by the model's positions (ALiBi models have no bound)."""
-        return self.max_tokens if lm.info.max_positions is None else min(self.max_tokens, lm.info.max_positions)
+        """ATTNSCOPE_MAX_TOKENS, bounded only by the model's positions (``model.load.limits``)."""
+        return limits.token_limit(lm, self.max_tokens)
 
     def tokenize(self, lm: LoadedModel, text: str) -> list[Token]:
-        if not text.strip():
-            raise BadInput("text is empty or only whitespace; type a prompt to analyse", code="empty")
-        limit = self.token_limit(lm)
-        unread(lm, text, limit, "prompt")
-        too_long(count_tokens(lm.tokenizer, text, limit), limit, "prompt", len(text))  # reads no more than it needs
-        tokens = tokenize(lm.tokenizer, text)
-        too_long(TokenCount(n=len(tokens), exact=True, chars=len(text)), limit, "prompt", len(text))
-        return tokens
+        """A prompt's tokens within this server's limit for ``lm``."""
+        return limits.prompt_tokens(lm, text, self.token_limit(lm))
 
     def chat_tokens(self, lm: LoadedModel, messages: list[dict[str, str]]) -> tuple[str, list[Token]]:
-        """A chat rendered with the model's chat template (and its generation prompt); the
-        template's special tokens stay visible and are marked special."""
-        if not getattr(lm.tokenizer, "chat_template", None):
-            raise BadInput(f'model {lm.info.name!r} has no chat template: send "text" instead of "messages"',
-                           code="chat_template_missing", params={"model": lm.info.name})
-        try:
-            text = lm.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:  # noqa: BLE001 - a template raises whatever its Jinja code raises; all are bad input
-            raise BadInput(f"the model's chat template rejected these messages: {exc}", code="chat_template_rejected",
-                           params={"reason": str(exc)}) from None
-        if not isinstance(text, str) or not text:
-            raise BadInput("the model's chat template rendered nothing for these messages", code="chat_template_empty")
-        special = {int(i) for i in getattr(lm.tokenizer, "all_special_ids", [])}
-        limit = self.token_limit(lm)
-        unread(lm, text, limit, "chat")
-        too_long(count_tokens(lm.tokenizer, text, limit, add_special_tokens=False), limit, "chat", len(text))
-        tokens = [replace(t, special=True) if t.id in special else t
-                  for t in tokenize(lm.tokenizer, text, add_special_tokens=False)]
-        too_long(TokenCount(n=len(tokens), exact=True, chars=len(text)), limit, "chat", len(text))
-        return text, tokens
+        """A chat's text and tokens within this server's limit for ``lm``."""
+        return limits.chat_tokens(lm, messages, self.token_limit(lm))
 
     # ---- analyse ------------------------------------------------------------------
     def analyse_chat(self, messages: list[dict[str, str]], model: str | None = None, top_k: int = 10) -> RunResult:
@@ -242,7 +195,7 @@ class Engine:
         lm = self.model(model)
         t0 = time.perf_counter()
         text, tokens = self.chat_tokens(lm, messages)
-        return self._analyse(lm, text, tokens, top_k, t0)
+        return self.analyser.analyse(lm, text, tokens, top_k, t0)
 
     def analyse(self, text: str, model: str | None = None, top_k: int = 10, truncate: bool = False) -> RunResult:
         """One forward over ``text``; ``truncate``: over its first token-limit tokens when it has more
@@ -254,83 +207,11 @@ class Engine:
             text, tokens = head.text, head.tokens
         else:
             tokens = self.tokenize(lm, text)
-        return self._analyse(lm, text, tokens, top_k, t0)
+        return self.analyser.analyse(lm, text, tokens, top_k, t0)
 
     def admit(self, lm: LoadedModel, n: int, top_k: int) -> Estimate:
         """What a run of n tokens will keep and need; 413 (TooLarge) when it could never be kept."""
-        est = estimate(lm, n, top_k)
-        admit(est, self.store.max_bytes)
-        return est
-
-    def _analyse(self, lm: LoadedModel, text: str, tokens: list[Token], top_k: int, t0: float) -> RunResult:
-        ids = ids_tensor(tokens)  # (n,)
-        est = self.admit(lm, len(tokens), top_k)
-        t1 = time.perf_counter()
-        with self.budget.reserve(est.peak), lm.lock:
-            acts, scores, heads = live.scored_run(lm, ids, RESIDUAL, defer=True)
-            t2 = time.perf_counter()
-            preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids, top_k)
-            if scores.pending:  # entropy and peak follow from the worker: "exact_scores" comes with them
-                timing = {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1)}
-                return self.store_run(lm, text, tokens, acts, heads, preds, top_k, timing, t0,
-                                      PendingScores(fields=dict(scores.pending), started=t0))
-            exact = acts.timing_ms.get("exact_scores", 0.0)  # the block path's sweep, where it needed one
-            return self.store_run(lm, text, tokens, acts, heads, preds, top_k,
-                                  {"tokenize": 1e3 * (t1 - t0), "forward": 1e3 * (t2 - t1) - exact,
-                                   "exact_scores": exact}, t0)
-
-    def predictions(self, lm: LoadedModel, final_resid: torch.Tensor, ids: torch.Tensor,
-                    top_k: int) -> list[PositionPrediction]:
-        """Every position's next-token candidates: the LM head over the kept final residual, 64 rows at
-        a time (the model's own logits, never all n x vocab at once). Caller holds ``lm.lock``."""
-        head = lm.lm_head()
-        if head is None:
-            return []
-        with torch.inference_mode():
-            preds = analysis.predictions_by_block(lambda a, b: head.logits(final_resid[a:b]), final_resid.shape[0],
-                                                  ids, top_k)
-        return named_predictions(lm, preds)
-
-    def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: Captures, heads: list[HeadScore],
-                  preds: list[PositionPrediction], top_k: int, timing: dict[str, float], t0: float,
-                  pending: PendingScores | None = None) -> RunResult:
-        """Keep one run's activations (from one forward, or a recorded generation) with its scores;
-        the scores still ``pending`` are handed to the worker once the run is stored."""
-        t2 = time.perf_counter()
-        ids = ids_tensor(tokens)
-        t3 = time.perf_counter()
-        summary = RunSummary(model=lm.info.name, tokens=list(tokens), predictions=preds, heads=heads,
-                             timing_ms={**timing, "analysis": 1e3 * (t3 - t2), "total": 1e3 * (t3 - t0)},
-                             scores_pending=tuple(pending.names) if pending is not None else ())
-        k = min(top_k, lm.info.vocab_size)
-        # the pending heads are counted here as complete ones: their late scores replace them in place
-        record = build_record(lm, ids, acts, summary, text, summary_bytes(len(tokens), len(preds), k, len(heads)))
-        record.pending = pending
-        run_id = self.store.add(record)
-        if pending is not None:
-            self.scores.submit(run_id, record)
-        log.info("run %s: %s, %d tokens, %s kept, %.0f ms", run_id, lm.info.name, len(tokens), mib(record.nbytes),
-                 1e3 * (t3 - t0))
-        return RunResult(run_id=run_id, record=record)
-
-    def store_generation(self, lm: LoadedModel, prompt: str, prompt_tokens: list[Token], new_ids: list[int],
-                         acts: Captures, heads: list[HeadScore], top_k: int = 10) -> RunResult:
-        """A recorded generation as a normal run over prompt + generated text."""
-        t0 = time.perf_counter()
-        asm = TextAssembler(lm.tokenizer)
-        tokens, text = list(prompt_tokens), prompt
-        pieces = [asm.push(tid) for tid in new_ids]
-        rest = asm.finish()  # bytes of a character left incomplete: shown as U+FFFD, on the last token
-        for k, (tid, p) in enumerate(zip(new_ids, pieces, strict=True)):
-            owned = p.text + (rest if k == len(new_ids) - 1 else "")
-            tokens.append(Token(index=len(tokens), id=tid, text=p.display, start=len(text), end=len(text) + len(owned),
-                                special=p.special, partial=p.partial))
-            text += owned
-        self.admit(lm, len(tokens), top_k)
-        with lm.lock:
-            preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids_tensor(tokens), top_k)
-        return self.store_run(lm, text, tokens, acts, heads, preds, top_k, {"recorded_steps": float(len(new_ids))},
-                              t0)
+        return self.analyser.admit(lm, n, top_k)
 
     def run(self, run_id: str) -> RunRecord:
         return self.store.get(run_id)
@@ -362,137 +243,3 @@ class Engine:
             raise BadInput(f"head {head} is out of range: this model has heads 0..{record.n_heads - 1}",
                            code="head_out_of_range", params={"head": head, "max": record.n_heads - 1})
 
-    # ---- views of a run -------------------------------------------------------------
-    def _decoder(self, record: RunRecord, what: str) -> tuple[LoadedModel, LMHead]:
-        lm = self.model_of(record)
-        head = lm.lm_head()
-        if head is None:
-            raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}",
-                           code="encoder_no_lm_head", params={"model": lm.info.name})
-        return lm, head
-
-    def next_distribution(self, record: RunRecord, position: int, temperature: float,
-                          top_k: int) -> NextDistribution:
-        """The exact next-token distribution at one position, from the stored final residual."""
-        lm, head = self._decoder(record, "next-token distribution")
-        if not 0 <= position < record.n:
-            raise BadInput(f"position {position} is out of range: this run has positions 0..{record.n - 1}",
-                           code="position_out_of_range", params={"position": position, "max": record.n - 1})
-        with lm.lock, torch.inference_mode():
-            logits = head.logits(record.resid[-1][position]).double()  # (V,)
-        logp = tempered_logits(logits, temperature).log_softmax(-1)  # (V,) float64, any temperature > 0
-        probs = logp.exp()
-        # ranked by the logits, which every temperature keeps in order: where a tiny temperature leaves
-        # all but one probability 0, the ties at 0 are not ranked by their ids
-        top = logits.topk(min(top_k, logits.shape[-1]))
-        ids: list[int] = top.indices.tolist()
-        nxt = int(record.input_ids[position + 1]) if position + 1 < record.n else None
-        strings = token_map(lm.tokenizer, ids if nxt is None else [*ids, nxt])
-        actual = None
-        if nxt is not None:
-            actual = ActualNext(id=nxt, token=strings[nxt], prob=float(probs[nxt]),
-                                rank=int((logits > logits[nxt]).sum()) + 1)
-        entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum()  # 0 log 0 = 0
-        return NextDistribution(
-            position=position, temperature=temperature,
-            top=[TokenProb(id=i, token=strings[i], prob=float(probs[i])) for i in ids],
-            actual_next=actual, entropy=max(float(entropy), 0.0))
-
-    def logit_lens(self, record: RunRecord, top_k: int) -> LogitLens:
-        lm, head = self._decoder(record, "logit lens")
-        with lm.lock:
-            probs, ids = analysis.logit_lens(torch.stack(record.resid), head, top_k)  # (L+1, n, k)
-        strings = token_map(lm.tokenizer, ids.flatten().tolist())
-        id_rows, prob_rows = ids.tolist(), probs.tolist()  # [stage][position][k]
-        layers = [
-            LensStage(layer=stage - 1, label="embed" if stage == 0 else f"block {stage - 1}", positions=[
-                LensPosition(position=pos, top=[TokenProb(id=i, token=strings[i], prob=p)
-                                                for i, p in zip(id_rows[stage][pos], prob_rows[stage][pos],
-                                                                strict=True)])
-                for pos in range(record.n)])
-            for stage in range(len(id_rows))
-        ]
-        return LogitLens(n_layers=lm.info.n_layers, n=record.n, top_k=top_k, layers=layers)
-
-    def sparsity(self, run_id: str) -> list[analysis.HeadSparsity]:
-        """How concentrated each head of a run is; computed once, then kept with the run (counted)."""
-        record = self.store.get(run_id)
-        if record.sparsity is not None:
-            return record.sparsity
-        heads = []
-        for layer, kept in enumerate(record.attention):
-            acc = analysis.SparsityAccumulator(kept.n_heads, kept.n)
-            for _q0, _q1, weights, _visible in kept.blocks():
-                acc.add(weights)  # (H, r, n): every row, exactly, never the whole n x n
-            heads += acc.finish(layer)
-
-        def attach() -> bool:
-            if record.sparsity is not None:  # another request attached it meanwhile
-                return False
-            record.sparsity = heads
-            return True
-
-        # ~0.3 kB a head's scores, estimated as the summary's are
-        self.store.grow(run_id, record, 300 * len(heads), attach)
-        return heads
-
-
-def unread(lm: LoadedModel, text: str, limit: int, what: str) -> None:
-    """BadInput for a text longer than its tokenizer's ``read_cap`` (only tokenizers whose tokens
-    have no bound on their characters, such as WordPiece's, have one)."""
-    cap = read_cap(lm.tokenizer, limit)
-    if cap is not None and len(text) > cap:
-        raise BadInput(f"the {what} has {len(text):,} characters, more than this model reads for its limit of "
-                       f"{limit} tokens ({cap:,}: {cap // limit} a token); send a shorter text",
-                       code="too_long_chars", params={"what": what, "chars": len(text), "limit": limit})
-
-
-def too_long(count: TokenCount, limit: int, what: str, total_chars: int) -> None:
-    """BadInput naming the limit when ``count`` is over it; "at least" when only a beginning was counted."""
-    if count.n <= limit:
-        return
-    if count.exact:
-        raise BadInput(f"the {what} has {count.n} tokens, more than this model's limit of {limit}",
-                       code="too_long", params={"what": what, "tokens": count.n, "limit": limit})
-    read = (f"counted in its first {count.chars:,} of {total_chars:,} characters" if count.chars
-            else f"from its length of {total_chars:,} characters alone")
-    params: dict[str, Param] = {"what": what, "tokens": count.n, "limit": limit, "total_chars": total_chars}
-    if count.chars:
-        params["read_chars"] = count.chars
-    raise BadInput(f"the {what} has at least {count.n} tokens, more than this model's limit of {limit} "
-                   f"({read}; the rest was not read)",
-                   code="too_long_at_least_read" if count.chars else "too_long_at_least_length", params=params)
-
-
-def build_record(lm: LoadedModel, ids: torch.Tensor, acts: Captures, summary: RunSummary,
-                text: str, summary_bytes: int) -> RunRecord:
-    """Keep references to the captured tensors: no copy, no dtype conversion."""
-    n_layers = lm.info.n_layers
-    return RunRecord(
-        model=lm.info.name,
-        causal=lm.info.causal,
-        input_ids=ids,
-        attention=acts.layers,
-        resid=[acts[act_name("resid_pre", 0)]] + [acts[act_name("resid_post", i)] for i in range(n_layers)],
-        attn_out=[acts[act_name("attn_out", i)] for i in range(n_layers)],
-        mlp_out=[acts[act_name("mlp_out", i)] for i in range(n_layers)],
-        summary=summary,
-        text=text,
-        summary_bytes=summary_bytes,
-    )
-
-
-def named_predictions(lm: LoadedModel, preds: list[analysis.Prediction]) -> list[PositionPrediction]:
-    """Predictions with each candidate's display string (every id decoded once)."""
-    strings = token_map(lm.tokenizer, [i for p in preds for i in p.top_ids]
-                        + [p.next_id for p in preds if p.next_id is not None])
-    out = []
-    for p in preds:
-        actual = None
-        if p.next_id is not None and p.next_prob is not None and p.next_rank is not None:
-            actual = ActualNext(id=p.next_id, token=strings[p.next_id], prob=p.next_prob, rank=p.next_rank)
-        out.append(PositionPrediction(
-            position=p.position,
-            top=[TokenProb(id=i, token=strings[i], prob=q) for i, q in zip(p.top_ids, p.top_probs, strict=True)],
-            actual_next=actual))
-    return out

@@ -20,7 +20,8 @@ from attnscope.model.runs.persist import Origin, RunFiles, record_from, record_o
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.runfile import StoredRun
 from attnscope.model.scores.analysis import HeadScore
-from attnscope.model.services.engine import Engine, RunResult
+from attnscope.model.services.analyse import RunResult
+from attnscope.model.services.engine import Engine
 
 
 def run_file(engine: Engine, *, run_id: str) -> bytes:

@@ -15,7 +15,8 @@ from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import Token, ids_tensor
 from attnscope.model.scores import live
-from attnscope.model.services.engine import Engine, RunResult
+from attnscope.model.services.analyse import RunResult
+from attnscope.model.services.engine import Engine
 
 DEFAULT_MAX_NEW_TOKENS = 256
 
@@ -56,7 +57,7 @@ class Generation:
         if self.session.recorder is not None:
             acts, heads = live.scored_recording(self.session)
             new = self.session.ids[len(self.tokens):].tolist()
-            run = self.engine.store_generation(self.lm, self.prompt, self.tokens, new, acts, heads)
+            run = self.engine.analyser.store_generation(self.lm, self.prompt, self.tokens, new, acts, heads)
         return Finished(text=text, n_new=self.session.steps, stop=self.session.stop_reason, run=run)
 
 

@@ -14,12 +14,16 @@ from typing import Annotated
 import torch
 from pydantic import Field
 
+from attnscope.model.capture.generation import tempered_logits
 from attnscope.model.errors import BadInput
-from attnscope.model.results import LogitLens, NextDistribution
+from attnscope.model.load.models import LMHead, LoadedModel
+from attnscope.model.load.tokens import token_map
+from attnscope.model.results import ActualNext, LensPosition, LensStage, LogitLens, NextDistribution, TokenProb
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.tile_store import OVERVIEW, Tiles
 from attnscope.model.runs.tiles import Pool, TileSpec, head_tile
-from attnscope.model.scores.analysis import HeadScore, HeadSparsity, ResidualLayer, residual_stats
+from attnscope.model.scores import analysis
+from attnscope.model.scores.analysis import HeadScore, ResidualLayer, residual_stats
 from attnscope.model.services.engine import Engine
 
 MAX_TOP_K = 50  # the lens's and the ablation's candidates a position, at most
@@ -118,7 +122,7 @@ def residual(engine: Engine, *, run_id: str) -> Residual:
 
 def lens(engine: Engine, *, run_id: str, top_k: int = 5) -> LogitLens:
     check_top_k(top_k)
-    return engine.logit_lens(engine.run(run_id), top_k)
+    return logit_lens(engine, engine.run(run_id), top_k)
 
 
 def next_token(engine: Engine, *, run_id: str, position: int, temperature: float = 1.0,
@@ -130,11 +134,84 @@ def next_token(engine: Engine, *, run_id: str, position: int, temperature: float
         vocab = engine.model_of(engine.run(run_id)).info.vocab_size  # more is allowed: it gives them all
         raise BadInput(f"top_k {top_k} is out of range: at least 1", code="value_out_of_range",
                        params={"name": "top_k", "value": top_k, "min": 1, "max": vocab})
-    return engine.next_distribution(engine.run(run_id), position, temperature, top_k)
+    return next_distribution(engine, engine.run(run_id), position, temperature, top_k)
 
 
-def sparsity(engine: Engine, *, run_id: str) -> list[HeadSparsity]:
-    return engine.sparsity(run_id)
+def _decoder(engine: Engine, record: RunRecord, what: str) -> tuple[LoadedModel, LMHead]:
+    lm = engine.model_of(record)
+    head = lm.lm_head()
+    if head is None:
+        raise BadInput(f"model {lm.info.name!r} is an encoder without an LM head: it has no {what}",
+                       code="encoder_no_lm_head", params={"model": lm.info.name})
+    return lm, head
+
+
+def next_distribution(engine: Engine, record: RunRecord, position: int, temperature: float,
+                      top_k: int) -> NextDistribution:
+    """The exact next-token distribution at one position, from the stored final residual."""
+    lm, head = _decoder(engine, record, "next-token distribution")
+    if not 0 <= position < record.n:
+        raise BadInput(f"position {position} is out of range: this run has positions 0..{record.n - 1}",
+                       code="position_out_of_range", params={"position": position, "max": record.n - 1})
+    with lm.lock, torch.inference_mode():
+        logits = head.logits(record.resid[-1][position]).double()  # (V,)
+    logp = tempered_logits(logits, temperature).log_softmax(-1)  # (V,) float64, any temperature > 0
+    probs = logp.exp()
+    # ranked by the logits, which every temperature keeps in order: where a tiny temperature leaves
+    # all but one probability 0, the ties at 0 are not ranked by their ids
+    top = logits.topk(min(top_k, logits.shape[-1]))
+    ids: list[int] = top.indices.tolist()
+    nxt = int(record.input_ids[position + 1]) if position + 1 < record.n else None
+    strings = token_map(lm.tokenizer, ids if nxt is None else [*ids, nxt])
+    actual = None
+    if nxt is not None:
+        actual = ActualNext(id=nxt, token=strings[nxt], prob=float(probs[nxt]),
+                            rank=int((logits > logits[nxt]).sum()) + 1)
+    entropy = -torch.where(probs > 0, probs * logp, torch.zeros_like(probs)).sum()  # 0 log 0 = 0
+    return NextDistribution(
+        position=position, temperature=temperature,
+        top=[TokenProb(id=i, token=strings[i], prob=float(probs[i])) for i in ids],
+        actual_next=actual, entropy=max(float(entropy), 0.0))
+
+
+def logit_lens(engine: Engine, record: RunRecord, top_k: int) -> LogitLens:
+    lm, head = _decoder(engine, record, "logit lens")
+    with lm.lock:
+        probs, ids = analysis.logit_lens(torch.stack(record.resid), head, top_k)  # (L+1, n, k)
+    strings = token_map(lm.tokenizer, ids.flatten().tolist())
+    id_rows, prob_rows = ids.tolist(), probs.tolist()  # [stage][position][k]
+    layers = [
+        LensStage(layer=stage - 1, label="embed" if stage == 0 else f"block {stage - 1}", positions=[
+            LensPosition(position=pos, top=[TokenProb(id=i, token=strings[i], prob=p)
+                                            for i, p in zip(id_rows[stage][pos], prob_rows[stage][pos],
+                                                            strict=True)])
+            for pos in range(record.n)])
+        for stage in range(len(id_rows))
+    ]
+    return LogitLens(n_layers=lm.info.n_layers, n=record.n, top_k=top_k, layers=layers)
+
+
+def sparsity(engine: Engine, *, run_id: str) -> list[analysis.HeadSparsity]:
+    """How concentrated each head of a run is; computed once, then kept with the run (counted)."""
+    record = engine.store.get(run_id)
+    if record.sparsity is not None:
+        return record.sparsity
+    heads = []
+    for layer, kept in enumerate(record.attention):
+        acc = analysis.SparsityAccumulator(kept.n_heads, kept.n)
+        for _q0, _q1, weights, _visible in kept.blocks():
+            acc.add(weights)  # (H, r, n): every row, exactly, never the whole n x n
+        heads += acc.finish(layer)
+
+    def attach() -> bool:
+        if record.sparsity is not None:  # another request attached it meanwhile
+            return False
+        record.sparsity = heads
+        return True
+
+    # ~0.3 kB a head's scores, estimated as the summary's are
+    engine.store.grow(run_id, record, 300 * len(heads), attach)
+    return heads
 
 
 def kept_tiles(tiles: Tiles, *, run_id: str, record: RunRecord, layer: int, heads: list[int],

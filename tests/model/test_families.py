@@ -20,6 +20,7 @@ from attnscope.model.families.table import SUPPORTED, spec_for
 from attnscope.model.load.models import LoadedModel, wrap_model
 from attnscope.model.load.tokens import ids_tensor, tokenize
 from attnscope.model.scores import live
+from attnscope.model.services import runs
 from attnscope.model.services.engine import Engine
 from tests.support.families import DECODERS, ENCODERS, FAMILIES, Family
 from tests.support.tiny import make_engine
@@ -196,9 +197,9 @@ def test_predictions_next_and_generation_agree_with_the_logits(family: Family) -
         assert [c.id for c in pred.top] == top.indices.tolist()
         assert [c.prob for c in pred.top] == pytest.approx(top.values.tolist(), abs=1e-5)
     last = len(ids) - 1
-    nxt = engine.next_distribution(result.record, last, temperature=1.0, top_k=3)
+    nxt = runs.next_distribution(engine, result.record, last, temperature=1.0, top_k=3)
     assert [c.prob for c in nxt.top] == pytest.approx(probs[last].topk(3).values.tolist(), abs=1e-5)
-    lens = engine.logit_lens(result.record, top_k=1).layers[-1].positions
+    lens = runs.logit_lens(engine, result.record, top_k=1).layers[-1].positions
     assert [p.top[0].id for p in lens] == probs.argmax(-1).tolist()
     session = GenerationSession(b.lm, ids, SamplingParams(max_new_tokens=3, temperature=0, top_k=0, top_p=1, seed=0))
     step = session.step()
