@@ -176,7 +176,7 @@ def _open(args: argparse.Namespace) -> int:
 
 def run_file(out: RunBody, record: RunRecord, model_info: dict[str, Any], max_cells: int) -> dict[str, Any]:
     """``analyze --json``: the run (its API fields) in the format of the API's JSON export
-    (``attnscope-run/2``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
+    (``attnscope-json/1``, every head's cells as base64 float32), so that ``attnscope analyze ... --json >
     run.json`` then ``attnscope export run.json ...`` works; above ``max_cells`` cells the attention is
     left out, as the API's export refuses it."""
     from attnscope.app.runjson import EXPORT_FORMAT, RUN_JSON, attention_cells, attention_json
@@ -257,7 +257,8 @@ def _export(args: argparse.Namespace) -> int:
         return 1
     tokens = [t["text"] for t in run["tokens"]]
     head = attention[args.layer][args.head]
-    if run.get("attention_encoding") == "f32-le-base64":  # attnscope-run/2: exact float32 cells
+    # attnscope-json/1 (attnscope-run/2 before it was renamed): exact float32 cells
+    if run.get("attention_encoding") == "f32-le-base64":
         try:
             head = rows_from_f32_base64(head, len(tokens), run["causal"])
         except ValueError as exc:

@@ -71,7 +71,9 @@ def run_body(run_id: str, record: RunRecord, truncated: TruncatedOut | None = No
                    timing_ms=s.timing_ms, scores_pending=s.scores_pending, stored=record.stored, truncated=truncated)
 
 
-EXPORT_FORMAT = "attnscope-run/2"
+# the JSON export's name: JSON, not a version of the run file (files written as "attnscope-run/2" before it
+# was renamed are the same JSON, and `attnscope export` reads both)
+EXPORT_FORMAT = "attnscope-json/1"
 
 
 def attention_cells(record: RunRecord) -> int:

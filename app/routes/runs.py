@@ -349,33 +349,34 @@ def _html_export(request: Request, run_id: str, *, heads: str | None, lang: str,
 
 
 @router.get("/runs/{run_id}/export",
-            responses={**ERRORS, 200: {"description": "format=json: the run as JSON (attnscope-run/2); "
-                                       "format=safetensors: bytes; format=html: one HTML file",
+            responses={**ERRORS, 200: {"description": "format=json: the run as JSON (attnscope-json/1); "
+                                       "format=attnscope or safetensors: the run file; format=html: one HTML file",
                                        "content": {"application/json": {"schema": {"type": "object"}},
                                                    "text/html": {"schema": {"type": "string"}},
                                                    "application/octet-stream": {"schema": {"type": "string",
                                                                                            "format": "binary"}}}}},
-            summary="The whole run as one file: JSON with every head's rows (short runs), what the run keeps "
-                    "(safetensors), the run file (attnscope) or a standalone page (html)",
+            summary="The whole run as one file: JSON with every head's rows (short runs), the run file "
+                    "(attnscope, or safetensors: the same file) or a standalone page (html)",
             description="`format=json` (default): summary, model, text and every head's attention; attention "
                         "keeps full float32 precision: `attention[layer][head]` is base64 of the head's visible "
                         "cells as little-endian float32, row-major as in the attention endpoint's binary form "
                         "(causal row i holds keys 0..i). `attnscope export RUN.json --layer L --head H --svg "
                         "out.svg` turns it into a figure. Its cells grow with n²: above ATTNSCOPE_MAX_CELLS the "
-                        "JSON export is refused (422). `format=safetensors`: what the run keeps, O(n·d) — each "
-                        "layer's post-rotary Q and K, row normalisers, ALiBi bias, visible key ranges and the "
-                        "residual stream, with the summary as metadata; `model.runs.export.KeptRun.load(path)."
-                        "pattern(layer, head)` rebuilds any head exactly (README: What a run keeps). "
+                        "JSON export (`attnscope-json/1`) is refused (422). "
                         "`format=html`: one self-contained HTML file of the explorer on this run (plotly.js "
                         "and the data inlined; opens from file:// with no network): every head's exact cells "
                         "while they fit (64 tokens on the bundled model), else every head's thumbnail, the "
                         "overview tile of each of `heads` (a long run) and their exact cells as far as 64 MB "
                         "holds them; `dry_run=1` answers `{bytes, exact_heads, overview_heads, every_head}` "
                         "first (the HTML response says its exact heads in X-Attnscope-Exact-Heads). "
-                        "`format=attnscope`: the run file (`attnscope-run/1`: safetensors tensors and a JSON header "
-                        "with the text, tokens, head scores, timings and the fingerprints of the model and "
-                        "tokenizer) that `POST /api/runs/import` (here or on another server), `attnscope open "
-                        "FILE` and `attnscope.load(path)` read back.")
+                        "`format=attnscope`: the run file (`attnscope-run/1`), what the run keeps, O(n·d): each "
+                        "layer's post-rotary Q and K, row normalisers, ALiBi bias, visible key ranges, the "
+                        "residual stream and the predictions as safetensors tensors, and a JSON header with the "
+                        "text, tokens, head scores, timings and the fingerprints of the model and tokenizer; "
+                        "`POST /api/runs/import` (here or on another server), `attnscope open FILE`, "
+                        "`attnscope.load(path)` and `model.runs.export.KeptRun.load(path).pattern(layer, head)` "
+                        "read it back (README: What a run keeps). `format=safetensors`: the same file, named "
+                        "`.safetensors`.")
 def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: Request,
                format: Literal["json", "safetensors", "html", "attnscope"] = "json",
                heads: Annotated[str | None, Query(max_length=4000, description="format=html: the heads whose exact "
@@ -387,25 +388,22 @@ def export_run(run_id: str, engine: EngineDep, settings: SettingsDep, request: R
     if format == "html":
         engine.run(run_id)  # an unknown run: 404 before anything is built
         return _html_export(request, run_id, heads=heads, lang=lang, dry_run=dry_run)
-    if format == "attnscope":
+    if format in ("attnscope", "safetensors"):  # the run file: one format, a safetensors file either name
+        suffix = "attnscope" if format == "attnscope" else "safetensors"
         return Response(files.run_file(engine, run_id=run_id), media_type="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.attnscope"'})
+                        headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.{suffix}"'})
     record = engine.run(run_id)
     lm = engine.models.get(record.model)  # a run read back from its file may name a model not loaded here
     run = RUN_JSON.dump_python(run_body(run_id, record), mode="json")
     summary = {"format": EXPORT_FORMAT, "run_id": run_id, "text": record.text,
                "model_info": asdict(lm.info) if lm is not None else {"name": record.model}, "causal": record.causal,
                **{k: run[k] for k in ("model", "tokens", "predictions", "heads", "timing_ms", "scores_pending")}}
-    if format == "safetensors":
-        body = files.kept_safetensors(engine, run_id=run_id,
-                                      summary={k: v for k, v in summary.items() if k != "predictions"})
-        return Response(body, media_type="application/octet-stream",
-                        headers={"Content-Disposition": f'attachment; filename="attnscope-run-{run_id}.safetensors"'})
     cells = attention_cells(record)
     if cells > settings.max_cells:
         raise BadInput(f"the JSON export of this run would hold {cells:,} attention cells, more than this server's "
                        f"limit of {settings.max_cells:,} (ATTNSCOPE_MAX_CELLS): export format=safetensors instead "
-                       "(what the run keeps, from which model.runs.export rebuilds any head)", code="export_too_large",
+                       "(the run file: what the run keeps, from which model.runs.export.KeptRun rebuilds any head)",
+                       code="export_too_large",
                        params={"cells": cells, "limit": settings.max_cells})
     payload = {**summary, **attention_json(record)}
     return Response(json.dumps(payload, separators=(",", ":")), media_type="application/json",

@@ -1,7 +1,8 @@
-"""A run exported as what it keeps: one safetensors file, and the loader that rebuilds any head.
+"""A run file read with torch and safetensors alone: the tensors by name and any head rebuilt exactly.
 
-The file (``GET /api/runs/{id}/export?format=safetensors``) holds, per layer i, under
-TransformerLens-style names:
+A run's one file format is the run file (``model/runs/runfile.py``, ``attnscope-run/1``; the API's
+``GET /api/runs/{id}/export?format=attnscope``, or ``format=safetensors`` for the same file under a
+``.safetensors`` name). It holds, per layer i, under TransformerLens-style names:
 
 * ``blocks.{i}.attn.hook_rot_q``   (H, n, dh) float32 post-rotary queries
 * ``blocks.{i}.attn.hook_rot_k``   (Hkv, n, dh) float32 post-rotary keys (head h reads h // groups)
@@ -11,84 +12,65 @@ TransformerLens-style names:
   (every supported mask — causal, sliding window, bidirectional, local — is one range a row)
 * ``blocks.0.hook_resid_pre`` and ``blocks.{i}.hook_attn_out`` / ``hook_mlp_out`` / ``hook_resid_post``
   (n, d) (block i's resid_pre is block i-1's resid_post)
-* ``input_ids`` (n,) int64
+* ``input_ids`` (n,) int64, and the predictions
 
-and string metadata: ``format`` ("attnscope-run-tensors/1"), ``run`` (JSON: model, text, tokens,
-head scores, model info) and ``attention`` (JSON: per layer scaling, softcap, groups).
-
-A run file (``model/runs/runfile.py``, "attnscope-run/1") holds the same tensors under the same names:
-``KeptRun.load`` reads it too (its ``run`` is then the run header). Loading needs only torch and
-safetensors (``KeptRun.load(path)``); ``KeptRun.pattern(layer, head)``
-rebuilds a head's weights exactly as the server does: softcap(q.k x scaling + bias), masked,
-exp(logit - lse).
+with a JSON header (text, tokens, head scores, timings, the model's and tokenizer's fingerprints). The file
+is read by its one reader, ``model.runs.runfile.read_path`` (every part checked); ``KeptRun`` is that
+reader's run seen as tensors by name: ``KeptRun.load(path).pattern(layer, head)`` rebuilds a head's
+weights exactly as the server does, softcap(q.k x scaling + bias), masked, exp(logit - lse).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load, save
 
-from attnscope.model.attention.kept import logits
-from attnscope.model.runs.record import RunRecord
-from attnscope.model.runs.runfile import FORMAT as RUN_FORMAT
-from attnscope.model.runs.runfile import META_KEY, layer_tensors, visible_ranges
+from attnscope.model.runs.runfile import StoredRun, layer_tensors, read_path, visible_ranges
 
-__all__ = ["FORMAT", "KeptRun", "to_safetensors", "visible_ranges"]
+__all__ = ["KeptRun", "visible_ranges"]
 
-FORMAT = "attnscope-run-tensors/1"
-
-
-def to_safetensors(record: RunRecord, run: dict[str, Any]) -> bytes:
-    """The file's bytes; ``run`` is the run's JSON summary (model, text, tokens, heads, model_info)."""
-    tensors = layer_tensors(record)  # the run file's tensors, under the same names
-    params = [{"scaling": layer.scaling, "softcap": layer.softcap, "groups": layer.groups}
-              for layer in record.attention]
-    meta = {"format": FORMAT, "run": json.dumps(run, separators=(",", ":")),
-            "attention": json.dumps(params, separators=(",", ":"))}
-    data: bytes = save(tensors, metadata=meta)
-    return data
+MAX_FILE_BYTES = 1 << 40  # a file on the reader's own disk: no body limit, only what safetensors can index
 
 
 @dataclass(frozen=True)
 class KeptRun:
-    """An exported run, read back: tensors by name, the run's summary, each layer's parameters."""
+    """A run file, read back: its run (``stored.record``: every ``RunRecord`` method) and its tensors by name."""
 
-    tensors: dict[str, torch.Tensor]
-    run: dict[str, Any]
-    attention: list[dict[str, Any]]
+    stored: StoredRun
 
     @staticmethod
     def load(path: str | Path) -> KeptRun:
-        raw = Path(path).read_bytes()
-        header_len = int.from_bytes(raw[:8], "little")
-        meta = json.loads(raw[8 : 8 + header_len]).get("__metadata__", {})
-        if meta.get("format") == RUN_FORMAT:
-            header = json.loads(meta[META_KEY])
-            return KeptRun(tensors=load(raw), run=header, attention=header["layers"])
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"not an {FORMAT} file (format: {meta.get('format')!r})")
-        return KeptRun(tensors=load(raw), run=json.loads(meta["run"]), attention=json.loads(meta["attention"]))
+        """Read a run file (``BadRunFile``, saying what is wrong, for anything else)."""
+        return KeptRun(read_path(Path(path), max_bytes=MAX_FILE_BYTES))
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The kept tensors under their file names (the predictions aside)."""
+        return layer_tensors(self.stored.record)
+
+    @property
+    def run(self) -> dict[str, Any]:
+        """The run's summary: model, text, causal, tokens and head scores."""
+        record = self.stored.record
+        return {"model": record.model, "text": record.text, "causal": record.causal,
+                "tokens": [t.text for t in record.summary.tokens],
+                "heads": [vars(h) for h in record.summary.heads]}
+
+    @property
+    def attention(self) -> list[dict[str, Any]]:
+        """Each layer's scaling, soft-cap and query heads per key head."""
+        return [{"scaling": layer.scaling, "softcap": layer.softcap, "groups": layer.groups}
+                for layer in self.stored.record.attention]
 
     @property
     def n(self) -> int:
-        return int(self.tensors["input_ids"].shape[0])
+        return self.stored.record.n
 
     def pattern(self, layer: int, head: int, q0: int = 0, q1: int | None = None) -> torch.Tensor:
         """(q1 - q0, n) float32: one head's exact weights for these query rows (zeros where masked)."""
         q1 = self.n if q1 is None else q1
-        p = self.attention[layer]
-        t = self.tensors
-        bias = t.get(f"blocks.{layer}.attn.alibi")
-        z = logits(t[f"blocks.{layer}.attn.hook_rot_q"][[head], q0:q1], t[f"blocks.{layer}.attn.hook_rot_k"], [head],
-                   int(p["groups"]), 0, self.n, float(p["scaling"]), p["softcap"],
-                   None if bias is None else bias[[head]])[0]  # (r, n)
-        lo, hi = t[f"blocks.{layer}.attn.visible"][:, q0:q1]
-        keys = torch.arange(self.n)[None, :]
-        seen = (keys >= lo[:, None]) & (keys < hi[:, None])
-        lse = t[f"blocks.{layer}.attn.lse"][head, q0:q1]
-        return (z - lse[:, None]).exp().masked_fill(~seen, 0.0).nan_to_num(0.0)
+        weights, visible = self.stored.record.head_rows(layer, head, q0, q1)  # (r, n) each
+        return weights.float().masked_fill(~visible, 0.0).nan_to_num(0.0)

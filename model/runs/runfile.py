@@ -1,7 +1,8 @@
 """One run as one self-describing file: what it keeps (safetensors) and what it reports (a JSON header).
 
-The file is a safetensors file (never pickle) whose tensors are the export's (``model/runs/export.py``),
-per layer i under TransformerLens-style names:
+The file is a safetensors file (never pickle), a run's one file format, read by ``read`` / ``read_path``
+alone (``model/runs/export.py``'s ``KeptRun`` is their run as tensors by name); per layer i, under
+TransformerLens-style names:
 
 * ``blocks.{i}.attn.hook_rot_q`` (H, n, dh), ``hook_rot_k`` (Hkv, n, dh), ``lse`` (H, n), float32;
   ``alibi`` (H, n) float32 for ALiBi families; ``visible`` (2, n) int32: row q sees keys
@@ -51,7 +52,7 @@ from attnscope.model.scores.analysis import SCORE_FIELDS, HeadScore
 
 FORMAT = "attnscope-run/1"
 VERSION = 1
-OLD_EXPORT = "attnscope-run-tensors/1"  # model/runs/export.py's file: no predictions, no fingerprints
+OLD_EXPORT = "attnscope-run-tensors/1"  # the retired tensors-only export: no predictions, no fingerprints
 HEADER_CAP = 16 << 20  # bytes of safetensors header (the JSON run header is inside it)
 META_KEY = "attnscope"
 

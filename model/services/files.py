@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -15,7 +14,6 @@ from attnscope.model.results import PositionPrediction
 from attnscope.model.runs import activations, runfile
 from attnscope.model.runs.budget import mib, mib_over
 from attnscope.model.runs.disk import write_whole
-from attnscope.model.runs.export import to_safetensors
 from attnscope.model.runs.persist import Origin, RunFiles, record_from, record_of
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.runs.runfile import StoredRun
@@ -31,12 +29,6 @@ def run_file(engine: Engine, *, run_id: str) -> bytes:
     origin = engine.origin(record) or Origin(record.model_fingerprint, "", "")
     return runfile.dump(record, model_fingerprint=origin.model_fingerprint,
                         tokenizer_fingerprint=origin.tokenizer_fingerprint, dtype=origin.dtype)
-
-
-def kept_safetensors(engine: Engine, *, run_id: str, summary: dict[str, Any]) -> bytes:
-    """The export of what a run keeps (format=safetensors): its tensors under their activation names, with
-    ``summary`` (the run's JSON without predictions) as metadata; ``model.runs.export.KeptRun.load`` reads it."""
-    return to_safetensors(engine.run(run_id), summary)
 
 
 def spool_folder(engine: Engine) -> Path | None:

@@ -94,7 +94,7 @@ def test_export_run_to_svg(client_for_export: tuple, tmp_path: Path) -> None:
     assert body.status_code == 200 and "attachment" in body.headers["content-disposition"]
     run = body.json()
     n = len(run["tokens"])
-    assert run["format"] == "attnscope-run/2" and len(run["attention"]) == 2 and len(run["attention"][0]) == 4
+    assert run["format"] == "attnscope-json/1" and len(run["attention"]) == 2 and len(run["attention"][0]) == 4
     head = rows_from_f32_base64(run["attention"][1][3], n, causal=True)
     assert [len(r) for r in head] == list(range(1, n + 1))
     exact = client.get(f"/api/runs/{run_id}/attention", params={"layer": 1, "head": 3, "format": "f32"})
@@ -372,7 +372,7 @@ def test_readme_cli_sequence_runs_as_written(tmp_path: Path) -> None:
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"{line}\n{proc.stderr}"
     run = json.loads((tmp_path / "run.json").read_text(encoding="utf-8"))
-    assert run["format"] == "attnscope-run/2" and run["model"] == "attnscope-tiny"
+    assert run["format"] == "attnscope-json/1" and run["model"] == "attnscope-tiny"
     assert "".join(t["text"] for t in run["tokens"]) == "dog bites man"
     n = len(run["tokens"])
     head = rows_from_f32_base64(run["attention"][2][5], n, causal=True)

@@ -144,7 +144,7 @@ def test_hostile_run_files_are_refused_and_nothing_is_kept(llama: LoadedModel, t
             "not JSON": good[:8] + b"{" * header + good[8 + header:],
             "another format": good.replace(b"attnscope-run/1", b"attnscope-run/9"),
             "random bytes": bytes(range(256)) * 64,
-            "a JSON export": json.dumps({"format": "attnscope-run/2"}).encode(),
+            "a JSON export": json.dumps({"format": "attnscope-json/1"}).encode(),
         }
         for what, body in hostile.items():
             got = client.post("/api/runs/import", content=body, headers={"content-type": "application/octet-stream"})

@@ -17,7 +17,8 @@ from safetensors.torch import load, save
 from attnscope.model.attention.spans import RangeMask, mask_spans
 from attnscope.model.errors import BadRunFile, EngineError
 from attnscope.model.load.models import LoadedModel, wrap_model
-from attnscope.model.runs.export import KeptRun, to_safetensors
+from attnscope.model.runs import runfile
+from attnscope.model.runs.export import KeptRun
 from attnscope.model.runs.late import layer_scores
 from attnscope.model.runs.record import PendingScores, RunRecord
 from attnscope.model.runs.runfile import FORMAT, HEADER_CAP, META_KEY, StoredRun, dump, read
@@ -257,7 +258,8 @@ HOSTILE: dict[str, tuple[Callable[[], bytes], str]] = {
     "header nested deeply": (lambda: _join_raw(b"[" * 100_000 + b"]" * 100_000), "not JSON"),
     "a tensor named twice": (lambda: _twice(), "twice"),
     "a model's weights": (_model_file, "format is 'pt', not 'attnscope-run/1'"),
-    "the old export": (lambda: to_safetensors(run_of("llama"), {"model": "x"}), "format=attnscope"),
+    "the old export": (lambda: save(runfile.layer_tensors(run_of("llama")),
+                                    metadata={"format": runfile.OLD_EXPORT, "run": "{}"}), "format=attnscope"),
     "a tensor missing": (lambda: _resaved(tensors=lambda t: t.pop("blocks.1.hook_mlp_out")), "missing"),
     "an extra tensor": (lambda: _resaved(tensors=lambda t: t.update(extra=torch.zeros(3))), "does not describe"),
     "a wrong dtype": (lambda: _resaved(tensors=_swap_dtype), "not F32"),
