@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import email.message
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
@@ -37,6 +37,22 @@ SECURITY_HEADERS = [
 ]
 
 
+
+def watched(receive: Receive, check: Callable[[bytes, int], None]) -> Receive:
+    """``receive`` that shows ``check`` each chunk of the body and the bytes before it (it raises to stop
+    the request)."""
+    seen = 0
+
+    async def receive_checked() -> Message:
+        nonlocal seen
+        message = await receive()
+        if message["type"] == "http.request":
+            body: bytes = message.get("body", b"")
+            check(body, seen)
+            seen += len(body)
+        return message
+
+    return receive_checked
 class SecurityHeaders:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -169,21 +185,12 @@ class Utf8Json:
         content_type = _header(scope, b"content-type") if scope["type"] == "http" else None
         sniff = scope["type"] == "http" and _json_type(content_type) and scope.get("path") not in self.BINARY
         if sniff:
-            seen = 0
-            inner = receive
+            def utf8_only(body: bytes, seen: int) -> None:
+                at = 0 if seen == 0 and body[:2] in (b"\xff\xfe", b"\xfe\xff") else body.find(b"\x00")
+                if at >= 0:
+                    raise UnicodeDecodeError("utf-8", body, at, at + 1, "a UTF-16 or UTF-32 body, not UTF-8")
 
-            async def utf8_receive() -> Message:
-                nonlocal seen
-                message = await inner()
-                if message["type"] == "http.request":
-                    body: bytes = message.get("body", b"")
-                    at = 0 if seen == 0 and body[:2] in (b"\xff\xfe", b"\xfe\xff") else body.find(b"\x00")
-                    if at >= 0:
-                        raise UnicodeDecodeError("utf-8", body, at, at + 1, "a UTF-16 or UTF-32 body, not UTF-8")
-                    seen += len(body)
-                return message
-
-            receive = utf8_receive
+            receive = watched(receive, utf8_only)
         if content_type:
             parsed = email.message.Message()
             parsed["content-type"] = content_type
@@ -249,17 +256,13 @@ class BodyLimit:
                 if too_big:
                     await self._reject(send, limit, setting)
                     return
-        seen = 0
         started = False
 
-        async def limited_receive() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > limit:
-                    raise BodyTooLarge(limit, setting)
-            return message
+        def within(body: bytes, seen: int) -> None:
+            if seen + len(body) > limit:
+                raise BodyTooLarge(limit, setting)
+
+        limited_receive = watched(receive, within)
 
         async def tracking_send(message: Message) -> None:
             nonlocal started

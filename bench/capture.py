@@ -48,7 +48,7 @@ from attnscope.model.capture.names import act_name  # noqa: E402
 from attnscope.model.load.models import BUNDLED_DIR, load_model, resolve_device, wrap_model  # noqa: E402
 from attnscope.model.runs.record import RunStore  # noqa: E402
 from attnscope.model.services.engine import Engine  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import markdown, write_section  # noqa: E402
 
 log = logging.getLogger("bench.capture")
 BUNDLED = BUNDLED_DIR / "attnscope-tiny"
@@ -130,15 +130,12 @@ def measure(name: str, source: str, lengths: list[int], repeats: int) -> list[di
 
 
 def table(rows: list[dict[str, float]]) -> str:
-    lines = ["| model | n | bare forward (ms) | capture alone (ms) | ratio | POST /api/runs (ms) | ratio "
-             "| of which forward / analysis (ms) | binary B/cell | JSON B/cell |", "|---|---|---|---|---|---|---|---|---|---|"]
-    lines.extend(
-        f"| {r['model']} | {r['n']} | {r['bare_ms']:.0f} | {r['capture_ms']:.0f} | **{r['capture_ratio']:.2f}x** "
-        f"| {r['ours_ms']:.0f} | {r['ratio']:.2f}x "
-        f"| {r['forward_ms']:.0f} / {r['analysis_ms']:.0f} | {r['bin_bpc']:.2f} | {r['json_bpc']:.2f} |"
-        for r in rows
-    )
-    return "\n".join(lines)
+    header = ["model", "n", "bare forward (ms)", "capture alone (ms)", "ratio", "POST /api/runs (ms)", "ratio",
+              "of which forward / analysis (ms)", "binary B/cell", "JSON B/cell"]
+    return markdown(header, [[str(r["model"]), str(r["n"]), f"{r['bare_ms']:.0f}", f"{r['capture_ms']:.0f}",
+                              f"**{r['capture_ratio']:.2f}x**", f"{r['ours_ms']:.0f}", f"{r['ratio']:.2f}x",
+                              f"{r['forward_ms']:.0f} / {r['analysis_ms']:.0f}", f"{r['bin_bpc']:.2f}",
+                              f"{r['json_bpc']:.2f}"] for r in rows])
 
 
 QWEN_SHAPE = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
@@ -203,14 +200,11 @@ def measure_qwen(lengths: list[int], repeats: int, dtypes: list[str]) -> list[di
 
 
 def qwen_table(rows: list[dict[str, object]]) -> str:
-    lines = ["| device | dtype | n | bare forward, SDPA (ms) | bare forward, eager + output_attentions (ms) "
-             "| capture alone (ms) | vs SDPA | vs eager |", "|---|---|---|---|---|---|---|---|"]
-    lines.extend(
-        f"| {r['device']} | {r['dtype']} | {r['n']} | {r['sdpa_ms']:.0f} | {r['eager_ms']:.0f} | {r['capture_ms']:.0f} "
-        f"| **{r['vs_sdpa']:.2f}x** | {r['vs_eager']:.2f}x |"
-        for r in rows
-    )
-    return "\n".join(lines)
+    header = ["device", "dtype", "n", "bare forward, SDPA (ms)", "bare forward, eager + output_attentions (ms)",
+              "capture alone (ms)", "vs SDPA", "vs eager"]
+    return markdown(header, [[str(r["device"]), str(r["dtype"]), str(r["n"]), f"{r['sdpa_ms']:.0f}",
+                              f"{r['eager_ms']:.0f}", f"{r['capture_ms']:.0f}", f"**{r['vs_sdpa']:.2f}x**",
+                              f"{r['vs_eager']:.2f}x"] for r in rows])
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ from attnscope.model.capture.forward import RESIDUAL  # noqa: E402
 from attnscope.model.load.models import LoadedModel, wrap_model  # noqa: E402
 from attnscope.model.runs.tiles import TileSpec, head_tiles  # noqa: E402
 from attnscope.model.scores.live import scored_run  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import publish  # noqa: E402
 from tests.support.families import LONG_POSITIONS, long_llama  # noqa: E402
 from tests.support.tiny import make_engine  # noqa: E402
 from tests.support.tinytok import tiny_tokenizer  # noqa: E402
@@ -228,10 +228,8 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
             "'Chromium' (with --browser): the explorer in headless Chromium on the same prompt — from the analyse "
             "response to the first overview tile drawn, and each zoom step (a drag-sized zoom halving the window, "
             "from the overview down to 16 x 16 single cells) to its finer tile drawn.\n\n" + table)
-    command = "python bench/long.py" + ("" if argv is None else " " + " ".join(argv))
-    if not args.no_write:
-        write_section(args.out, "long", body, command)
-    sys.stdout.write(body + "\n")
+    publish([body], None if args.no_write else args.out, "long",
+            "python bench/long.py" + ("" if argv is None else " " + " ".join(argv)))
     return rows
 
 

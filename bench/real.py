@@ -30,9 +30,18 @@ sys.path.insert(0, str(ROOT))
 from attnscope.app.memory import tune_malloc  # noqa: E402
 from attnscope.model.load.models import LoadedModel, load_model  # noqa: E402
 from bench.long import load_average, row  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import publish  # noqa: E402
 
 NAME = "smollm2-135m"
+COLUMNS = """
+SmolLM2-135M-Instruct (GGUF Q4_1 de-quantized to float32, 30 layers x 9 heads, 3 K/V heads, d_model 576, 8,192
+positions) on the CPU; ordinary English words cut to n tokens. Columns as in the long section (`bench/long.py`):
+'SDPA forward' is a plain forward of the same model with attn_implementation='sdpa', the physical limit; 'kept' is
+what the run holds in the store (its nbytes), 'peak RSS' the process's high-water mark during the analyse.
+'Chromium' (with --browser): the explorer in headless Chromium at 1,400 px serving the same model — from clicking
+Analyse to the first heatmap drawn, and from picking another head (layer and head menus) to its heatmap drawn,
+median of 6 picks across the layers.
+"""
 WORDS = ("the of and to in a is that for it as was with be by on not he this are or his from at which but have an "
          "they you were her she there been one all we their has would when if so no will more can out other up what "
          "about time into only some could them see than first then two like now its our over most also people after "
@@ -154,18 +163,9 @@ def main(argv: list[str] | None = None) -> None:
                   f"{first[1]:.1f} s (every later start).\n")
     body = (f"Load average (1/5/15 min) at the start: {load_start}; at the end: {load_average()} — a 2-core machine "
             "shared with other sessions' work, so times are upper bounds and ratios noisy.\n" + start_line +
-            "SmolLM2-135M-Instruct (GGUF Q4_1 de-quantized to float32, 30 layers x 9 heads, 3 K/V heads, d_model "
-            "576, 8,192 positions) on the CPU; ordinary English words cut to n tokens. Columns as in the long "
-            "section (`bench/long.py`): 'SDPA forward' is a plain forward of the same model with "
-            "attn_implementation='sdpa', the physical limit; 'kept' is what the run holds in the store (its "
-            "nbytes), 'peak RSS' the process's high-water mark during the analyse. 'Chromium' (with --browser): the "
-            "explorer in headless Chromium at 1,400 px serving the same model — from clicking Analyse to the first "
-            "heatmap drawn, and from picking another head (layer and head menus) to its heatmap drawn, median of "
-            "6 picks across the layers.\n\n" + table)
-    command = "python bench/real.py" + ("" if argv is None else " " + " ".join(argv))
-    if not args.no_write:
-        write_section(args.out, "real", body, command)
-    sys.stdout.write(body + "\n")
+            " ".join(COLUMNS.split()) + "\n\n" + table)
+    publish([body], None if args.no_write else args.out, "real",
+            "python bench/real.py" + ("" if argv is None else " " + " ".join(argv)))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,12 @@ def write_section(path: Path, key: str, body: str, command: str) -> None:
     path.write_text(new, encoding="utf-8")
 
 
+def markdown(header: list[str], rows: list[list[str]]) -> str:
+    """A markdown table: the header's columns, then one line a row."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
 def publish(lines: list[str], write: Path | None, key: str, command: str) -> None:
     """Print a benchmark's table and, with ``--write``, put it in that file's ``key`` section."""
     text = "\n".join(lines)

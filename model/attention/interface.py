@@ -302,14 +302,9 @@ def flash_attention(
     return blocked_attention(query, key, value, scaling, is_causal)
 
 
-def blocked_attention(
-    query: torch.Tensor,  # (B, H, q, dh)
-    key: torch.Tensor,  # (B, Hkv, kv, dh)
-    value: torch.Tensor,  # (B, Hkv, kv, dv)
-    scaling: float,
-    is_causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flash_attention`'s result from public operators, a block of query rows at a time (a
+def blocked_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float,
+                      is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flash_attention`'s result (its shapes) from public operators, a block of query rows at a time (a
     block's weights hold about ``BLOCK_CELLS`` numbers, float32): output in the value's dtype."""
     batch, n_heads, q_len, _ = query.shape
     kv_len = key.shape[2]

@@ -103,19 +103,12 @@ class InductionPairs:
         return int(self.follows.sum()) + dense
 
 
-def induction_sums(
-    q: torch.Tensor,  # (H, n, dh)
-    k: torch.Tensor,  # (Hkv, n, dh)
-    lse: torch.Tensor,  # (H, n)
-    pairs: InductionPairs,
-    *,
-    scaling: float,
-    softcap: float | None,
-    cells: int = BLOCK_CELLS,
-) -> torch.Tensor:
+def induction_sums(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, pairs: InductionPairs, *, scaling: float,
+                   softcap: float | None, cells: int = BLOCK_CELLS) -> torch.Tensor:
     """(H,) float64: each head's induction evidence summed over every query: its attention on induction
     targets (j + 1 after an earlier copy j, outside the query's neighbourhood) minus its attention on
-    those copies j themselves (``model.scores.analysis`` says why)."""
+    those copies j themselves (``model.scores.analysis`` says why). q (H, n, dh), k (Hkv, n, dh) and lse
+    (H, n) as ``_pair_mass`` takes them."""
     target = _pair_mass(q, k, lse, pairs, 1, scaling=scaling, softcap=softcap, cells=cells)
     return target - _pair_mass(q, k, lse, pairs, 0, scaling=scaling, softcap=softcap, cells=cells)
 

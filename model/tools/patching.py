@@ -32,6 +32,7 @@ from attnscope.model.errors import BadInput, Cancelled
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import Token, ids_tensor, token_map, tokenize, tokens_of
 from attnscope.model.results import Matrix, TokenRef
+from attnscope.model.tools import intervene
 from attnscope.model.tools.intervene import (
     attention_module,
     batch_size,
@@ -41,7 +42,6 @@ from attnscope.model.tools.intervene import (
     mlp_module,
     out_proj,
     replace_first,
-    require_decoder,
     split_heads,
     with_hidden,
 )
@@ -310,7 +310,7 @@ def patch(lm: LoadedModel, clean: torch.Tensor | list[Token], corrupted: torch.T
     """Patch every site of ``sites`` from the clean prompt into the corrupted one, one at a time. Each
     prompt is its ids (n,) or its tokens; ``texts``: the two prompts as typed (default: what the tokens
     spell). ``stop`` set: Cancelled, between two batched forwards (the client went away)."""
-    require_decoder(lm, "activation patching")
+    intervene.require_decoder(lm, "activation patching")
     clean_text, clean_tokens = _prompt(lm, clean, None if texts is None else texts[0])
     corrupted_text, corrupted_tokens = _prompt(lm, corrupted, None if texts is None else texts[1])
     clean_ids, corrupted_ids = ids_tensor(clean_tokens), ids_tensor(corrupted_tokens)  # (n,) each

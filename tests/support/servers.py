@@ -7,9 +7,13 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
+
+if TYPE_CHECKING:
+    from attnscope.model.services.engine import Engine
 
 
 def free_port() -> int:
@@ -34,3 +38,17 @@ def serve(app: FastAPI) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+@contextmanager
+def serve_engine(engine: Engine, **settings: Any) -> Iterator[str]:
+    """The app on ``engine`` (its default model; ``settings`` beside it) served on loopback; the engine is
+    closed when the server stops."""
+    from attnscope.app.main import create_app
+    from attnscope.app.settings import Settings
+
+    try:
+        with serve(create_app(Settings(models={}, default_model=engine.default, **settings), engine)) as url:
+            yield url
+    finally:
+        engine.close()

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from attnscope.app.main import create_app
-from attnscope.app.settings import Settings
 from attnscope.model.load.models import load_model
 from tests.support.tiny import make_engine
 
@@ -19,12 +17,11 @@ DRAWN = "() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt &
 
 @pytest.fixture
 def random_url(tiny_dirs: dict[str, Path]) -> Iterator[str]:
-    from tests.support.servers import serve
+    from tests.support.servers import serve_engine
 
-    engine = make_engine({"random-gpt2": load_model("random-gpt2", str(tiny_dirs["gpt2"]))}, "random-gpt2")
-    with serve(create_app(Settings(models={}, default_model="random-gpt2"), engine)) as url:
+    with serve_engine(make_engine({"random-gpt2": load_model("random-gpt2", str(tiny_dirs["gpt2"]))},
+                                  "random-gpt2")) as url:
         yield url
-    engine.close()
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])

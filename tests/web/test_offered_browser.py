@@ -8,8 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from attnscope.app.main import create_app
-from attnscope.app.settings import Settings
 from attnscope.model.load.models import LoadedModel, load_model
 from tests.support.tiny import make_engine
 
@@ -18,7 +16,7 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def offered_url(tiny_dirs: dict[str, Path]) -> Iterator[str]:
-    from tests.support.servers import serve
+    from tests.support.servers import serve_engine
 
     engine = make_engine({"tiny-gpt2": load_model("tiny-gpt2", str(tiny_dirs["gpt2"]))}, "tiny-gpt2")
 
@@ -26,9 +24,8 @@ def offered_url(tiny_dirs: dict[str, Path]) -> Iterator[str]:
         return load_model("later", str(tiny_dirs["llama"]))
 
     engine.offer("later", "a tiny llama offered here", loader)
-    with serve(create_app(Settings(models={}, default_model="tiny-gpt2"), engine)) as url:
+    with serve_engine(engine) as url:
         yield url
-    engine.close()
 
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
