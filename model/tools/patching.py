@@ -168,7 +168,7 @@ class PatchExample:
 
 
 @dataclass(frozen=True)
-class CleanRun:
+class CleanActivations:
     """The clean prefix's activations, batch dimension dropped."""
 
     resid: list[torch.Tensor]  # L + 1 x (P+1, d)
@@ -183,7 +183,7 @@ def metric_of(out: torch.Tensor, answer: int, wrong: int) -> torch.Tensor:
     return out[:, answer] - out[:, wrong]
 
 
-def capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) -> CleanRun:
+def capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) -> CleanActivations:
     n_layers = lm.info.n_layers
     store: dict[tuple[str, int], torch.Tensor] = {}
 
@@ -213,7 +213,7 @@ def capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) -
                  Registration(out_proj(lm, layer), "pre", keep_z(layer))]
     with temporary_hooks(regs):
         out = logits(lm, ids[None], keep=1)[:, -1]  # (1, V)
-    return CleanRun(resid=[store[("resid", i)] for i in range(n_layers + 1)],
+    return CleanActivations(resid=[store[("resid", i)] for i in range(n_layers + 1)],
                   attn_out=[store[("attn_out", i)] for i in range(n_layers)],
                   mlp_out=[store[("mlp_out", i)] for i in range(n_layers)],
                   z=[store[("z", i)] for i in range(n_layers)],
@@ -221,7 +221,7 @@ def capture_clean(lm: LoadedModel, ids: torch.Tensor, answer: int, wrong: int) -
 
 
 
-def patch_hooks(lm: LoadedModel, clean: CleanRun, part: list[Job], first_row: int = 2) -> list[Registration]:
+def patch_hooks(lm: LoadedModel, clean: CleanActivations, part: list[Job], first_row: int = 2) -> list[Registration]:
     """Hooks that put, for batch row r + first_row, the clean activation of job r into the corrupted
     run (``patch`` keeps rows 0 and 1 for the corrupted and the clean run)."""
     n_heads = lm.info.n_heads
