@@ -11,6 +11,9 @@ import pytest
 from tests.support.browser import ARTIFACTS, ConsoleWatch, shot
 from tests.support.i18n_check import english_ui_words, visible_strings
 
+# the lessons in the page's order (static/js/learn/main.js: LESSONS)
+TOPICS = ("context", "parallel", "ids", "embedding", "shapes", "positions", "encoders", "pipeline", "residual")
+
 pytestmark = pytest.mark.browser
 PROMPT = "I love artificial intelligence"
 CJK = re.compile(r"[\u4e00-\u9fff]")
@@ -143,8 +146,8 @@ def test_switch_changes_everything_without_reload(page: object, base_url: str) -
     assert "lang=zh" in js(page, "q('lesson-context').querySelector('[data-testid=open-explorer]').href")
     bad = english_ui_words(visible_strings(page), base_url, page)
     assert bad == {}, f"English UI words in Chinese mode: {bad}"
-    for i in range(1, 10):
-        page.get_by_test_id(f"lesson-{i}").screenshot(path=str(ARTIFACTS / f"learn-zh-{i}.png"))
+    for i, topic in enumerate(TOPICS, 1):
+        page.get_by_test_id(f"lesson-{topic}").screenshot(path=str(ARTIFACTS / f"learn-zh-{i}-{topic}.png"))
     page.get_by_test_id("lang-switch").click()
     page.wait_for_function("() => document.documentElement.dataset.painted === 'en'")
     assert lesson_texts(page) == english

@@ -13,7 +13,7 @@ export async function render(body, ctx) {
   const shapesTable = el("table", { "data-testid": "shapes-shapes" });
   const chart = figure("shapes-chart", "chart tall");
   body.replaceChildren(factsTable, shapesTable, chart.box);
-  const fill = (table, rows) => table.replaceChildren(el("tbody", {}, ...rows.map(([k, v]) => el("tr", {}, el("th", { text: t(`l5.${k}`) }), el("td", { class: "mono", text: String(v) })))));
+  const fill = (table, rows) => table.replaceChildren(el("tbody", {}, ...rows.map(([k, v]) => el("tr", {}, el("th", { text: t(`shapes.${k}`) }), el("td", { class: "mono", text: String(v) })))));
 
   await ctx.paint(async () => {
     fill(factsTable, [
