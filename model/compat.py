@@ -19,6 +19,7 @@ name serves, is read defensively, and has a public fallback that the tests run t
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Any
@@ -52,6 +53,25 @@ def fused_available() -> bool:
     return os.environ.get("ATTNSCOPE_FUSED", "1") != "0" and _fused_op() is not None
 
 
+@functools.cache
+def fused_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes the fused CPU kernel takes in this torch build: float32, and bfloat16 / float16 where one
+    tiny call of it succeeds (its log-sum-exp comes back in float32 either way). Probed once."""
+    op = _fused_op()
+    if op is None:
+        return frozenset()
+    found = {torch.float32}
+    for dtype in (torch.bfloat16, torch.float16):
+        x = torch.zeros(1, 1, 2, 8, dtype=dtype)  # (B, H, n, dh)
+        try:
+            _out, lse = op(x, x, x, 0.0, True, scale=1.0)
+        except (RuntimeError, NotImplementedError):  # this build's kernel has no such dtype
+            continue
+        if lse.dtype == torch.float32:
+            found.add(dtype)
+    return frozenset(found)
+
+
 def fused_attention(
     query: torch.Tensor,  # (B, H, q, dh)
     key: torch.Tensor,  # (B, Hkv, kv, dh)
@@ -59,7 +79,8 @@ def fused_attention(
     scaling: float,
     is_causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's fused CPU attention: (output (B, H, q, dh), lse (B, H, q) float32), never the weights.
+    """torch's fused CPU attention: (output (B, H, q, dh) in the inputs' dtype, lse (B, H, q) float32), never
+    the weights; the products accumulate in float32 whatever the inputs' dtype (``fused_dtypes``).
 
     Head h reads K/V head h // (H / Hkv), as ``repeat_interleave`` groups them. Only call it where
     :func:`fused_available` said True."""

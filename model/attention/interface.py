@@ -297,7 +297,7 @@ def flash_attention(
     visible to query i iff j <= i. The fused CPU kernel where this torch build has it and the head
     sizes match (``model.compat``), else :func:`blocked_attention`: the same numbers from public ops."""
     if (compat.fused_available() and query.device.type == "cpu" and value.shape[-1] == query.shape[-1]
-            and query.dtype == key.dtype == value.dtype == torch.float32):
+            and query.dtype == key.dtype == value.dtype and query.dtype in compat.fused_dtypes()):
         return compat.fused_attention(query, key, value, scaling, is_causal)
     return blocked_attention(query, key, value, scaling, is_causal)
 
@@ -362,12 +362,14 @@ class AdditiveMask:
 
 
 def can_fuse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float | None) -> bool:
-    """The fused kernel computes this layer as the eager code does: float32 on the CPU, no soft-cap,
-    values as wide as the keys (a soft-capped family, another dtype or device runs the block path), and
-    this torch build has it (``model.compat.fused_available``: else the block path, public ops only)."""
+    """The fused kernel computes this layer as the eager code does: on the CPU in float32, bfloat16 or
+    float16 where this build's kernel takes that dtype (``model.compat.fused_dtypes``; its products
+    accumulate in float32, as the eager code's float32 softmax does), no soft-cap, values as wide as the
+    keys (a soft-capped family, another device runs the block path), and this torch build has it
+    (``model.compat.fused_available``: else the block path, public ops only)."""
     return (compat.fused_available() and query.device.type == "cpu" and softcap is None
             and value.shape[-1] == query.shape[-1]
-            and query.dtype == key.dtype == value.dtype == torch.float32)
+            and query.dtype == key.dtype == value.dtype and query.dtype in compat.fused_dtypes())
 
 
 def attnscope_attention(

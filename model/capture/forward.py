@@ -16,6 +16,7 @@ Granite).
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -34,6 +35,8 @@ from attnscope.model.capture.names import KINDS, LOGITS, act_name, kind_of
 from attnscope.model.errors import AttentionUnavailable
 from attnscope.model.families.qk import READERS, ModuleQK
 from attnscope.model.load.models import LoadedModel
+
+log = logging.getLogger(__name__)
 
 Filter = Callable[[str], bool]
 
@@ -87,6 +90,7 @@ class Captures(dict[str, torch.Tensor]):
         self.listener = listener
         self.records: dict[int, LayerRecord] = {}
         self.calls: dict[int, AttentionCall] = {}
+        self.fused: set[int] = set()  # the layers the fused kernel computed (no block of weights)
         self.timing_ms: dict[str, float] = {}
         self.layers: list[LayerAttention] = []  # filled by run_with_cache / assemble
 
@@ -100,6 +104,8 @@ class Captures(dict[str, torch.Tensor]):
                   blocks: bool) -> None:
         """The capture point's callback after a layer: q (H, r, dh), k (Hkv, kv, dh), lse (H, r)."""
         self.calls[layer] = call
+        if not blocks:
+            self.fused.add(layer)
         r = q.shape[1]
         mask = call.mask if isinstance(call.mask, LazyMask) else None
         if mask is None:
@@ -269,6 +275,26 @@ def last_logits_only(lm: LoadedModel) -> dict[str, int]:
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(lm.model.forward).parameters else {}
 
 
+def say_path(lm: LoadedModel, store: Captures, ids: torch.Tensor) -> None:
+    """Log, once per model, which path its attention took: the fused kernel (output and log-sum-exp in one
+    call) on how many layers, or the block path, with the device and dtype."""
+    memo = lm.probes
+    if memo.path_said is lm.model or not store.calls:
+        return
+    with memo.lock:
+        if memo.path_said is lm.model:
+            return
+        memo.path_said = lm.model
+    fused, n_layers = len(store.fused), len(store.calls)
+    where = f"{ids.device.type}, {lm.info.dtype}"
+    if fused:
+        log.info("%s: attention through the fused kernel on %d of %d layers (%s)", lm.info.name, fused, n_layers,
+                 where)
+    else:
+        log.info("%s: attention through the block path on every layer (%s: no fused kernel serves it)",
+                 lm.info.name, where)
+
+
 def run_with_cache(
     lm: LoadedModel,
     input_ids: torch.Tensor,  # (n,)
@@ -295,6 +321,7 @@ def run_with_cache(
         store.timing_ms["forward"] = 1e3 * (t1 - t0)
         store.timing_ms["assemble"] = 1e3 * (time.perf_counter() - t1)
         publish(store, lm.info.n_layers)
+    say_path(lm, store, ids)
     logits = getattr(out, "logits", None)
     if logits is not None and wanted(LOGITS):
         store[LOGITS] = logits[0].float()  # (n, vocab)

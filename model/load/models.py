@@ -137,6 +137,7 @@ class ProbeResults:
 
     lock: threading.Lock = field(default_factory=threading.Lock)
     attention_checked: nn.Module | None = None  # the model whose attention returned weights
+    path_said: nn.Module | None = None  # the model whose attention path (fused or blocks) was logged
     induction: tuple[nn.Module, list[list[float]]] | None = None  # (model, [layer][head] scores)
 
 
