@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -37,6 +38,7 @@ from attnscope.model.families.qk import READERS, ModuleQK
 from attnscope.model.load.models import LoadedModel
 
 log = logging.getLogger(__name__)
+_SAID_LOCK = threading.Lock()  # say_path's check-and-set of a model's "said" mark
 
 Filter = Callable[[str], bool]
 
@@ -281,7 +283,7 @@ def say_path(lm: LoadedModel, store: Captures, ids: torch.Tensor) -> None:
     memo = lm.probes
     if memo.path_said is lm.model or not store.calls:
         return
-    with memo.lock:
+    with _SAID_LOCK:  # not memo.lock: a probe holds it around its forward (check_attention)
         if memo.path_said is lm.model:
             return
         memo.path_said = lm.model

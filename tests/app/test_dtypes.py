@@ -95,17 +95,24 @@ def _ok_text(r: object) -> str:
 
 
 def test_half_precision_stays_close_to_float32(half: tuple[TestClient, Engine, torch.dtype]) -> None:
-    """Captured patterns (float32 maths on half-precision Q/K) are near the float32 model's."""
+    """Captured patterns (float32 maths on half-precision Q/K) are as near the float32 model's as the
+    dtype's own eager attention is."""
     _client, engine, dtype = half
     lm = engine.model(f"llama-{dtype}")
     ref = engine_fp32().model("llama-torch.float32")
     a = engine.analyse(TEXT, lm.info.name).record
     b = engine_fp32().analyse(TEXT, ref.info.name).record
     assert a.attention[0].q.dtype == torch.float32 and a.resid[0].dtype == torch.float32
-    tol = 0.05 if dtype == torch.bfloat16 else 0.01
+    # the tolerance is the dtype's own: transformers' eager attention in that dtype against float32, on the
+    # same tokens (the half model runs the fused kernel where this torch build's kernel takes the dtype)
+    family = next(f for f in FAMILIES if f.id == "llama")
+    with torch.inference_mode():
+        eager_half = family.build("eager").to(dtype)(input_ids=a.input_ids[None], output_attentions=True).attentions
+        eager_32 = family.build("eager")(input_ids=a.input_ids[None], output_attentions=True).attentions
+    own = max(float((h[0].float() - f[0]).abs().max()) for h, f in zip(eager_half, eager_32, strict=True))
     for layer in range(a.n_layers):
         got, want = a.pattern(layer), b.pattern(layer)
-        assert got.dtype == torch.float32 and (got - want).abs().max() < tol
+        assert got.dtype == torch.float32 and float((got - want).abs().max()) <= 1.5 * own + 1e-3, (layer, own)
 
 
 _FP32: list[Engine] = []

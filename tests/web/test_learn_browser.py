@@ -193,8 +193,8 @@ def test_chinese_prompt_gets_a_note_and_the_lens_window_moves(page: object, base
     assert "vocabulary has no token for that character" in js(page, "q('encoders-unk').textContent")
 
 
-def lesson_error(page: object, n: int) -> dict:
-    return page.evaluate(f"""() => {{ const box = document.querySelector('#l{n} [data-testid=lesson-error]');
+def lesson_error(page: object, topic: str) -> dict:
+    return page.evaluate(f"""() => {{ const box = document.querySelector('#{topic} [data-testid=lesson-error]');
         return box ? {{shown: !box.hidden, text: box.textContent, byInput: Boolean(box.closest('.controls'))}} : {{shown: false, text: '', byInput: false}}; }}""")
 
 
@@ -210,7 +210,7 @@ def test_lesson_3_says_a_bad_id_by_its_box_and_names_the_ends(page: object, base
     vocab = js(page, "Number(q('ids-id').max) + 1")
     set_id(page, vocab + 5)
     page.wait_for_function("() => !document.querySelector('#ids [data-testid=lesson-error]').hidden")
-    err = lesson_error(page, 3)
+    err = lesson_error(page, "ids")
     assert err["byInput"]  # beside the input it answers, not at the top of the page
     expect = f"token id {vocab + 5} is out of range" if lang == "en" else f"Token ID {vocab + 5} 不存在"
     assert expect in err["text"]
@@ -219,7 +219,7 @@ def test_lesson_3_says_a_bad_id_by_its_box_and_names_the_ends(page: object, base
     # the next good ID clears it; the first and the last IDs are named as the vocabulary's ends
     set_id(page, 0)
     page.wait_for_function("() => document.querySelector('[data-testid=ids-chart]').dataset.id === '0'")
-    assert lesson_error(page, 3)["shown"] is False
+    assert lesson_error(page, "ids")["shown"] is False
     note = js(page, "q('ids-note').textContent")
     assert ("first ID of the vocabulary" if lang == "en" else "词表中的第一个 ID") in note
     set_id(page, vocab - 1)
@@ -232,7 +232,7 @@ def test_lesson_3_says_a_bad_id_by_its_box_and_names_the_ends(page: object, base
 def test_a_long_prompt_the_encoder_refuses_is_said_in_lesson_7(page: object, base_url: str) -> None:
     text = "the cat sat on the mat and looked at the dog " * 60  # 600 words: past the encoder's 512 positions
     open_learn(page, base_url, "&lang=en", text=text)
-    err = lesson_error(page, 7)
+    err = lesson_error(page, "encoders")
     assert err["shown"] and re.search(r"the prompt has \d+ tokens, more than this model's limit of 512", err["text"]), err
     assert err["text"].startswith("The encoder (minilm-l6) refuses this prompt, so only the decoder is drawn:"), err
     assert page.get_by_test_id("error-message").is_hidden()  # said where it happened, not at the top
@@ -247,7 +247,7 @@ def test_a_long_prompt_the_encoder_refuses_is_said_in_lesson_7(page: object, bas
     page.get_by_test_id("lang-switch").click()
     page.wait_for_function("() => document.documentElement.dataset.painted === 'zh'")
     assert re.search(r"^编码器（minilm-l6）拒绝了这个提示词，因此只画出解码器：提示词有 \d+ 个 token，超过了该模型的上限 512",
-                     lesson_error(page, 7)["text"])
+                     lesson_error(page, "encoders")["text"])
     assert "前 24 个" in js(page, "q('parallel-timing').parentElement.querySelector('figcaption').textContent")
     assert js(page, "q('parallel-verdict').dataset.keys") == keys  # the same verdict in both languages
     # running a prompt the encoder takes clears the lesson's error
@@ -255,4 +255,4 @@ def test_a_long_prompt_the_encoder_refuses_is_said_in_lesson_7(page: object, bas
     page.get_by_test_id("prompt-input").press("Control+Enter")  # the shortcut the hint names
     page.wait_for_function("() => !document.querySelector('#run').disabled && document.querySelectorAll('.lesson-body[data-ready]').length === 9",
                            timeout=600_000)
-    assert lesson_error(page, 7)["shown"] is False and js(page, "q('encoders-encoder').hidden") is False
+    assert lesson_error(page, "encoders")["shown"] is False and js(page, "q('encoders-encoder').hidden") is False
