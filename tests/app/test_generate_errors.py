@@ -96,7 +96,7 @@ def test_an_engine_error_after_the_stream_keeps_its_own_words_and_status(
     def too_large(*_args: object, **_kwargs: object) -> object:
         raise TooLarge("this run would keep 9 MiB; the run store holds at most 1 MiB (ATTNSCOPE_RUN_STORE_BYTES)")
 
-    monkeypatch.setattr(engine, "store_generation", too_large)
+    monkeypatch.setattr(engine.analyser, "store_generation", too_large)
     events = sse_events(queue1.post("/api/generate", json={**BODY, "record": True}).text)
     assert [e for e, _ in events] == ["token"] * 4 + ["error"]
     assert events[-1][1] == {"code": "too_large", "message": "this run would keep 9 MiB; the run store holds at "

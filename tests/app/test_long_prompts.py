@@ -44,7 +44,7 @@ def read_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(tokens_module, "_spans", counted_spans)
     monkeypatch.setattr(tokens_module, "tokenize", counted_tokenize)
-    monkeypatch.setattr("attnscope.model.services.engine.tokenize", counted_tokenize)
+    monkeypatch.setattr("attnscope.model.load.limits.tokenize", counted_tokenize)
     return sizes
 
 

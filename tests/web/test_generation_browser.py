@@ -137,7 +137,7 @@ def test_a_failure_after_the_stream_started_is_said_at_the_generate_control(
                        "the run store holds at most 1 MiB (ATTNSCOPE_RUN_STORE_BYTES)", code="run_too_big",
                        params={"keep": "9 MiB", "tokens": 30, "peak": "12 MiB", "cap": "1 MiB"})  # as budget.admit
 
-    monkeypatch.setattr(bundled_engine, "store_generation", too_large)
+    monkeypatch.setattr(bundled_engine.analyser, "store_generation", too_large)
     asked: list[str] = []
     page.on("request", lambda r: "/api/runs/" in r.url and asked.append(r.url))
     page.goto(f"{base_url}/?text=The%20cat%20sat%20on%20the%20mat.&lang={lang}")
