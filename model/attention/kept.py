@@ -64,9 +64,8 @@ class LayerAttention:
     @property
     def fused_causal(self) -> bool:
         """Can the fused kernel sweep this layer: a causal mask over the whole run, logits q.k x scaling
-        (no soft-cap, no bias), on the CPU (the sweep reads Q and K in float32 whatever dtype they are kept
-        in: ``model.scores.live``)."""
-        return (self.softcap is None and self.bias is None and self.scaling > 0
+        (no soft-cap, no bias), float32 on the CPU."""
+        return (self.softcap is None and self.bias is None and self.scaling > 0 and self.q.dtype == torch.float32
                 and self.q.device.type == "cpu" and self.mask.fused_causal() is True)
 
     def visible(self, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:

@@ -158,10 +158,10 @@ class TextAssembler:
         return rest
 
 
-def _tokens_from_pieces(ids: list[int], pieces: list[Piece]) -> list[Token]:
+def _tokens_from_pieces(ids: list[int], pieces: list[Piece], first_index: int = 0, first_char: int = 0) -> list[Token]:
     tokens: list[Token] = []
-    cursor = 0
-    for i, (tid, p) in enumerate(zip(ids, pieces, strict=True)):
+    cursor = first_char
+    for i, (tid, p) in enumerate(zip(ids, pieces, strict=True), start=first_index):
         end = cursor + len(p.text)
         tokens.append(Token(index=i, id=int(tid), text=p.display, start=cursor, end=end,
                             special=p.special, partial=p.partial))
@@ -169,16 +169,18 @@ def _tokens_from_pieces(ids: list[int], pieces: list[Piece]) -> list[Token]:
     return tokens
 
 
-def tokens_of(tokenizer: PreTrainedTokenizerBase, ids: list[int]) -> tuple[str, list[Token]]:
-    """The text ``ids`` spell and their tokens, offsets into that text (ids without a prompt's own text:
-    a generation, ids a caller built)."""
+def tokens_of(tokenizer: PreTrainedTokenizerBase, ids: list[int], first_index: int = 0,
+              first_char: int = 0) -> tuple[str, list[Token]]:
+    """The text ``ids`` spell and their tokens (ids without a text of their own: a generation's new tokens,
+    ids a caller built), numbered from ``first_index`` with offsets from ``first_char`` (where they follow a
+    prompt). Bytes of a character left incomplete at the end are shown as U+FFFD, on the last token."""
     assembler = TextAssembler(tokenizer)
     pieces = [assembler.push(int(tid)) for tid in ids]
     rest = assembler.finish()
-    if rest and pieces:  # the last token completes the characters still open
+    if rest and pieces:  # the last token owns the characters still open
         last = pieces[-1]
-        pieces[-1] = Piece(text=last.text + rest, display=last.display, special=last.special, partial=False)
-    return assembler.text, _tokens_from_pieces(ids, pieces)
+        pieces[-1] = Piece(text=last.text + rest, display=last.display, special=last.special, partial=last.partial)
+    return assembler.text, _tokens_from_pieces(ids, pieces, first_index, first_char)
 
 
 def _tokens_by_offsets(tokenizer: PreTrainedTokenizerBase, text: str, ids: list[int], raws: list[str],

@@ -99,7 +99,7 @@ def complete(acc: ScoreAccumulator, kept: LayerAttention, induction_pairs: pairs
     if not acc.todo:
         return
     if kept.fused_causal and kept.lse is not None:
-        q, k, lse, todo = kept.q.float(), kept.k.float(), kept.lse, acc.todo  # a bf16 run's too: float32 sweeps
+        q, k, lse, todo = kept.q, kept.k, kept.lse, acc.todo
         sums: dict[str, torch.Tensor] = {}
         if todo & {"prev", "first"}:
             sums["prev"], sums["first"] = pairs.prev_first_sums(q, k, lse, scaling=kept.scaling, softcap=None)

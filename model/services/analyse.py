@@ -15,7 +15,7 @@ import torch
 from attnscope.model.capture.forward import RESIDUAL, Captures
 from attnscope.model.capture.names import act_name
 from attnscope.model.load.models import LoadedModel
-from attnscope.model.load.tokens import TextAssembler, Token, ids_tensor, token_map
+from attnscope.model.load.tokens import Token, ids_tensor, token_map, tokens_of
 from attnscope.model.results import ActualNext, PositionPrediction, RunSummary, TokenProb
 from attnscope.model.runs.budget import Estimate, MemoryBudget, admit, estimate, mib, summary_bytes
 from attnscope.model.runs.late import ScoreWorker
@@ -107,15 +107,8 @@ class Analyser:
                          acts: Captures, heads: list[HeadScore], top_k: int = 10) -> RunResult:
         """A recorded generation as a normal run over prompt + generated text."""
         t0 = time.perf_counter()
-        asm = TextAssembler(lm.tokenizer)
-        tokens, text = list(prompt_tokens), prompt
-        pieces = [asm.push(tid) for tid in new_ids]
-        rest = asm.finish()  # bytes of a character left incomplete: shown as U+FFFD, on the last token
-        for k, (tid, p) in enumerate(zip(new_ids, pieces, strict=True)):
-            owned = p.text + (rest if k == len(new_ids) - 1 else "")
-            tokens.append(Token(index=len(tokens), id=tid, text=p.display, start=len(text), end=len(text) + len(owned),
-                                special=p.special, partial=p.partial))
-            text += owned
+        new_text, new_tokens = tokens_of(lm.tokenizer, new_ids, len(prompt_tokens), len(prompt))
+        tokens, text = [*prompt_tokens, *new_tokens], prompt + new_text
         self.admit(lm, len(tokens), top_k)
         with lm.lock:
             preds = self.predictions(lm, acts[act_name("resid_post", lm.info.n_layers - 1)], ids_tensor(tokens), top_k)

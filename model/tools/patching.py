@@ -362,11 +362,8 @@ def patch(lm: LoadedModel, clean: torch.Tensor | list[Token], corrupted: torch.T
         values.update(zip(part, ((metric[2:] - low) / span).tolist(), strict=True))
 
     def grid(site: Site, rows: int, cols: int) -> torch.Tensor:
-        out = torch.zeros(rows, cols)  # (rows, cols): 0 where a site was skipped
-        for (where, r, c), value in values.items():
-            if where == site:
-                out[r, c] = value
-        return out
+        """(rows, cols): 0 where a site was skipped."""
+        return torch.tensor([[values.get((site, r, c), 0.0) for c in range(cols)] for r in range(rows)])
 
     named = token_map(lm.tokenizer, [answer, wrong])
     return Patch(model=lm.info.name, clean=PatchPrompt(clean_text, clean_tokens, clean_run.metric),

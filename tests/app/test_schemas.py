@@ -87,6 +87,7 @@ REQUESTS: dict[str, list[Request]] = {
 }
 
 
+@functools.cache
 def _result_classes() -> dict[str, list[type]]:
     """Every class the app's schemas and the engine define, by name: a route answers with the engine's
     result dataclasses or the app's pydantic models, and the OpenAPI document names each by its class."""
