@@ -29,13 +29,14 @@ _EXPORTS = {
     "Heads": "attnscope.model.services.runs", "Residual": "attnscope.model.services.runs",
     "Ablation": "attnscope.model.tools.ablation", "Scan": "attnscope.model.tools.ablation",
     "Patch": "attnscope.model.tools.patching", "Attribution": "attnscope.model.tools.attribution",
+    "QKAttribution": "attnscope.model.tools.qk", "Component": "attnscope.model.tools.qk",
     "EngineError": "attnscope.model.errors", "BadInput": "attnscope.model.errors",
     "TooLarge": "attnscope.model.errors",
 }
 __all__ = [
-    "BUNDLED", "Ablation", "Attribution", "BadInput", "EngineError", "Generated", "HeadScore", "HeadSparsity",
-    "Heads", "LogitLens", "NextDistribution", "Patch", "PositionPrediction", "Residual", "Run", "RunFile", "Scan",
-    "Scope", "Token", "TooLarge", "__version__", "load", "save_html", "show",
+    "BUNDLED", "Ablation", "Attribution", "BadInput", "Component", "EngineError", "Generated", "HeadScore",
+    "HeadSparsity", "Heads", "LogitLens", "NextDistribution", "Patch", "PositionPrediction", "QKAttribution",
+    "Residual", "Run", "RunFile", "Scan", "Scope", "Token", "TooLarge", "__version__", "load", "save_html", "show",
 ]
 
 if TYPE_CHECKING:
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
     from attnscope.model.tools.ablation import Ablation, Scan
     from attnscope.model.tools.attribution import Attribution
     from attnscope.model.tools.patching import Patch
+    from attnscope.model.tools.qk import Component, QKAttribution
 
     BUNDLED: Path
 

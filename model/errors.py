@@ -28,6 +28,7 @@ EngineCode = Literal[
     "token_out_of_range", "bad_id", "range_invalid", "value_out_of_range", "top_k_too_large",
     "temperature_invalid",
     "no_lm_head", "encoder_no_lm_head", "post_norm_unsupported", "norm_unsupported", "projection_shape",
+    "qk_unsupported", "key_not_visible",
     # limits on what a request may cost
     "run_too_big", "run_over_cache", "forward_too_big", "forward_busy", "too_many_cells", "export_too_large",
     "timing_long", "timing_over_budget", "max_new_tokens_too_large", "generate_too_long", "watch_needs_record",
@@ -72,7 +73,8 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "value_out_of_range": ("name", "value", "min", "max"),
     "top_k_too_large": ("top_k", "limit"), "temperature_invalid": (),
     "no_lm_head": ("model",), "encoder_no_lm_head": ("model",), "post_norm_unsupported": ("model",),
-    "norm_unsupported": ("norm",), "projection_shape": ("layer", "inputs", "heads"),
+    "norm_unsupported": ("norm",), "qk_unsupported": ("model", "reason"),
+    "key_not_visible": ("layer", "query", "key"), "projection_shape": ("layer", "inputs", "heads"),
     # sizes are formatted ("1,234 MiB")
     "run_too_big": ("keep", "tokens", "peak", "cap"), "run_over_cache": ("keep", "cap"),
     "forward_too_big": ("need", "limit"), "forward_busy": ("need",),

@@ -46,7 +46,8 @@ import contextvars
 import dataclasses
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -361,6 +362,29 @@ class AdditiveMask:
         self.exact = bool(torch.where(allowed[:1, None, :, lo:hi], added[:1], bias).eq(bias).all())
 
 
+class Grabbed(Exception):
+    """Raised inside :func:`attnscope_attention` once a :func:`grab_qk` reader has the call's Q and K: the
+    attention itself (and the rest of the module) is skipped."""
+
+
+# (module, reader): the attention module whose next call hands its post-rotary Q, K to reader and stops
+_GRAB: contextvars.ContextVar[tuple[nn.Module, Callable[[torch.Tensor, torch.Tensor], None]] | None] = (
+    contextvars.ContextVar("attnscope_grab_qk", default=None))
+
+
+@contextmanager
+def grab_qk(module: nn.Module, reader: Callable[[torch.Tensor, torch.Tensor], None]) -> Iterator[None]:
+    """Inside the ``with`` (this thread or task only), a call of ``module`` gives ``reader`` the post-rotary
+    query (B, H, q, dh) and key (B, Hkv, kv, dh) the capture point receives, then raises :class:`Grabbed`:
+    how the QK attribution (``model.tools.qk``) runs a layer's own projections, norms and rotary on inputs
+    of its choosing, whatever the family, without its attention."""
+    token = _GRAB.set((module, reader))
+    try:
+        yield
+    finally:
+        _GRAB.reset(token)
+
+
 def can_fuse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float | None) -> bool:
     """The fused kernel computes this layer as the eager code does: on the CPU in float32, bfloat16 or
     float16 where this build's kernel takes that dtype (``model.compat.fused_dtypes``; its products
@@ -397,6 +421,10 @@ def attnscope_attention(
     the caller asked the model for ``output_attentions``: then (B, H, q, kv) in the query's dtype,
     as eager attention returns them.
     """
+    grab = _GRAB.get()
+    if grab is not None and grab[0] is module:
+        grab[1](query, key)
+        raise Grabbed
     batch, n_heads, q_len, d_head = query.shape
     kv_len = key.shape[2]
     additive = None  # a model's own additive mask (ALiBi Falcon's), read as causal + per-key bias

@@ -47,6 +47,7 @@ from attnscope.model.services.runs import Heads, Residual
 from attnscope.model.tools.ablation import Ablation, Scan
 from attnscope.model.tools.attribution import Attribution
 from attnscope.model.tools.patching import Patch
+from attnscope.model.tools.qk import QKAttribution
 
 T = TypeVar("T")
 DEFAULT_KEEP_BYTES = 2 << 30  # runs a Scope keeps (least recently used first out)
@@ -264,6 +265,13 @@ class Run(files.RecordView):
         """Direct logit attribution of ``token`` (default: the next token) at ``position``."""
         return self._call(tools.attribute, position=position, token=token,
                                token_b=token_b)
+
+    def qk_attribution(self, layer: int, head: int, query: int, key: int | None = None) -> QKAttribution:
+        """Why head ``head`` of ``layer`` attends from ``query`` to ``key``: its pre-softmax logit split into
+        query-side x key-side terms, one per upstream component (embeddings, each earlier head, each earlier
+        MLP, biases), tensors that sum to the model's logit up to ``error``. ``key=None``: every key the
+        query sees (``query_side`` and ``key_side`` per key; ``matrix`` only for a single key)."""
+        return self._call(tools.qk_attribution, layer=layer, head=head, query=query, key=key)
 
     def lens(self, *, top_k: int = 5) -> LogitLens:
         """Each layer's residual stream read through the final norm and the LM head."""

@@ -16,11 +16,12 @@ from attnscope.model.errors import BadInput
 from attnscope.model.load.tokens import ids_tensor
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.runs import check_position, check_top_k
-from attnscope.model.tools import ablation, attribution, patching
+from attnscope.model.tools import ablation, attribution, patching, qk
 from attnscope.model.tools.ablation import Ablation, Scan
 from attnscope.model.tools.attribution import Attribution
 from attnscope.model.tools.intervene import batch_bytes, require_decoder
 from attnscope.model.tools.patching import Patch, PatchExample
+from attnscope.model.tools.qk import QKAttribution
 
 Mode = Literal["zero", "mean"]
 
@@ -39,6 +40,31 @@ def attribute(engine: Engine, *, run_id: str, position: int, token: int | None =
     with engine.budget.reserve(batch_bytes(lm, position + 1, position + 1)), lm.lock:
         chosen = ablation.default_token(record, lm, position) if token is None else token
         return attribution.attribute(lm, record, position, chosen, token_b)
+
+
+def qk_bytes(n_components: int, n_keys: int, d_model: int, positions: int, d_head: int) -> int:
+    """What one QK attribution holds beside the forward: the layer's inputs and gradients, each chunk of
+    component vectors at every key, and the (keys, components) results, float64 where it sums."""
+    return 8 * (4 * positions * d_model + 2 * n_keys * n_components + n_keys * d_model * max(d_head, 8)
+                + n_components * n_components)
+
+
+def qk_attribution(engine: Engine, *, run_id: str, layer: int, head: int, query: int,
+                   key: int | None = None) -> QKAttribution:
+    """Head ``head`` of ``layer``: its pre-softmax logit from ``query`` to ``key`` (None: every key the query
+    sees), split into query-side x key-side terms by upstream component (``model.tools.qk``)."""
+    record = engine.run(run_id)
+    lm = engine.model_of(record)
+    check_position(record, query, "query")
+    if key is not None:
+        check_position(record, key, "key")
+    engine.check_layer_head(record, layer, head)
+    components = 3 + layer * (lm.info.n_heads + 2)
+    keys = 1 if key is not None else query + 1
+    need = batch_bytes(lm, query + 1, 1) + qk_bytes(components, keys, lm.info.d_model, query + 1,
+                                                   lm.info.d_model // max(1, lm.info.n_heads))
+    with engine.budget.reserve(need), lm.lock:
+        return qk.qk_attribution(lm, record, layer, head, query, key)
 
 
 def ablate(engine: Engine, *, run_id: str, heads: list[tuple[int, int]], mode: str = "zero",
