@@ -23,6 +23,7 @@ from attnscope.model.services import tools
 from attnscope.model.tools.ablation import Ablation, Scan
 from attnscope.model.tools.attribution import Attribution
 from attnscope.model.tools.patching import Patch, PatchExample
+from attnscope.model.tools.qk import QKAttribution
 
 router = APIRouter(tags=["interventions"])
 Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
@@ -41,6 +42,25 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
     record = engine.run(run_id)
     with gate.enter(record.model):
         result = tools.attribute(engine, run_id=run_id, position=position, token=token, token_b=token_b)
+    return result
+
+
+@router.get("/runs/{run_id}/qk-attribution", response_model=QKAttribution, responses=ERRORS,
+            summary="QK attribution: why a head attends from a query to a key, by upstream component on either side",
+            description="The head's pre-softmax logit from `query` to `key` split into query-side x key-side "
+                        "terms: the embeddings, each earlier head's own output, each earlier MLP and output bias, "
+                        "the frozen input norm's shift and the Q/K projection's bias after rotation. The layer's "
+                        "input norm (and any Q/K norm) is frozen at its scale on this run, rotary positions are "
+                        "applied by the layer's own module, grouped K/V heads share their keys, and a per-key "
+                        "position bias (ALiBi) is its own entry. `matrix[a][b]` (query-side component a x "
+                        "key-side component b, indexed by `components`) sums to `logit - position_bias`, as do "
+                        "each row of `query_side` and `key_side`; `error` is the largest residue. Without `key`: "
+                        "every key the query sees (`query_side`, `key_side` per key; `matrix` null).")
+def qk_attribution(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, head: Int, query: Int,
+                   key: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None) -> QKAttribution:
+    record = engine.run(run_id)
+    with gate.enter(record.model):
+        result = tools.qk_attribution(engine, run_id=run_id, layer=layer, head=head, query=query, key=key)
     return result
 
 

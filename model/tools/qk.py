@@ -39,6 +39,7 @@ from attnscope.model.attention.interface import Grabbed, grab_qk
 from attnscope.model.capture.hooks import Registration, temporary_hooks
 from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
+from attnscope.model.results import Matrix, Vector
 from attnscope.model.runs.record import RunRecord
 from attnscope.model.tools.attribution import _attention_terms
 from attnscope.model.tools.intervene import (
@@ -87,17 +88,26 @@ class QKAttribution:
     layer: int
     head: int
     query: int
-    keys: torch.Tensor  # (K,) long: the key positions, ascending
-    components: list[Component]  # (C,) the same list indexes both sides
-    query_side: torch.Tensor  # (K, C)
-    key_side: torch.Tensor  # (K, C)
-    matrix: torch.Tensor | None  # (C, C) rows: query side, columns: key side; None for a row of keys
-    logit: torch.Tensor  # (K,) the model's logit before soft-capping: scaling x q.k + position bias
-    position_bias: torch.Tensor  # (K,) ALiBi's per-key bias in logit units (zeros without one)
-    capped: torch.Tensor  # (K,) the logit after the family's soft-cap (equal to logit without one)
-    softcap: float | None
-    weight: torch.Tensor  # (K,) the head's attention weight on each key
-    error: torch.Tensor  # (K,) logit minus (terms + position bias): the largest residue of the decompositions
+    keys: Annotated[Vector, Field(description="the key positions, ascending (one, or every key the query sees)")]
+    components: Annotated[list[Component], Field(description=(
+        "the upstream components, in this order on both sides: embed, then per earlier layer its heads, its "
+        "out_bias (if the projection has one) and its mlp, then norm_shift and proj_bias (and clip where the family "
+        "clips Q and K)"))]
+    query_side: Annotated[Matrix, Field(description=(
+        "[key][component]: scaling x (query-side component's q) . (the whole k of that key)"))]
+    key_side: Annotated[Matrix, Field(description=(
+        "[key][component]: scaling x (the whole q) . (key-side component's k at that key)"))]
+    matrix: Annotated[Matrix | None, Field(description=(
+        "[query-side component][key-side component] for a single key; null for a row of keys"))]
+    logit: Annotated[Vector, Field(description=(
+        "per key, the model's logit before any soft-cap: scaling x q.k (+ position bias) (kept Q, K)"))]
+    position_bias: Annotated[Vector, Field(description="per key, ALiBi's per-key bias in logit units (0 without one)")]
+    capped: Annotated[Vector, Field(description=(
+        "per key, the logit the softmax saw: soft-capped (c x tanh(logit / c)) where the family caps, else logit"))]
+    softcap: Annotated[float | None, Field(description="the attention logits' soft-cap c, if the family has one")]
+    weight: Annotated[Vector, Field(description="per key, the head's attention weight from the query to it")]
+    error: Annotated[Vector, Field(description=(
+        "per key, logit minus (the terms + position bias): the largest residue over query side, key side and matrix"))]
 
     def top(self, count: int = 10, side: Literal["query", "key"] = "key", key: int | None = None
             ) -> list[tuple[Component, float]]:

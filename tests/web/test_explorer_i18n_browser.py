@@ -24,7 +24,8 @@ DRAWN = {
     "patch": "[data-testid=patch-heatmap][data-stages]",
     "lens": "[data-testid=logit-lens][data-stages]",
     "residual": "[data-testid=residual-chart][data-stages]",
-    "compare": "[data-testid=head-compare][data-n]",
+    "qk": "[data-testid=qk-matrix][data-sum]",
+    "compare": "[data-testid=head-compare][data-n]",  # last: the switch back to English checks its title
 }
 
 

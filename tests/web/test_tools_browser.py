@@ -257,3 +257,38 @@ def test_residual_cosine_axis_shows_a_negative_cosine(page: object, base_url: st
     assert low < -0.63 and high >= 1
     cos = page.evaluate("() => document.querySelector('[data-testid=residual-chart]').data[1].y")
     assert all(low <= c <= high for c in cos)
+
+
+def test_why_here_splits_the_selected_cells_logit(page: object, base_url: str) -> None:
+    """On the bundled model's induction head (layer 4 head 0), a cell of the repeated sentence: "Why here?"
+    opens the QK attribution of that query and key; its terms add up to the logit, and the key side is led
+    by an earlier head (the previous-token head the induction story expects)."""
+    page.goto(f"{base_url}/?{urlencode({'text': PROMPT, 'model': 'attnscope-tiny', 'layer': '4', 'head': '0'})}")
+    page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.n")
+    button = page.get_by_test_id("why-here")
+    assert button.is_visible()
+    # query: the second " mat" (12); key: the token after the first " mat" (6), where an induction head looks
+    page.evaluate("() => document.querySelector('[data-testid=heatmap]').emit('plotly_click', {points: [{y: 12, x: 6, data: {type: 'heatmap'}}]})")
+    button.click()
+    page.wait_for_selector("[data-testid=qk-matrix][data-sum]", state="attached", timeout=60_000)
+    assert parse_qs(urlparse(page.url).query)["view"] == ["qk"]
+    title = page.get_by_test_id("qk-title").text_content()
+    assert "at 12" in title and "at 6" in title, title
+    data = page.evaluate("() => ({...document.querySelector('[data-testid=qk-matrix]').dataset})")
+    logit, total, error = float(data["logit"]), float(data["sum"]), float(data["error"])
+    assert abs(total - logit) < 1e-4 * (1 + abs(logit)) and abs(error) < 1e-4 * (1 + abs(logit))
+    top = __import__("json").loads(data["top"])
+    assert top["key"]["kind"] == "head" and top["key"]["layer"] < 4, top
+    heat = chart(page, "qk-matrix")
+    assert heat["x"][-1] == "all others" and heat["y"][-1] == "all others"
+    assert len(heat["z"]) == len(heat["y"]) and len(heat["z"][0]) == len(heat["x"])
+    for testid in ("qk-query-bars", "qk-key-bars"):
+        bars = chart(page, testid)
+        assert bars["types"] == ["bar"]
+    summary = page.get_by_test_id("qk-summary").text_content()
+    assert "attention weight" in summary and "residue" in summary
+    # another cell of the same row redraws the view for that key
+    page.evaluate("() => document.querySelector('[data-testid=heatmap]').emit('plotly_click', {points: [{y: 12, x: 5, data: {type: 'heatmap'}}]})")
+    page.wait_for_function("() => document.querySelector('[data-testid=qk-title]').textContent.includes('at 5')")
+    page.wait_for_selector("[data-testid=qk-matrix][data-sum]", state="attached", timeout=60_000)
+    shot(page, "tools-why-here")

@@ -134,6 +134,7 @@ export async function loadRun(run, initial = {}) {
   if (state.run !== run) return;
   drawNextSoon();
   if (run.tokens.length <= SPARSITY_AUTO_MAX) loadSparsity(run);
+  $("#why-here").hidden = !run.causal; // QK attribution needs a decoder
   tools.update("run", state);
   if (initial.steps) {
     const tl = $("#timeline");

@@ -15,6 +15,11 @@ import { isLong, noteWheel, onRelayout, tiles } from "./zoom.js";
 export const grid = new HeadGrid($("#head-grid"), { onSelect: (layer, head) => selectHead(layer, head), onError: report, getTile, note: $("#grid-note") });
 $("#grid-filter")?.addEventListener("change", (ev) => grid.setFilter(ev.target.value)); // badges and rules: the grid's filter
 export const tools = new Tools($("#tools"), { selectHead, error: showError, prompt: () => $("#prompt").value });
+// "Why here?" under the heatmap: the selected cell's QK attribution, in the tools panel
+$("#why-here").addEventListener("click", () => {
+  tools.open("qk");
+  $("#tools").scrollIntoView({ block: "start" });
+});
 
 function moveCell() {
   const div = $("#heatmap");
@@ -24,7 +29,7 @@ function moveCell() {
 }
 
 export function selectCell(pos, key = pos) {
-  const before = state.pos;
+  const before = state.pos, keyBefore = state.key;
   const visible = state.run.causal ? Math.min(key, pos) : key;
   set({ pos, key: Math.max(0, visible) });
   markSelected($("#tokens"), pos);
@@ -34,6 +39,7 @@ export function selectCell(pos, key = pos) {
   drawNextSoon();
   toURL();
   if (pos !== before) tools.update("pos", state);
+  else if (state.key !== keyBefore) tools.update("key", state);
 }
 
 export function selectPos(pos) {

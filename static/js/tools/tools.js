@@ -1,5 +1,5 @@
 // The causal tools under the explorer: one tab per view, each opened from the URL
-// (?view=attribution|ablate|patch|lens|residual|compare) and redrawn when the run, the
+// (?view=attribution|ablate|patch|lens|residual|compare|qk) and redrawn when the run, the
 // focused position or the selected head changes. Views live in their own modules.
 import { el } from "../dom.js";
 import { urlExtras } from "../state.js";
@@ -11,6 +11,7 @@ import * as patching from "./patching.js";
 import * as lens from "./lens.js";
 import * as residual from "./residual.js";
 import * as compare from "./compare.js";
+import * as qk from "./qk.js";
 
 const VIEWS = {
   attribution: { title: "Attribution", module: attribution, on: ["run", "pos"] },
@@ -19,6 +20,7 @@ const VIEWS = {
   lens: { title: "Logit lens", module: lens, on: ["run", "pos"] },
   residual: { title: "Residual", module: residual, on: ["run", "pos"] },
   compare: { title: "Compare a head", module: compare, on: ["run", "head"] },
+  qk: { title: "Why here?", module: qk, on: ["run", "pos", "head", "key"] },
 };
 // the URL parameters each view owns (kept in the shareable URL while it is open)
 const OWN = { attribution: ["token"], ablate: ["ablate", "mode"], patch: ["clean", "corrupted", "answer", "wrong"], compare: ["compare"] };
@@ -97,7 +99,7 @@ export class Tools {
     this.draw();
   }
 
-  // called by the explorer: what changed ("run", "pos", "head") and the current state
+  // called by the explorer: what changed ("run", "pos", "head", "key": the selected cell) and the current state
   update(what, state) {
     this.state = state;
     this.root.hidden = false;
@@ -109,7 +111,7 @@ export class Tools {
     this.mark();
     this.root.hidden = false;
     this.root.dataset.view = this.view;
-    const { run, pos, layer, head, model } = this.state;
+    const { run, pos, key, layer, head, model } = this.state;
     this.syncURL();
     if (model && !model.has_lm_head && this.view !== "compare" && this.view !== "residual") {
       this.body.replaceChildren(el("p", { class: "legend", "data-testid": "tool-unavailable",
@@ -135,7 +137,7 @@ export class Tools {
       if (msg && !alert.isConnected) body.prepend(alert);
     };
     const ctx = {
-      run, pos, layer, head, params: this.params, alert,
+      run, pos, key, layer, head, params: this.params, alert,
       selectHead: this.hooks.selectHead,
       error: fail,
       prompt: this.hooks.prompt,
