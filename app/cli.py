@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -235,6 +236,69 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine_for(name: str | None) -> tuple[Any, str]:
+    """(an Engine on the one model ``name`` names, its name): what ``analyze`` and ``survey`` load."""
+    from attnscope.app.settings import Settings
+    from attnscope.model.errors import EngineError
+    from attnscope.model.load.models import load_model
+    from attnscope.model.load.sources import bare_name
+    from attnscope.model.runs.record import RunStore
+    from attnscope.model.services.engine import Engine
+
+    settings = Settings()
+    chosen = name or settings.default_model
+    if chosen not in settings.models and (own := bare_name(chosen)) is not None:
+        settings = settings.model_copy(update={"models": {**settings.models, own: chosen}})
+        chosen = own
+    if chosen not in settings.models:
+        raise EngineError(f"unknown model {chosen!r}; configured models: {', '.join(settings.models)}")
+    lm = load_model(chosen, settings.models[chosen], settings.placement())
+    return Engine({chosen: lm}, chosen, RunStore(settings.run_store_bytes), settings.max_tokens,
+                  forward_bytes=settings.forward_bytes), chosen
+
+
+def _bar(p: Any) -> None:
+    """One line on stderr, rewritten in place: documents, tokens, the file's share read, the rate."""
+    share = f"{p.fraction:6.1%} of the file, " if p.fraction is not None else ""
+    sys.stderr.write(f"\rsurvey: {share}{p.documents:,} documents, {p.sequences:,} windows, {p.tokens:,} tokens, "
+                     f"{p.tokens_per_s:,.0f} tokens/s   ")
+    sys.stderr.flush()
+
+
+def _survey(args: argparse.Namespace) -> int:
+    from attnscope.model.errors import EngineError
+    from attnscope.model.services.survey import survey
+
+    out = args.out or args.file.with_suffix(".survey.safetensors")
+    try:
+        engine, _name = _engine_for(args.model)
+        result = survey(engine, path=args.file, max_tokens=args.max_tokens, top_k=args.top_k, out=out,
+                        resume=args.resume, progress=None if args.quiet else _bar)
+        engine.close()
+    except EngineError as exc:
+        sys.stderr.write(f"\nattnscope: {exc}\n")
+        return 1
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\nattnscope: stopped; `attnscope survey {args.file} --resume` continues from {out}\n")
+        return 130
+    if not args.quiet:
+        sys.stderr.write("\n")
+    fields = ("prev_token", "first_token", "induction", "self_attention")
+    def strength(h: Any, f: str) -> float:
+        mean = getattr(h, f).mean
+        return float(mean) if mean is not None else -1.0
+
+    top = {f: max(result.heads, key=functools.partial(strength, f=f)) for f in fields}
+    sys.stdout.write(f"{result.documents:,} documents, {result.sequences:,} windows, {result.tokens:,} tokens "
+                     f"on {result.model}; wrote {out}\n")
+    for f, h in top.items():
+        stat = getattr(h, f)
+        if stat.mean is not None:
+            sys.stdout.write(f"  strongest {f}: L{h.layer}H{h.head} {stat.mean:.3f} ± {stat.std or 0.0:.3f} "
+                             f"over {stat.count:,} windows\n")
+    return 0
+
+
 def _export(args: argparse.Namespace) -> int:
     from attnscope.app.encoding import rows_from_f32_base64
     from attnscope.app.svg_export import heatmap_svg
@@ -273,7 +337,8 @@ def _export(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    return {"serve": _serve, "open": _open, "analyze": _analyze, "export": _export}[args.command](args)
+    return {"serve": _serve, "open": _open, "analyze": _analyze, "export": _export,
+            "survey": _survey}[args.command](args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -302,6 +367,18 @@ def build_parser() -> argparse.ArgumentParser:
     analyze.add_argument("--json", action="store_true",
                          help="print the run as JSON, every head's attention included (the export format): "
                               "`> run.json` saves it for `attnscope export`")
+    surveyor = sub.add_parser("survey", help="every head's statistics and top examples over a corpus file")
+    surveyor.add_argument("file", type=Path, help="plain text (documents between blank lines) or JSON Lines "
+                                                   "(a string field \"text\" a line)")
+    surveyor.add_argument("--model", default=None, metavar="NAME|SOURCE",
+                          help="a configured name, or a .gguf file, ollama:MODEL[:TAG] or smollm2-135m")
+    surveyor.add_argument("--out", type=Path, default=None,
+                          help="the survey file (default: FILE.survey.safetensors); the explorer and "
+                               "attnscope.load open it")
+    surveyor.add_argument("--max-tokens", type=int, default=512, help="window length: longer documents are cut")
+    surveyor.add_argument("--top-k", type=int, default=5, help="examples kept per head")
+    surveyor.add_argument("--resume", action="store_true", help="continue a stopped survey from --out")
+    surveyor.add_argument("--quiet", action="store_true", help="no progress line")
     export = sub.add_parser("export", help="draw one head of an exported run (Run JSON) as SVG")
     export.add_argument("run", type=Path,
                         help="a file saved with the explorer's Run JSON button (or GET /api/runs/ID/export)")

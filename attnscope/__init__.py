@@ -30,13 +30,39 @@ _EXPORTS = {
     "Ablation": "attnscope.model.tools.ablation", "Scan": "attnscope.model.tools.ablation",
     "Patch": "attnscope.model.tools.patching", "Attribution": "attnscope.model.tools.attribution",
     "QKAttribution": "attnscope.model.tools.qk", "Component": "attnscope.model.tools.qk",
+    "Survey": "attnscope.model.survey.stats", "HeadSurvey": "attnscope.model.survey.stats",
     "EngineError": "attnscope.model.errors", "BadInput": "attnscope.model.errors",
     "TooLarge": "attnscope.model.errors",
 }
 __all__ = [
-    "BUNDLED", "Ablation", "Attribution", "BadInput", "Component", "EngineError", "Generated", "HeadScore",
-    "HeadSparsity", "Heads", "LogitLens", "NextDistribution", "Patch", "PositionPrediction", "QKAttribution",
-    "Residual", "Run", "RunFile", "Scan", "Scope", "Token", "TooLarge", "__version__", "load", "save_html", "show",
+    "BUNDLED",
+    "Ablation",
+    "Attribution",
+    "BadInput",
+    "Component",
+    "EngineError",
+    "Generated",
+    "HeadScore",
+    "HeadSparsity",
+    "HeadSurvey",
+    "Heads",
+    "LogitLens",
+    "NextDistribution",
+    "Patch",
+    "PositionPrediction",
+    "QKAttribution",
+    "Residual",
+    "Run",
+    "RunFile",
+    "Scan",
+    "Scope",
+    "Survey",
+    "Token",
+    "TooLarge",
+    "__version__",
+    "load",
+    "save_html",
+    "show",
 ]
 
 if TYPE_CHECKING:
@@ -47,6 +73,7 @@ if TYPE_CHECKING:
     from attnscope.model.services.files import RunFile
     from attnscope.model.services.runs import Heads, Residual
     from attnscope.model.services.scope import Generated, Run, Scope
+    from attnscope.model.survey.stats import HeadSurvey, Survey
     from attnscope.model.tools.ablation import Ablation, Scan
     from attnscope.model.tools.attribution import Attribution
     from attnscope.model.tools.patching import Patch
@@ -99,12 +126,18 @@ def save_html(run: Run, path: str | Path, *, heads: str | None = None, lang: str
     return write(run, path, heads=heads, lang=lang)
 
 
-def load(path: str | Path) -> RunFile:
+def load(path: str | Path) -> RunFile | Survey:
     """A run file (``run.save``, the explorer's "Download run", format=attnscope) read without a model: its
     text, tokens, predictions, head scores and any head's exact attention. ``scope.load(path)`` reads it
-    onto a model, with its tools."""
+    onto a model, with its tools. A survey file (``attnscope survey``, ``scope.survey(out=...)``) is read as
+    its ``Survey``."""
     from attnscope.model.services.files import RunFile
+    from attnscope.model.survey import file as survey_file
 
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    if survey_file.is_survey(head):
+        return survey_file.load_survey(path)
     return RunFile.read(path)
 
 

@@ -33,7 +33,7 @@ def imports(path: Path) -> set[str]:
 
 # model/'s packages in the order data flows; a package may import those before it (and the leaves)
 LEAVES = ("attnscope.model", "attnscope.model.errors", "attnscope.model.compat")
-ORDER = ("attention", "families", "load", "capture", "scores", "results", "runs", "tools", "learn", "services")
+ORDER = ("attention", "families", "load", "capture", "scores", "results", "runs", "tools", "survey", "learn", "services")
 
 
 def module_name(path: Path) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,9 +41,11 @@ from attnscope.model.runs.record import RunRecord, RunStore
 from attnscope.model.scores.analysis import HeadScore, HeadSparsity
 from attnscope.model.services import doors, files, learn, runs, tools
 from attnscope.model.services import generate as generate_service
+from attnscope.model.services import survey as survey_service
 from attnscope.model.services.engine import Engine
 from attnscope.model.services.learn import Comparison, ContributionGaps, Timing
 from attnscope.model.services.runs import Heads, Residual
+from attnscope.model.survey.stats import Survey
 from attnscope.model.tools.ablation import Ablation, Scan
 from attnscope.model.tools.attribution import Attribution
 from attnscope.model.tools.patching import Patch
@@ -142,6 +144,17 @@ class Scope:
         with self.borrowed():
             result = self._engine.analyse(text, top_k=top_k, truncate=truncate)
         return Run(self, result.run_id, result.record)
+
+    def survey(self, texts: Iterable[str] | None = None, *, path: str | Path | None = None, max_tokens: int = 512,
+               top_k: int = 5, out: str | Path | None = None, resume: bool = False,
+               progress: Callable[[survey_service.Progress], None] | None = None) -> Survey:
+        """Every head's statistics over a corpus (``texts``, or a corpus file ``path``: plain text or JSON
+        Lines), streamed a window of ``max_tokens`` at a time: means and spreads of entropy, previous-token,
+        first-token, peak, induction and self-attention, the synthetic induction probe, and each head's
+        ``top_k`` strongest examples. With ``out`` the state is saved as it goes (``resume=True`` continues
+        it); ``attnscope.load(out)`` reads it back."""
+        return self.call(survey_service.survey, texts=texts, path=path, max_tokens=max_tokens, top_k=top_k,
+                         out=out, resume=resume, progress=progress)
 
     def generate(self, text: str, *, max_new_tokens: int = 20, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop_at_eos: bool = True) -> Generated:

@@ -1,0 +1,137 @@
+"""The survey service: every head's statistics over a corpus, streamed, resumable, within the memory budget.
+
+``survey(engine, texts=[...])`` or ``survey(engine, path=FILE)`` (``model.survey.corpus``: plain text or
+JSON Lines). Documents are tokenized as an analysis tokenizes a prompt, cut into windows of ``max_tokens``,
+and each window is one forward with every exact head score (``model.survey.stats``); nothing of a window
+outlives it. With ``out``, the survey's state is written there (``model.survey.file``) every
+``checkpoint_s`` seconds and at the end; ``resume=True`` continues a stopped survey of the same corpus,
+model and settings from that file. ``progress`` hears after every window.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnscope.model.errors import BadInput
+from attnscope.model.load.models import LoadedModel
+from attnscope.model.load.tokens import tokenize
+from attnscope.model.runs.budget import estimate, mib
+from attnscope.model.scores import probes
+from attnscope.model.scores.live import scored_run
+from attnscope.model.services.engine import Engine
+from attnscope.model.survey import corpus, file
+from attnscope.model.survey.stats import Accumulator, Survey, offer_examples, sequence_values
+
+log = logging.getLogger(__name__)
+MAX_TOP_K = 50
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    documents: int  # documents done
+    sequences: int
+    tokens: int
+    fraction: float | None  # of the corpus file read (None for a list of texts of unknown length)
+    tokens_per_s: float
+
+
+def _nothing(_name: str) -> bool:
+    return False  # keep no activation by name: the kept attention layers are all a survey reads
+
+
+def _documents(texts: Iterable[str] | None, path: str | Path | None, skip: int) -> Iterator[corpus.Document]:
+    if path is not None:
+        yield from corpus.documents(path, skip)
+        return
+    index = 0
+    for text in texts or []:
+        if not isinstance(text, str):
+            raise BadInput(f"document {index} is a {type(text).__name__}, not a string", params={"index": index})
+        if text.strip():
+            if index >= skip:
+                yield corpus.Document(index, text, 0)
+            index += 1
+
+
+def _check(lm: LoadedModel, max_tokens: int, top_k: int) -> int:
+    if not 1 <= top_k <= MAX_TOP_K:
+        raise BadInput(f"top_k {top_k} is out of range: 1..{MAX_TOP_K}", code="value_out_of_range",
+                       params={"name": "top_k", "value": top_k, "min": 1, "max": MAX_TOP_K})
+    limit = lm.info.max_positions or max_tokens
+    if max_tokens < 2:
+        raise BadInput(f"max_tokens {max_tokens} is too small: a window needs 2 tokens at least",
+                       code="value_out_of_range", params={"name": "max_tokens", "value": max_tokens, "min": 2,
+                                                          "max": limit})
+    return min(max_tokens, limit)
+
+
+def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Path | None = None,
+           model: str | None = None, max_tokens: int = 512, top_k: int = 5, out: str | Path | None = None,
+           resume: bool = False, checkpoint_s: float = 30.0, probe: bool = True,
+           progress: Callable[[Progress], None] | None = None) -> Survey:
+    """Every head's corpus statistics (``Survey``); ``texts`` or a corpus file ``path``."""
+    if (texts is None) == (path is None):
+        raise BadInput("give the survey either texts or a corpus file, not both or neither")
+    lm = engine.model(model)
+    window = _check(lm, max_tokens, top_k)
+    est = estimate(lm, window, 0)
+    if est.peak > engine.budget.total:
+        raise BadInput(f"one window of {window:,} tokens would need {mib(est.peak)} at its peak; forwards may use at "
+                       f"most {mib(engine.budget.total)} (ATTNSCOPE_FORWARD_BYTES): survey with a smaller max_tokens",
+                       code="forward_too_big", params={"need": mib(est.peak), "limit": mib(engine.budget.total)})
+    source = Path(path).name if path is not None else None
+    ident = file.corpus_id(path) if path is not None else None
+    acc = Accumulator(lm.info.n_layers, lm.info.n_heads, top_k)
+    if out is not None and resume and Path(out).exists():
+        acc, header = file.read(out)
+        same = (header.model == lm.info.name and header.corpus == ident and header.max_tokens == window
+                and acc.top_k == top_k)
+        if not same:
+            raise BadInput(f"{Path(out).name} is a survey of another corpus, model or settings "
+                           f"({header.model}, max_tokens {header.max_tokens}, top_k {acc.top_k}); survey into "
+                           "another file, or without resume", params={"file": Path(out).name})
+        if header.complete:
+            return file.load_survey(out)
+        log.info("resuming the survey in %s after %d documents", out, acc.documents)
+    probe_scores = probes.induction(lm) if probe and lm.info.causal else None
+    size = Path(path).stat().st_size if path is not None else 0
+    t0, last_write, done_tokens = time.perf_counter(), time.perf_counter(), 0
+
+    def save(complete: bool) -> None:
+        if out is not None:
+            file.write(out, acc, file.Header(model=lm.info.name, source=source, corpus=ident, max_tokens=window,
+                                             complete=complete, probe=probe_scores))
+
+    for doc in _documents(texts, path, acc.documents):
+        tokens = tokenize(lm.tokenizer, doc.text)
+        for offset in range(0, len(tokens), window):
+            part = tokens[offset: offset + window]
+            if len(part) < 2:
+                continue
+            ids = torch.tensor([t.id for t in part])
+            with engine.budget.reserve(est.peak), lm.lock:
+                acts, _scores, heads = scored_run(lm, ids, _nothing)
+                with torch.inference_mode():
+                    acc.add(sequence_values(heads, acts.layers, lm.info.n_layers, lm.info.n_heads))
+                    offer_examples(acc, acts, [t.text for t in part], doc.index, offset)
+            del acts
+            acc.tokens += len(part)
+            done_tokens += len(part)
+        acc.documents += 1
+        if progress is not None:
+            elapsed = time.perf_counter() - t0
+            progress(Progress(acc.documents, acc.sequences, acc.tokens, doc.end / size if size else None,
+                              done_tokens / elapsed if elapsed > 0 else 0.0))
+        if out is not None and time.perf_counter() - last_write >= checkpoint_s:
+            save(False)
+            last_write = time.perf_counter()
+    if acc.sequences == 0:
+        raise BadInput("the corpus holds no document of two tokens or more", code="empty")
+    save(True)
+    return acc.result(model=lm.info.name, source=source, max_tokens=window, complete=True, probe=probe_scores)

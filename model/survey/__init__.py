@@ -1,0 +1,1 @@
+"""What each head does across a corpus, not on one prompt: streamed statistics and top examples."""
