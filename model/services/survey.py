@@ -78,6 +78,8 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
     """Every head's corpus statistics (``Survey``); ``texts`` or a corpus file ``path``."""
     if (texts is None) == (path is None):
         raise BadInput("give the survey either texts or a corpus file, not both or neither")
+    if path is not None and not Path(path).is_file():
+        raise BadInput(f"corpus {Path(path).name}: no such file", params={"file": Path(path).name})
     lm = engine.model(model)
     window = _check(lm, max_tokens, top_k)
     est = estimate(lm, window, 0)
