@@ -11,6 +11,7 @@ from attnscope.app.settings import Settings
 from attnscope.model.errors import ModelLoadError
 from attnscope.model.runs.tile_store import Tiles
 from attnscope.model.services.engine import Engine
+from attnscope.model.services.survey import SurveyJobs
 
 T = TypeVar("T")
 
@@ -42,7 +43,12 @@ def get_tiles(request: Request) -> Tiles:
     return _state(request, "tiles", Tiles)
 
 
+def get_surveys(request: Request) -> SurveyJobs:
+    return _state(request, "surveys", SurveyJobs)
+
+
 EngineDep = Annotated[Engine, Depends(get_engine)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 GateDep = Annotated[Gate, Depends(get_gate)]
 TilesDep = Annotated[Tiles, Depends(get_tiles)]
+SurveysDep = Annotated[SurveyJobs, Depends(get_surveys)]

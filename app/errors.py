@@ -24,6 +24,7 @@ from attnscope.model.errors import (
     RunComing,
     RunDetached,
     RunNotFound,
+    SurveyNotFound,
     TooLarge,
     UnknownModel,
 )
@@ -38,6 +39,7 @@ log = logging.getLogger(__name__)
 STATUS: dict[type[EngineError], int] = {
     UnknownModel: 404,
     RunNotFound: 404,
+    SurveyNotFound: 404,
     RunDetached: 409,
     RunComing: 503,
     ImportBusy: 503,

@@ -27,6 +27,7 @@ from attnscope.model.runs.persist import RunFiles
 from attnscope.model.runs.record import RunStore
 from attnscope.model.runs.tile_store import Tiles
 from attnscope.model.services.engine import Engine
+from attnscope.model.services.survey import SurveyJobs
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).resolve().parents[1] / "static"
@@ -159,6 +160,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
         built.scores.pause = app.state.tiles.prefetch.wait_quiet  # late head scores yield to tile requests
         yield
         app.state.tiles.close()
+        app.state.surveys.close()
         if engine is None:  # an engine handed in may serve another app after this one
             built.close()
         app.state.engine = None
@@ -179,6 +181,7 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.state.engine = engine  # a prebuilt engine serves at once; otherwise the lifespan loads it
     app.state.gate = Gate(settings.queue_length)
     app.state.tiles = Tiles(settings.tile_cache_bytes)
+    app.state.surveys = SurveyJobs()
     errors.install(app)
     app.include_router(routes.router)  # the one tree: /api/... and the pages
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -188,7 +191,9 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     app.add_middleware(Utf8Json)
     app.add_middleware(UrlLimit)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes,
-                       paths={"/api/runs/import": (settings.max_run_file_bytes, "ATTNSCOPE_MAX_RUN_FILE_BYTES")})
+                       paths={"/api/runs/import": (settings.max_run_file_bytes, "ATTNSCOPE_MAX_RUN_FILE_BYTES"),
+                              "/api/surveys": (settings.max_corpus_bytes, "ATTNSCOPE_MAX_CORPUS_BYTES"),
+                              "/api/surveys/open": (settings.max_run_file_bytes, "ATTNSCOPE_MAX_RUN_FILE_BYTES")})
     app.add_middleware(AllowedHosts, bound=settings.host, allowed=settings.allowed_hosts)  # before anything else
     app.add_middleware(SecurityHeaders)  # outermost: every answer has the headers, refusals too
     return app

@@ -176,7 +176,7 @@ class Utf8Json:
     UTF-32 without saying so (json.loads would guess it from its BOM or its NUL bytes, which no UTF-8 JSON
     text holds) is refused as not UTF-8 (400 body_not_utf8), as it streams in."""
 
-    BINARY = frozenset({"/api/runs/import"})  # routes whose body is bytes (a run file), never JSON
+    BINARY = frozenset({"/api/runs/import", "/api/surveys", "/api/surveys/open"})  # bodies of bytes (files), never JSON
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app

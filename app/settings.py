@@ -75,6 +75,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 << 20, ge=1024)
     # a run file imported (POST /api/runs/import, the explorer's "Open run") may be this large (413 past it)
     max_run_file_bytes: int = Field(512 << 20, ge=1024)
+    max_corpus_bytes: int = Field(256 << 20, ge=1024)  # a corpus uploaded for a survey (POST /api/surveys)
     # next-token candidates a request may ask for (POST /api/runs keeps them at every position,
     # GET /api/runs/{id}/next at one); past this, 422
     max_top_k: int = Field(100, ge=1, le=10_000)

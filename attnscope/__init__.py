@@ -132,12 +132,12 @@ def load(path: str | Path) -> RunFile | Survey:
     onto a model, with its tools. A survey file (``attnscope survey``, ``scope.survey(out=...)``) is read as
     its ``Survey``."""
     from attnscope.model.services.files import RunFile
-    from attnscope.model.survey import file as survey_file
+    from attnscope.model.survey.file import is_survey, load_survey
 
     with open(path, "rb") as f:
         head = f.read(1 << 20)
-    if survey_file.is_survey(head):
-        return survey_file.load_survey(path)
+    if is_survey(head):
+        return load_survey(path)
     return RunFile.read(path)
 
 

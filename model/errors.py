@@ -28,7 +28,7 @@ EngineCode = Literal[
     "token_out_of_range", "bad_id", "range_invalid", "value_out_of_range", "top_k_too_large",
     "temperature_invalid",
     "no_lm_head", "encoder_no_lm_head", "post_norm_unsupported", "norm_unsupported", "projection_shape",
-    "qk_unsupported", "key_not_visible",
+    "qk_unsupported", "key_not_visible", "survey_not_found",
     # limits on what a request may cost
     "run_too_big", "run_over_cache", "forward_too_big", "forward_busy", "too_many_cells", "export_too_large",
     "timing_long", "timing_over_budget", "max_new_tokens_too_large", "generate_too_long", "watch_needs_record",
@@ -74,7 +74,8 @@ PARAMS: dict[EngineCode, tuple[str, ...]] = {
     "top_k_too_large": ("top_k", "limit"), "temperature_invalid": (),
     "no_lm_head": ("model",), "encoder_no_lm_head": ("model",), "post_norm_unsupported": ("model",),
     "norm_unsupported": ("norm",), "qk_unsupported": ("model", "reason"),
-    "key_not_visible": ("layer", "query", "key"), "projection_shape": ("layer", "inputs", "heads"),
+    "key_not_visible": ("layer", "query", "key"), "survey_not_found": ("id",),
+    "projection_shape": ("layer", "inputs", "heads"),
     # sizes are formatted ("1,234 MiB")
     "run_too_big": ("keep", "tokens", "peak", "cap"), "run_over_cache": ("keep", "cap"),
     "forward_too_big": ("need", "limit"), "forward_busy": ("need",),
@@ -138,6 +139,14 @@ class ImportBusy(EngineError):
         super().__init__(f"other run files (and forwards) being opened hold {in_flight} now; this one needs {need} "
                          f"and the memory budget is {budget} (ATTNSCOPE_FORWARD_BYTES): retry in {self.retry_after} s",
                          params={"in_flight": in_flight, "need": need, "budget": budget})
+
+
+class SurveyNotFound(EngineError):
+    default_code = "survey_not_found"
+
+    def __init__(self, survey_id: str) -> None:
+        super().__init__(f"unknown survey {survey_id!r} (the server keeps a few, and none across restarts)",
+                         params={"id": survey_id})
 
 
 class RunNotFound(EngineError):

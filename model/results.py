@@ -20,7 +20,8 @@ from attnscope.model.scores.analysis import HeadScore
 
 
 def _as_tensor(value: Any) -> torch.Tensor:
-    return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float32)
+    # float64 from JSON: a float32 tensor's numbers survive it exactly, and a float64 one's too
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value, dtype=torch.float64)
 
 
 def _as_lists(value: torch.Tensor) -> Any:

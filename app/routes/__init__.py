@@ -4,10 +4,10 @@ from a ``model.services`` result to its response schema."""
 
 from fastapi import APIRouter
 
-from attnscope.app.routes import generate, interventions, learn, models, pages, runs
+from attnscope.app.routes import generate, interventions, learn, models, pages, runs, surveys
 
 api = APIRouter(prefix="/api")
-for module in (models, runs, generate, learn, interventions):
+for module in (models, runs, generate, learn, interventions, surveys):
     api.include_router(module.router)
 
 router = APIRouter()

@@ -11,14 +11,20 @@ model and settings from that file. ``progress`` hears after every window.
 from __future__ import annotations
 
 import logging
+import secrets
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import torch
+from pydantic import Field
 
-from attnscope.model.errors import BadInput
+from attnscope.model.errors import BadInput, EngineError, SurveyNotFound
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.load.tokens import tokenize
 from attnscope.model.runs.budget import estimate, mib
@@ -137,3 +143,153 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
         raise BadInput("the corpus holds no document of two tokens or more", code="empty")
     save(True)
     return acc.result(model=lm.info.name, source=source, max_tokens=window, complete=True, probe=probe_scores)
+
+
+@dataclass(frozen=True)
+class SurveyStatus:
+    """A survey the server runs (or opened from a file): where it stands, and its result once done."""
+
+    id: str
+    status: Annotated[Literal["running", "done", "failed", "stopped"], Field(description=(
+        "running: still reading the corpus; done: survey holds the result; failed: error says why; stopped"))]
+    model: str
+    source: Annotated[str | None, Field(description="the corpus file's name")]
+    documents: int
+    sequences: int
+    tokens: int
+    fraction: Annotated[float | None, Field(description="the share of the corpus file read so far")]
+    tokens_per_s: float
+    error: Annotated[str | None, Field(description="why it failed, in English (code: error_code)")]
+    error_code: str | None
+    survey: Annotated[Survey | None, Field(description="the result, once done")]
+
+
+class Stopped(Exception):
+    pass
+
+
+@dataclass
+class _Job:
+    id: str
+    folder: Path
+    model: str
+    source: str | None
+    status: Literal["running", "done", "failed", "stopped"] = "running"
+    progress: Progress | None = None
+    error: str | None = None
+    error_code: str | None = None
+    result: Survey | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def status_of(self, full: bool) -> SurveyStatus:
+        p = self.progress
+        done = self.result
+        return SurveyStatus(
+            id=self.id, status=self.status, model=self.model, source=self.source,
+            documents=done.documents if done else p.documents if p else 0,
+            sequences=done.sequences if done else p.sequences if p else 0,
+            tokens=done.tokens if done else p.tokens if p else 0,
+            fraction=1.0 if done else p.fraction if p else 0.0, tokens_per_s=p.tokens_per_s if p else 0.0,
+            error=self.error, error_code=self.error_code, survey=done if full else None)
+
+
+class SurveyJobs:
+    """The server's surveys: each runs in a thread of its own, one at a time per model (the model's lock
+    serialises its forwards with the analyses), in a folder of its own that holds the corpus copy and the
+    survey file (removed when the job is let go). At most ``keep`` jobs are kept: the oldest finished
+    one goes first; all running ones are stopped on ``close``."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._jobs: dict[str, _Job] = {}
+
+    def _add(self, job: _Job) -> None:
+        with self._lock:
+            finished = [j for j in self._jobs.values() if j.status != "running"]
+            if len(self._jobs) >= self.keep and not finished:
+                raise BadInput(f"{len(self._jobs)} surveys are running, the most this server keeps; stop one first",
+                               code="forward_busy", params={"need": "a survey"})
+            while len(self._jobs) >= self.keep and finished:
+                gone = finished.pop(0)
+                del self._jobs[gone.id]
+                shutil.rmtree(gone.folder, ignore_errors=True)
+            self._jobs[job.id] = job
+
+    def start(self, engine: Engine, corpus_file: Path, *, name: str | None, model: str | None, max_tokens: int,
+              top_k: int) -> SurveyStatus:
+        """Survey ``corpus_file`` (moved into the job's folder) in the background."""
+        lm = engine.model(model)
+        _check(lm, max_tokens, top_k)
+        folder = Path(tempfile.mkdtemp(prefix="attnscope-survey-"))
+        source = name or corpus_file.name
+        corpus_path = folder / (Path(source).name or "corpus.txt")
+        shutil.move(str(corpus_file), corpus_path)
+        job = _Job(secrets.token_urlsafe(9), folder, lm.info.name, corpus_path.name)
+        self._add(job)
+
+        def heard(p: Progress) -> None:
+            job.progress = p
+            if job.stop.is_set():
+                raise Stopped
+
+        def work() -> None:
+            try:
+                job.result = survey(engine, path=corpus_path, model=lm.info.name, max_tokens=max_tokens,
+                                    top_k=top_k, out=folder / "survey.safetensors", progress=heard)
+                job.status = "done"
+            except Stopped:
+                job.status = "stopped"
+            except EngineError as err:
+                job.error, job.error_code, job.status = err.message, err.code, "failed"
+            except Exception as err:  # a survey thread must say why it ended, never vanish
+                log.exception("survey %s failed", job.id)
+                job.error, job.error_code, job.status = f"{type(err).__name__}: {err}", "engine_error", "failed"
+
+        job.thread = threading.Thread(target=work, name=f"survey-{job.id}", daemon=True)
+        job.thread.start()
+        return job.status_of(False)
+
+    def open(self, survey_file: Path) -> SurveyStatus:
+        """A survey file (``attnscope survey``'s, a download): read and kept as a finished job."""
+        result = file.load_survey(survey_file)
+        folder = Path(tempfile.mkdtemp(prefix="attnscope-survey-"))
+        shutil.move(str(survey_file), folder / "survey.safetensors")
+        job = _Job(secrets.token_urlsafe(9), folder, result.model, result.source, status="done", result=result)
+        self._add(job)
+        return job.status_of(True)
+
+    def _job(self, job_id: str) -> _Job:
+        with self._lock:
+            job = self._jobs.get(job_id)
+        if job is None:
+            raise SurveyNotFound(job_id)
+        return job
+
+    def status(self, job_id: str, full: bool = True) -> SurveyStatus:
+        return self._job(job_id).status_of(full)
+
+    def file(self, job_id: str) -> Path:
+        job = self._job(job_id)
+        path = job.folder / "survey.safetensors"
+        if job.status != "done" or not path.exists():
+            raise BadInput(f"survey {job_id} is {job.status}: its file exists once it is done",
+                           params={"id": job_id})
+        return path
+
+    def stop(self, job_id: str) -> SurveyStatus:
+        job = self._job(job_id)
+        job.stop.set()
+        return job.status_of(False)
+
+    def close(self) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+            self._jobs.clear()
+        for job in jobs:
+            job.stop.set()
+        for job in jobs:
+            if job.thread is not None:
+                job.thread.join(timeout=30)
+            shutil.rmtree(job.folder, ignore_errors=True)

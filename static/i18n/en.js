@@ -67,6 +67,7 @@ export default {
  "err.norm_unsupported": "The norm {norm} is not one attnscope can freeze: direct logit attribution is not available for this model.",
  "err.qk_unsupported": "QK attribution is not available for model {model}: its attention does not pass through attnscope's capture point in a way the terms can be read from.",
  "err.key_not_visible": "In layer {layer} the query at position {query} does not see the key at position {key} (the mask hides it), so its logit has no terms.",
+ "err.survey_not_found": "Unknown survey {id}: the server keeps a few surveys, and none across restarts.",
  "err.projection_shape": "Layer {layer}'s output projection takes {inputs} inputs, not a multiple of {heads} heads.",
  "err.run_too_big": "This prompt's run would keep {keep} ({tokens} tokens; its forward peaks near {peak}); the run store holds at most {cap}. Shorten the prompt or raise ATTNSCOPE_RUN_STORE_BYTES.",
  "err.run_over_cache": "This run keeps {keep}; the run store holds at most {cap}.",

@@ -67,6 +67,7 @@ export default {
  "err.norm_unsupported": "归一化层 {norm} 不是 attnscope 能冻结的类型：这个模型无法做直接 logit 归因。",
  "err.qk_unsupported": "模型 {model} 无法做 QK 归因：它的注意力没有以可读出各项的方式经过 attnscope 的捕获点。",
  "err.key_not_visible": "在第 {layer} 层，位置 {query} 的查询向量看不到位置 {key} 的键向量（被掩码遮住），这个 logit 没有可分解的项。",
+ "err.survey_not_found": "找不到调查 {id}：服务器只保留少数几个调查，重启后不保留。",
  "err.projection_shape": "第 {layer} 层的输出投影有 {inputs} 个输入，不是 {heads} 个头的整数倍。",
  "err.run_too_big": "这个提示词的运行需要保留 {keep}（{tokens} 个 token；前向计算的峰值约 {peak}），而运行存储区最多只能容纳 {cap}。请缩短提示词，或在服务器上调大运行存储区。",
  "err.run_over_cache": "这次运行需要保留 {keep}，而运行存储区最多只能容纳 {cap}。",

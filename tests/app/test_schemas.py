@@ -14,6 +14,7 @@ import functools
 import importlib
 import operator
 import pkgutil
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,13 @@ def runs(client: TestClient) -> dict[str, str]:
         r = client.post("/api/runs", json={"text": text, "model": model})
         assert r.status_code == 201, r.text
         ids[key] = r.json()["run_id"]
+    # a finished survey of a two-document corpus
+    started = client.post("/api/surveys?top_k=2", content=f"{PROMPT}\n\nthe mat sat on the cat".encode()).json()
+    for _ in range(600):
+        if client.get(f"/api/surveys/{started['id']}").json()["status"] != "running":
+            break
+        time.sleep(0.05)
+    ids["survey"] = started["id"]
     return ids
 
 
@@ -81,6 +89,12 @@ REQUESTS: dict[str, list[Request]] = {
     "POST /api/runs/{run_id}/ablate/scan": [("POST", "/api/runs/{run}/ablate/scan", {"position": 3})],
     "POST /api/patch": [("POST", "/api/patch", {"clean": "the cat sat", "corrupted": "the dog sat",
                                                 "answer": " on", "wrong": " the"})],
+    "GET /api/runs/{run_id}/qk-attribution": [("GET", "/api/runs/{run}/qk-attribution?layer=1&head=2&query=5&key=3", None),
+                                              ("GET", "/api/runs/{run}/qk-attribution?layer=1&head=0&query=4", None)],
+    "POST /api/surveys": [("POST", "/api/surveys?top_k=2&name=c.txt", {"bytes": "the cat sat\n\nthe mat sat"})],
+    "GET /api/surveys/{survey_id}": [("GET", "/api/surveys/{survey}", None)],
+    "POST /api/surveys/{survey_id}/stop": [("POST", "/api/surveys/{survey}/stop", None)],
+    "POST /api/surveys/open": [("POST", "/api/surveys/open", {"survey_file_of": "survey"})],
     # the body: that run's file (format=attnscope), sent as bytes
     "POST /api/runs/import": [("POST", "/api/runs/import", {"file_of": "run"}), ("POST", "/api/runs/import",
                                                                                {"file_of": "enc"})],
@@ -132,12 +146,17 @@ def test_every_json_endpoint_has_requests(client: TestClient) -> None:
 def test_json_is_exactly_the_response_model(client: TestClient, runs: dict[str, str], operation: str) -> None:
     adapter = _json_operations(client)[operation]
     for method, url, body in REQUESTS[operation]:
-        if isinstance(body, dict) and "file_of" in body:
+        if isinstance(body, dict) and "bytes" in body:
+            r = client.request(method, url, content=body["bytes"].encode())
+        elif isinstance(body, dict) and "survey_file_of" in body:
+            file = client.get(f"/api/surveys/{runs[body['survey_file_of']]}/file").content
+            r = client.request(method, url, content=file, headers={"content-type": "application/octet-stream"})
+        elif isinstance(body, dict) and "file_of" in body:
             file = client.get(f"/api/runs/{runs[body['file_of']]}/export", params={"format": "attnscope"}).content
             r = client.request(method, url, content=file, headers={"content-type": "application/octet-stream"})
         else:
             r = client.request(method, url.format(**runs), json=body)
-        assert r.status_code in (200, 201), f"{url}: {r.status_code} {r.text[:300]}"
+        assert r.status_code in (200, 201, 202), f"{url}: {r.status_code} {r.text[:300]}"
         sent = r.json()
         assert adapter.dump_python(adapter.validate_python(sent), mode="json") == sent, url
 
