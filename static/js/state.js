@@ -65,6 +65,9 @@ export const ui = {
   countProblem: null, // explorer/timeline.js: the token-count note, {key, vars}, or null
   lastWheel: -Infinity, // explorer/zoom.js: when the last wheel zoom came (a burst's tile waits for it to settle)
   relabelling: false, // explorer/zoom.js: our own relayout (new tick labels) is under way, not a zoom of the person's
+  survey: null, // tools/survey.js: the corpus survey shown, {id, status, survey, ...} (GET /api/surveys/{id}), or null
+  surveyPoll: null, // tools/survey.js: the running survey's poll timer, or null
+  surveyOnGrid: false, // tools/survey.js: the head map's badges and labels come from the survey, not the prompt
 };
 
 export function set(patch) {

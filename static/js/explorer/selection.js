@@ -14,7 +14,15 @@ import { isLong, noteWheel, onRelayout, tiles } from "./zoom.js";
 
 export const grid = new HeadGrid($("#head-grid"), { onSelect: (layer, head) => selectHead(layer, head), onError: report, getTile, note: $("#grid-note") });
 $("#grid-filter")?.addEventListener("change", (ev) => grid.setFilter(ev.target.value)); // badges and rules: the grid's filter
-export const tools = new Tools($("#tools"), { selectHead, error: showError, prompt: () => $("#prompt").value });
+export const tools = new Tools($("#tools"), { selectHead, error: showError, prompt: () => $("#prompt").value, setCorpus });
+
+// The head map's badges and labels from a corpus survey (the Corpus tab), or from the prompt again (null);
+// the badge legend says which.
+function setCorpus(corpus) {
+  grid.setCorpus(corpus);
+  $("#badge-src-prompt").hidden = Boolean(corpus);
+  $("#badge-src-corpus").hidden = !corpus;
+}
 // "Why here?" under the heatmap: the selected cell's QK attribution, in the tools panel
 $("#why-here").addEventListener("click", () => {
   tools.open("qk");

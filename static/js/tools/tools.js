@@ -1,5 +1,5 @@
 // The causal tools under the explorer: one tab per view, each opened from the URL
-// (?view=attribution|ablate|patch|lens|residual|compare|qk) and redrawn when the run, the
+// (?view=attribution|ablate|patch|lens|residual|compare|qk|survey) and redrawn when the run, the
 // focused position or the selected head changes. Views live in their own modules.
 import { el } from "../dom.js";
 import { urlExtras } from "../state.js";
@@ -12,6 +12,7 @@ import * as lens from "./lens.js";
 import * as residual from "./residual.js";
 import * as compare from "./compare.js";
 import * as qk from "./qk.js";
+import * as survey from "./survey.js";
 
 const VIEWS = {
   attribution: { title: "Attribution", module: attribution, on: ["run", "pos"] },
@@ -21,14 +22,15 @@ const VIEWS = {
   residual: { title: "Residual", module: residual, on: ["run", "pos"] },
   compare: { title: "Compare a head", module: compare, on: ["run", "head"] },
   qk: { title: "Why here?", module: qk, on: ["run", "pos", "head", "key"] },
+  survey: { title: "Corpus", module: survey, on: ["run", "head"] },
 };
 // the URL parameters each view owns (kept in the shareable URL while it is open)
-const OWN = { attribution: ["token"], ablate: ["ablate", "mode"], patch: ["clean", "corrupted", "answer", "wrong"], compare: ["compare"] };
+const OWN = { attribution: ["token"], ablate: ["ablate", "mode"], patch: ["clean", "corrupted", "answer", "wrong"], compare: ["compare"], survey: ["field"] };
 
 export class Tools {
-  constructor(root, { selectHead, error, prompt }) {
+  constructor(root, { selectHead, error, prompt, setCorpus = () => {} }) {
     this.root = root;
-    this.hooks = { selectHead, error, prompt };
+    this.hooks = { selectHead, error, prompt, setCorpus };
     this.view = null;
     this.params = {};
     this.state = null;
@@ -139,6 +141,7 @@ export class Tools {
     const ctx = {
       run, pos, key, layer, head, params: this.params, alert,
       selectHead: this.hooks.selectHead,
+      setCorpus: this.hooks.setCorpus,
       error: fail,
       prompt: this.hooks.prompt,
       setParams: (p) => { Object.assign(this.params, p); this.syncURL(); },

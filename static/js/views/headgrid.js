@@ -149,6 +149,22 @@ export class HeadGrid {
     new ResizeObserver(() => this.resized()).observe(container); // a narrower panel wraps the layers
   }
 
+  // The scores the grid labels, badges and sorts by: this prompt's (the run's), or a corpus survey's per-head
+  // means (``setCorpus``: {heads, rows, documents, tokens}; rows: its mean window length, for the badge rules).
+  scoresOf(run) {
+    return this.corpus ? this.corpus.heads : run.heads;
+  }
+
+  rowsOf(run) {
+    return this.corpus ? this.corpus.rows : run.tokens.length;
+  }
+
+  setCorpus(corpus) {
+    this.corpus = corpus;
+    this.container.dataset.source = corpus ? "corpus" : "prompt";
+    if (this.run) this.render(this.run, this.sortKey, this.selected, this.model);
+  }
+
   // More than 8 heads a layer: the explorer gives the grid's column more room (app.css). Called before
   // the run's charts are drawn too, so that they are drawn at the width they keep.
   widen(run) {
@@ -247,7 +263,7 @@ export class HeadGrid {
     const kv = this.kv;
     const canvas = el("canvas", { width: THUMB, height: THUMB });
     const badges = el("span", { class: "badges" });
-    fillBadges(badges, s, run.tokens.length, !this.sinks.common);
+    fillBadges(badges, s, this.rowsOf(run), !this.sinks.common);
     const cell = el("button", {
       type: "button", class: cls,
       title: describe(s, kv < run.n_heads ? Math.floor(s.head / (run.n_heads / kv)) : null, run),
@@ -274,11 +290,11 @@ export class HeadGrid {
     this.canvases.clear();
     Object.assign(this, { run, sortKey, model });
     this.selected = { layer: selected.layer, head: selected.head };
-    const n = run.tokens.length;
+    const n = this.rowsOf(run);
     // grouped-query attention: query heads that share one K/V head stand together
     const kv = this.kv = model ? model.n_kv_heads : run.n_heads;
     const group = this.group = run.n_heads / kv;
-    this.sinks = sinkCount(run.heads, n);
+    this.sinks = sinkCount(this.scoresOf(run), n);
     this.showNote();
     this.widen(run);
     this.isOverview = this.wantsOverview(run, group);
@@ -290,7 +306,7 @@ export class HeadGrid {
       return;
     }
     const byPosition = this.byPosition = sortKey === "position";
-    const scores = byPosition ? run.heads.slice() : sortHeads(run.heads, sortKey);
+    const scores = byPosition ? this.scoresOf(run).slice() : sortHeads(this.scoresOf(run), sortKey);
     if (byPosition && kv < run.n_heads) {
       this.container.append(el("span", { class: "row-label", text: "K/V" }));
       for (let g = 0; g < kv; g++) {
@@ -319,7 +335,7 @@ export class HeadGrid {
 
   // a head the filter leaves out: faded where the grid is by position, gone where it is sorted
   applyFilter(cell, s) {
-    const ok = passes(this.filter, s, this.run.tokens.length, !this.sinks.common);
+    const ok = passes(this.filter, s, this.rowsOf(this.run), !this.sinks.common);
     cell.classList.toggle("filtered-out", !ok && this.byPosition);
     cell.hidden = !ok && !this.byPosition;
   }
@@ -328,7 +344,7 @@ export class HeadGrid {
   showNote() {
     if (!this.note) return;
     const { count, common } = this.sinks;
-    this.note.textContent = common ? t("x.ov.sinks_common", { n: count, total: this.run.heads.length }) : "";
+    this.note.textContent = common ? t("x.ov.sinks_common", { n: count, total: this.scoresOf(this.run).length }) : "";
     this.note.hidden = !common;
   }
 
@@ -353,11 +369,11 @@ export class HeadGrid {
   }
 
   paintOverview() {
-    const run = this.run, key = this.overviewKey(), n = run.tokens.length;
+    const run = this.run, key = this.overviewKey(), n = this.rowsOf(run);
     const values = new Float64Array(run.n_layers * run.n_heads).fill(NaN);
     const shown = new Uint8Array(values.length);
     const marks = new Map(); // head index -> the badges its cell shows
-    for (const s of run.heads) {
+    for (const s of this.scoresOf(run)) {
       const i = s.layer * run.n_heads + s.head;
       values[i] = s[key] ?? NaN;
       shown[i] = passes(this.filter, s, n, !this.sinks.common) ? 1 : 0;
@@ -372,9 +388,10 @@ export class HeadGrid {
   // "layer L head H, entropy 0.42, badges P": what the live region says of the cursor's head
   speak(layer, head) {
     const run = this.run, key = this.overviewKey();
-    const at = run.heads[layer * run.n_heads + head]; // the server lists heads by layer, then head
-    const s = at && at.layer === layer && at.head === head ? at : run.heads.find((h) => h.layer === layer && h.head === head);
-    const names = badgesFor(s, run.tokens.length).map(([name]) => t(`x.badge.${name}`));
+    const heads = this.scoresOf(run);
+    const at = heads[layer * run.n_heads + head]; // the server lists heads by layer, then head
+    const s = at && at.layer === layer && at.head === head ? at : heads.find((h) => h.layer === layer && h.head === head);
+    const names = badgesFor(s, this.rowsOf(run)).map(([name]) => t(`x.badge.${name}`));
     return t("x.ov.cell", { layer, head, score: t(`x.sort.${key}`), value: key === "induction" ? inductionText(s, 2, run) : scoreText(s[key], 2) }) +
       (names.length ? t("x.ov.cell_badges", { badges: names.join(", ") }) : "");
   }
@@ -382,11 +399,11 @@ export class HeadGrid {
   // The heads the list shows: the selected head's layer where the grid is by position and unfiltered
   // (its neighbours), else the filter's heads in the sort's order, `count` of them.
   listed() {
-    const run = this.run, n = run.tokens.length;
+    const run = this.run, n = this.rowsOf(run);
     if (this.sortKey === "position" && this.filter === "all") {
-      return { heads: run.heads.filter((s) => s.layer === this.selected.layer), total: run.n_heads, layer: this.selected.layer };
+      return { heads: this.scoresOf(run).filter((s) => s.layer === this.selected.layer), total: run.n_heads, layer: this.selected.layer };
     }
-    const picked = run.heads.filter((s) => passes(this.filter, s, n, !this.sinks.common));
+    const picked = this.scoresOf(run).filter((s) => passes(this.filter, s, n, !this.sinks.common));
     return { heads: this.sortKey === "position" ? picked : sortHeads(picked, this.sortKey), total: picked.length, layer: null };
   }
 
@@ -463,19 +480,19 @@ export class HeadGrid {
   // Scores that arrive after the run (a fused layer's head scores, sparsity): into each cell's label,
   // tooltip and badges, and the overview's colours.
   annotate(run) {
-    this.sinks = sinkCount(run.heads, run.tokens.length);
+    this.sinks = sinkCount(this.scoresOf(run), this.rowsOf(run));
     this.showNote();
     if (this.isOverview) {
       this.paintOverview();
       this.ov.draw();
     }
     const group = this.kv < run.n_heads ? run.n_heads / this.kv : 1;
-    const byKey = new Map(run.heads.map((s) => [`${s.layer}:${s.head}`, s]));
+    const byKey = new Map(this.scoresOf(run).map((s) => [`${s.layer}:${s.head}`, s]));
     for (const cell of this.container.querySelectorAll(".head-cell")) {
       const s = byKey.get(`${cell.dataset.layer}:${cell.dataset.head}`);
       cell.title = describe(s, group > 1 ? Math.floor(s.head / group) : null, run);
       this.label(cell, s);
-      fillBadges(cell.querySelector(".badges"), s, run.tokens.length, !this.sinks.common);
+      fillBadges(cell.querySelector(".badges"), s, this.rowsOf(run), !this.sinks.common);
       if (!this.isOverview) this.applyFilter(cell, s);
       if (s.keys_90 !== undefined) cell.dataset.keys90 = fmt(s.keys_90, 1);
     }
