@@ -40,15 +40,15 @@ def test_tool_tabs_are_a_tablist_the_arrow_keys_move_through(page: object, base_
     open_view(page, base_url, "lens")
     got = tabs(page)
     views = [b["view"] for b in got]
-    assert views == ["attribution", "ablate", "patch", "lens", "residual", "compare"]
+    assert views == ["attribution", "ablate", "patch", "lens", "residual", "compare", "qk", "survey"]
     assert all(b["role"] == "tab" and b["controls"] == "tool-panel" for b in got)
-    assert [b["selected"] for b in got] == ["false", "false", "false", "true", "false", "false"]
-    assert [b["tabindex"] for b in got] == [-1, -1, -1, 0, -1, -1]  # one tab stop: the open tab
+    assert [b["selected"] for b in got] == ["false", "false", "false", "true", "false", "false", "false", "false"]
+    assert [b["tabindex"] for b in got] == [-1, -1, -1, 0, -1, -1, -1, -1]  # one tab stop: the open tab
     panel = page.evaluate("() => { const p = document.getElementById('tool-panel'); return [p.getAttribute('role'), p.getAttribute('aria-labelledby')]; }")
     assert panel == ["tabpanel", "tool-tab-lens"]
     assert page.evaluate("() => document.querySelector('[role=tablist]').getAttribute('aria-label')") == "Causal tools"
     page.get_by_test_id("tool-tab-lens").focus()
-    for key, view in [("ArrowRight", "residual"), ("Home", "attribution"), ("ArrowLeft", "compare"), ("End", "compare"),
+    for key, view in [("ArrowRight", "residual"), ("Home", "attribution"), ("ArrowLeft", "survey"), ("End", "survey"),
                       ("ArrowRight", "attribution"), ("ArrowRight", "ablate")]:
         page.keyboard.press(key)
         page.wait_for_selector(f"[data-testid=tool-view-{view}]")
