@@ -14,7 +14,7 @@ import torch
 
 from attnscope.model.attention.kept import LayerAttention
 from attnscope.model.capture.names import parse
-from attnscope.model.errors import RunNotFound, TooLarge
+from attnscope.model.errors import BadInput, RunNotFound, TooLarge
 from attnscope.model.results import RunSummary
 from attnscope.model.runs.budget import mib_over
 from attnscope.model.scores.analysis import SCORE_FIELDS, SCORE_NAMES, HeadScore, HeadSparsity
@@ -113,6 +113,15 @@ class RunRecord:
     @property
     def n_heads(self) -> int:
         return self.attention[0].n_heads
+
+    def check_layer_head(self, layer: int, head: int | None) -> None:
+        """BadInput (layer_out_of_range, head_out_of_range) unless this run has that layer (and head)."""
+        if not 0 <= layer < self.n_layers:
+            raise BadInput(f"layer {layer} is out of range: this model has layers 0..{self.n_layers - 1}",
+                           code="layer_out_of_range", params={"layer": layer, "max": self.n_layers - 1})
+        if head is not None and not 0 <= head < self.n_heads:
+            raise BadInput(f"head {head} is out of range: this model has heads 0..{self.n_heads - 1}",
+                           code="head_out_of_range", params={"head": head, "max": self.n_heads - 1})
 
     @property
     def nbytes(self) -> int:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from attnscope.model.errors import BadInput, RunDetached, UnknownModel
+from attnscope.model.errors import RunDetached, UnknownModel
 from attnscope.model.learn import embedding
 from attnscope.model.load import limits
 from attnscope.model.load.fingerprint import model_fingerprint, tokenizer_fingerprint
@@ -236,10 +236,5 @@ class Engine:
             backing.close()
 
     def check_layer_head(self, record: RunRecord, layer: int, head: int | None) -> None:
-        if not 0 <= layer < record.n_layers:
-            raise BadInput(f"layer {layer} is out of range: this model has layers 0..{record.n_layers - 1}",
-                           code="layer_out_of_range", params={"layer": layer, "max": record.n_layers - 1})
-        if head is not None and not 0 <= head < record.n_heads:
-            raise BadInput(f"head {head} is out of range: this model has heads 0..{record.n_heads - 1}",
-                           code="head_out_of_range", params={"head": head, "max": record.n_heads - 1})
+        record.check_layer_head(layer, head)
 

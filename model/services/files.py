@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from attnscope.model.errors import BadInput, ImportBusy, TooLarge
+from attnscope.model.errors import ImportBusy, TooLarge
 from attnscope.model.load.tokens import Token
 from attnscope.model.results import PositionPrediction
 from attnscope.model.runs import activations, runfile
@@ -144,12 +144,7 @@ class RunFile(RecordView):
     def attention(self, layer: int, head: int) -> torch.Tensor:
         """(n, n) float32: one head's exact weights (masked cells 0)."""
         record = self.record
-        if not 0 <= layer < record.n_layers:
-            raise BadInput(f"layer {layer} is out of range: this run has layers 0..{record.n_layers - 1}",
-                           code="layer_out_of_range", params={"layer": layer, "max": record.n_layers - 1})
-        if not 0 <= head < record.n_heads:
-            raise BadInput(f"head {head} is out of range: this run has heads 0..{record.n_heads - 1}",
-                           code="head_out_of_range", params={"head": head, "max": record.n_heads - 1})
+        record.check_layer_head(layer, head)
         return record.head_pattern(layer, head)
 
 

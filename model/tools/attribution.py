@@ -77,12 +77,22 @@ class FrozenNorm:
         return x * self.scale
 
 
-def _eps(norm: nn.Module) -> float:
+def norm_eps(norm: nn.Module) -> float:
+    """The epsilon a norm adds under its square root (the families name it three ways)."""
     for name in ("eps", "variance_epsilon", "epsilon"):
         value = getattr(norm, name, None)
         if isinstance(value, float | int):
             return float(value)
     return 1e-5
+
+
+def norm_affine(norm: nn.Module, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(d,) float64 each: a norm's weight and bias (ones and zeros where it has none)."""
+    weight = getattr(norm, "weight", None)
+    w = weight.detach().double().cpu() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)
+    bias = getattr(norm, "bias", None)
+    b = bias.detach().double().cpu() if isinstance(bias, torch.Tensor) else torch.zeros(d, dtype=torch.float64)
+    return w, b
 
 
 def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
@@ -101,11 +111,8 @@ def freeze_norm(norm: nn.Module | None, x: torch.Tensor) -> FrozenNorm:
         params = {name: t.float() for name, t in [*norm.named_parameters(), *norm.named_buffers()]}
         dev = next((t.device for t in params.values()), x.device)  # where the norm's weights are (a GPU)
         y = torch.func.functional_call(norm, params, (x[None].float().to(dev),))[0].double().cpu()  # (d,)
-    eps = _eps(norm)
-    weight = getattr(norm, "weight", None)
-    w = weight.detach().double().cpu() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)
-    bias = getattr(norm, "bias", None)
-    b = bias.detach().double().cpu() if isinstance(bias, torch.Tensor) else torch.zeros(d, dtype=torch.float64)
+    eps = norm_eps(norm)
+    w, b = norm_affine(norm, d)
     centred = xd - xd.mean()
     ln_sigma = math.sqrt(float(centred.pow(2).mean()) + eps)
     rms = math.sqrt(float(xd.pow(2).mean()) + eps)

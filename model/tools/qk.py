@@ -41,7 +41,7 @@ from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.results import Matrix, Vector
 from attnscope.model.runs.record import RunRecord
-from attnscope.model.tools.attribution import _attention_terms
+from attnscope.model.tools.attribution import _attention_terms, norm_affine, norm_eps
 from attnscope.model.tools.intervene import (
     head_weights,
     hidden_arg,
@@ -214,14 +214,6 @@ class RowNorm:
         return x - x.mean(-1, keepdim=True) if self.center else x
 
 
-def _eps(norm: nn.Module) -> float:
-    for name in ("eps", "variance_epsilon", "epsilon"):
-        value = getattr(norm, name, None)
-        if isinstance(value, float | int):
-            return float(value)
-    return 1e-5
-
-
 def freeze_rows(norm: nn.Module | None, x: torch.Tensor, y: torch.Tensor) -> RowNorm:
     """The affine map ``norm`` applied to each row of ``x`` (..., d), told by its output ``y``: LayerNorm (centre,
     weight, bias) or RMSNorm with ``weight`` (Llama) or ``1 + weight`` (Gemma), the one that reproduces ``y``."""
@@ -229,11 +221,8 @@ def freeze_rows(norm: nn.Module | None, x: torch.Tensor, y: torch.Tensor) -> Row
     d = xd.shape[-1]
     if norm is None:
         return RowNorm(False, torch.ones_like(xd), torch.zeros_like(xd))
-    eps = _eps(norm)
-    weight = getattr(norm, "weight", None)
-    w = weight.detach().double().cpu() if isinstance(weight, torch.Tensor) else torch.ones(d, dtype=torch.float64)
-    bias = getattr(norm, "bias", None)
-    b = bias.detach().double().cpu() if isinstance(bias, torch.Tensor) else torch.zeros(d, dtype=torch.float64)
+    eps = norm_eps(norm)
+    w, b = norm_affine(norm, d)
     centred = xd - xd.mean(-1, keepdim=True)
     ln_sigma = (centred.pow(2).mean(-1, keepdim=True) + eps).sqrt()
     rms = (xd.pow(2).mean(-1, keepdim=True) + eps).sqrt()
@@ -343,12 +332,7 @@ def _qk_attribution(lm: LoadedModel, record: RunRecord, layer: int, head: int, q
     if lm.spec.capture != "interface":
         raise _unsupported(lm, "its attention is read from the attention module's output, not through attnscope's "
                                "capture point")
-    if not 0 <= layer < record.n_layers:
-        raise BadInput(f"layer {layer} is out of range: this model has layers 0..{record.n_layers - 1}",
-                       code="layer_out_of_range", params={"layer": layer, "max": record.n_layers - 1})
-    if not 0 <= head < record.n_heads:
-        raise BadInput(f"head {head} is out of range: this model has heads 0..{record.n_heads - 1}",
-                       code="head_out_of_range", params={"head": head, "max": record.n_heads - 1})
+    record.check_layer_head(layer, head)
     for name, pos in (("query", query), ("key", key)):
         if pos is not None and not 0 <= pos < record.n:
             raise BadInput(f"{name} {pos} is out of range: this run has positions 0..{record.n - 1}",

@@ -12,25 +12,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import attnscope
 from attnscope.model.errors import BadInput
-from attnscope.model.load.models import LoadedModel
-from attnscope.model.runs.record import RunRecord
 from attnscope.model.tools import qk
-from tests.model.test_families import TEXT, built
+from tests.model.tools.test_interventions_families import _hooks, _run
 from tests.support.families import DECODERS, Family
-from tests.support.tiny import make_engine
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 THROUGH_INTERFACE = [f for f in DECODERS if f.model_type not in ("gpt_neo", "bloom")]
-
-
-def _run(family: Family) -> tuple[LoadedModel, RunRecord]:
-    lm = built(family).lm
-    engine = make_engine({lm.info.name: lm}, lm.info.name)
-    return lm, engine.analyse(TEXT).record
-
-
-def _hooks(lm: LoadedModel) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in lm.model.modules())
 
 
 @pytest.mark.parametrize("family", THROUGH_INTERFACE, ids=lambda f: f.id)
