@@ -202,10 +202,6 @@ class RowNorm:
         """x shaped like the scale -> the frozen norm's output (float64)."""
         return self._centred(x.double()) * self.scale + self.shift
 
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """(m, c, d) summands of rows shaped (m, d) -> (m, c, d): the linear part, row by row."""
-        return self._centred(x.double()) * self.scale[:, None]
-
     def transpose(self, g: torch.Tensor) -> torch.Tensor:
         """(m, d) covectors -> (m, d): through the linear part's transpose (centring is symmetric)."""
         return self._centred(g.double() * self.scale)
@@ -252,9 +248,11 @@ class _Layer:
     trace: _Trace
     inner: list[tuple[nn.Module, RowNorm]]
 
-    def project(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def project(self, hidden: torch.Tensor, at: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, m, d) attention inputs -> (q (B, H, m, dh), k (B, Hkv, m, dh)) post-rotary, from the layer's own
-        module (gradients flow where ``hidden`` asks for them)."""
+        module (gradients flow where ``hidden`` asks for them). ``at``: hidden is (B, 1, d), the input at that
+        position alone, and every argument laid out by position (rotary cos/sin, position ids, the frozen
+        norms' scales) is cut to it; the caller checks the result against the whole call's."""
         attn = _attention(self.lm, self.layer)
         got: dict[str, torch.Tensor] = {}
 
@@ -270,8 +268,15 @@ class _Layer:
 
             return hook
 
-        args, kwargs = with_hidden(self.trace.args, self.trace.kwargs, hidden)
-        regs = [Registration(module, "post", frozen(norm)) for module, norm in self.inner]
+        m = self.trace.hidden.shape[1]
+        base_args, base_kwargs = self.trace.args, self.trace.kwargs
+        inner = self.inner
+        if at is not None:
+            base_args = tuple(_at(a, at, m) for a in base_args)
+            base_kwargs = {k: _at(v, at, m) for k, v in base_kwargs.items()}
+            inner = [(module, RowNorm(n.center, _at(n.scale, at, m), _at(n.shift, at, m))) for module, n in inner]
+        args, kwargs = with_hidden(base_args, base_kwargs, hidden)
+        regs = [Registration(module, "post", frozen(norm)) for module, norm in inner]
         try:
             with grab_qk(attn, reader), temporary_hooks(regs):
                 attn(*args, **kwargs)
@@ -282,38 +287,76 @@ class _Layer:
         return got["q"], got["k"]
 
 
+def _at(value: Any, at: int, m: int) -> Any:
+    """``value`` cut to position ``at`` where it is laid out by position (axis 1 of length m, or a vector of m);
+    tuples and lists element by element; anything else as it is."""
+    if isinstance(value, torch.Tensor):
+        if value.dim() >= 2 and value.shape[1] == m:
+            return value[:, at: at + 1]
+        if value.dim() == 1 and value.shape[0] == m:
+            return value[at: at + 1]
+        return value
+    if isinstance(value, tuple | list):
+        return type(value)(_at(v, at, m) for v in value)
+    return value
+
+
+def _jacobian_at(proj: _Layer, which: Literal["q", "k"], head: int, position: int, whole: torch.Tensor
+                 ) -> torch.Tensor | None:
+    """(dh, d) float64: d q (or k) of ``head`` at ``position`` / d the input there, from the layer called on that
+    position alone (one backward a dimension over one row, not over the sequence); None where the cut call
+    does not give what the whole call gave (``whole``: (dh,)), or fails — the caller reads J the long way."""
+    try:
+        one = proj.trace.hidden[:, position: position + 1].detach().clone().requires_grad_(True)  # (1, 1, d)
+        q, k = proj.project(one, at=position)
+        out = (q if which == "q" else k)[0, head, 0]  # (dh,)
+        if out.shape != whole.shape or not torch.allclose(out.detach(), whole.detach(), rtol=1e-4, atol=1e-5):
+            return None
+        return _jacobian(out, one, 0)
+    except (RuntimeError, ValueError, IndexError):
+        return None
+
+
 def _components(lm: LoadedModel, record: RunRecord, layer: int, trace: _Trace, positions: torch.Tensor
                 ) -> Iterator[tuple[list[Component], torch.Tensor]]:
-    """What each upstream component wrote at ``positions`` (P,): (components, (P, c, d) float64), a chunk at a
-    time — the embeddings, then per earlier layer its heads, its output bias, its MLP."""
+    """What each upstream component wrote at ``positions`` (P,): (components, (P, c, d) float32), a chunk at a
+    time — the embeddings, then per earlier layer its heads, its output bias, its MLP. Float32 as the model
+    computed them (the terms are sums of d products: float32 keeps them within 1e-6 of float64, at half the
+    time); what is summed over components is summed in float64."""
     rows = positions.tolist()
-    yield [Component("embed", None, None)], record.resid[0][rows].double().cpu()[:, None]
+    yield [Component("embed", None, None)], record.resid[0][rows].float().cpu()[:, None]
     for i in range(layer):
         z = trace.z[i][rows].cpu()  # (P, H, dh)
         if lm.spec.residual == "sandwich":  # the post-attention norm is frozen per position
             parts = [_attention_terms(lm, i, z[p]) for p in range(len(rows))]
-            heads = torch.stack([h for h, _ in parts])
-            bias = None if parts[0][1] is None else torch.stack([b for _, b in parts if b is not None])
+            heads = torch.stack([h for h, _ in parts]).float()
+            bias = None if parts[0][1] is None else torch.stack([b for _, b in parts if b is not None]).float()
         else:
             weights = head_weights(lm, i)
-            heads = torch.einsum("phk,hkd->phd", z.double(), weights.w_o.detach().double().cpu())
-            bias = None if weights.b_o is None else weights.b_o.detach().double().cpu().expand(len(rows), -1)
+            heads = torch.einsum("phk,hkd->phd", z.float(), weights.w_o.detach().float().cpu())
+            bias = None if weights.b_o is None else weights.b_o.detach().float().cpu().expand(len(rows), -1)
             if lm.spec.residual_scale is not None:
                 scale = float(getattr(lm.model.config, lm.spec.residual_scale))
                 heads, bias = heads * scale, None if bias is None else bias * scale
         yield [Component("head", i, h) for h in range(lm.info.n_heads)], heads
         if bias is not None:
             yield [Component("out_bias", i, None)], bias[:, None]
-        yield [Component("mlp", i, None)], record.mlp_out[i][rows].double().cpu()[:, None]
+        yield [Component("mlp", i, None)], record.mlp_out[i][rows].float().cpu()[:, None]
 
 
 def _jacobian(out: torch.Tensor, wrt: torch.Tensor, position: int) -> torch.Tensor:
-    """out (e,) a function of wrt (1, m, d) through position ``position`` only -> (e, d) float64 d out / d wrt[p]."""
-    rows = []
-    for e in range(out.shape[0]):
-        (grad,) = torch.autograd.grad(out[e], wrt, retain_graph=True)
-        rows.append(grad[0, position].double().cpu())
-    return torch.stack(rows)
+    """out (e,) a function of wrt (1, m, d) through position ``position`` only -> (e, d) float64 d out / d wrt[p]:
+    one batched backward (a cotangent a row of the identity), a backward a row where this torch cannot batch it."""
+    eye = torch.eye(out.shape[0], dtype=out.dtype, device=out.device)
+    try:
+        (grads,) = torch.autograd.grad(out, wrt, grad_outputs=eye, retain_graph=True, is_grads_batched=True)
+        return grads[:, 0, position].double().cpu()  # (e, d)
+    except RuntimeError:
+        rows = []
+        for e in range(out.shape[0]):
+            (grad,) = torch.autograd.grad(out[e], wrt, retain_graph=True)
+            rows.append(grad[0, position].double().cpu())
+        return torch.stack(rows)
 
 
 def qk_attribution(lm: LoadedModel, record: RunRecord, layer: int, head: int, query: int,
@@ -360,27 +403,41 @@ def _qk_attribution(lm: LoadedModel, record: RunRecord, layer: int, head: int, q
     with torch.enable_grad():
         hidden = trace.hidden.detach().clone().requires_grad_(True)  # (1, m, d)
         q, k = proj.project(hidden)
-        j_query = _jacobian(q[0, head, query], hidden, query)  # (dh, d)
+        j_query = _jacobian_at(proj, "q", head, query, q[0, head, query])  # (dh, d)
+        if j_query is None:
+            j_query = _jacobian(q[0, head, query], hidden, query)
         # one backward for the whole row: d (q_i . k_j) / d input_j = J_j^T q_i at every key j at once
         (g,) = torch.autograd.grad((k[0, kv_head, keys] * q_kept.to(k)).sum(), hidden, retain_graph=key is not None)
-        j_key = _jacobian(k[0, kv_head, key], hidden, key) if key is not None else None  # (dh, d)
+        j_key = None
+        if key is not None:  # (dh, d)
+            j_key = _jacobian_at(proj, "k", kv_head, key, k[0, kv_head, key])
+            if j_key is None:
+                j_key = _jacobian(k[0, kv_head, key], hidden, key)
     with torch.no_grad():
         q0, k0 = proj.project(torch.zeros_like(trace.hidden))  # what a zero input gives: the biases, rotated
     g_keys = g[0, keys].double().cpu()  # (K, d)
 
     positions = torch.cat([keys, torch.tensor([query])])  # the keys' rows, then the query's
     rows = RowNorm(norm.center, norm.scale[positions], norm.shift[positions])
+    # the frozen norm folded into what reads its output (N is symmetric per row: centre, then scale), so the
+    # components are read as they are: q_a = (J_i N_i) c_a, and q_i . k_b = (N_j^T J_j^T q_i) . c_b
+    def folded(j: torch.Tensor, row: int) -> torch.Tensor:  # (e, d) rows through N_row^T, float32
+        one = RowNorm(rows.center, rows.scale[row].expand_as(j), rows.shift[row])
+        return one.transpose(j).float()
+
+    jq32 = folded(j_query, len(keys))
+    g32 = RowNorm(rows.center, rows.scale[:-1], rows.shift[:-1]).transpose(g_keys).float()  # (K, d)
+    jk32 = None if j_key is None else folded(j_key, 0)
     components: list[Component] = []
     q_terms: list[torch.Tensor] = []  # per chunk (c, dh): the query-side vectors q_a
     k_side: list[torch.Tensor] = []  # per chunk (K, c): q_i . k_b at every key
     k_terms: list[torch.Tensor] = []  # per chunk (c, dh): the key-side vectors k_b (one key only)
     for chunk, values in _components(lm, record, layer, trace, positions):
-        normed = rows.linear(values)  # (P, c, d)
-        components += chunk
-        q_terms.append(normed[-1] @ j_query.T)
-        k_side.append(torch.einsum("kcd,kd->kc", normed[:-1], g_keys))
-        if j_key is not None:
-            k_terms.append(normed[0] @ j_key.T)
+        components += chunk  # values (P, c, d) float32: the keys' rows, then the query's
+        q_terms.append((values[-1] @ jq32.T).double())
+        k_side.append(torch.einsum("kcd,kd->kc", values[:-1], g32).double())
+        if jk32 is not None:
+            k_terms.append((values[0] @ jk32.T).double())
     components += [Component("norm_shift", None, None), Component("proj_bias", None, None)]
     q_terms += [(j_query @ rows.shift[-1])[None], q0[0, head, query].double().cpu()[None]]
     k_side += [(g_keys * rows.shift[:-1]).sum(-1, keepdim=True),
