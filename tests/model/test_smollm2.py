@@ -134,3 +134,29 @@ def test_a_chat_goes_through_the_models_template(scope: Scope, smollm2: LoadedMo
         theirs = smollm2.model.generate(record.input_ids[None], max_new_tokens=10, min_new_tokens=10, do_sample=False)
     assert [s.id for s in answer.steps] == theirs[0, record.n:].tolist()
     assert not answer.steps[0].special and answer.text.strip()
+
+
+def test_the_top_induction_heads_key_side_is_led_by_a_previous_token_head(scope: Scope) -> None:
+    """QK attribution on the real model: from each token of a sentence's second copy to the token after its
+    first occurrence, the strongest induction head's logit is led on the key side by an earlier head that
+    the scores call previous-token (K-composition, as on the bundled model)."""
+    sentence = ("The old lighthouse keeper walked along the rocky shore every morning before the sun rose over "
+                "the quiet harbour.")
+    run = scope.run(sentence + " " + sentence)
+    heads = run.heads()
+    top = max(heads, key=lambda h: h.induction or 0.0)
+    assert (top.induction or 0.0) > 0.5
+    ids = run.record.input_ids.tolist()
+    total: torch.Tensor | None = None
+    for i in range(len(ids) // 2 + 2, len(ids)):
+        earlier = [p for p in range(i - 1) if ids[p] == ids[i] and p + 1 < i]
+        if not earlier:
+            continue
+        cell = run.qk_attribution(top.layer, top.head, i, key=earlier[0] + 1)
+        assert abs(float(cell.error[0])) < 1e-4 * (1 + abs(float(cell.logit[0])))
+        total = cell.key_side[0] if total is None else total + cell.key_side[0]
+    assert total is not None
+    lead = cell.components[int(total.argmax())]
+    assert lead.kind == "head" and lead.layer is not None and lead.layer < top.layer
+    score = next(h for h in heads if (h.layer, h.head) == (lead.layer, lead.head))
+    assert (score.prev_token or 0.0) >= 0.5, (lead, score)
