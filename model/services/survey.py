@@ -10,6 +10,7 @@ model and settings from that file. ``progress`` hears after every window.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import shutil
@@ -80,7 +81,7 @@ def _check(lm: LoadedModel, max_tokens: int, top_k: int) -> int:
 def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Path | None = None,
            model: str | None = None, max_tokens: int = 512, top_k: int = 5, out: str | Path | None = None,
            resume: bool = False, checkpoint_s: float = 30.0, probe: bool = True,
-           progress: Callable[[Progress], None] | None = None) -> Survey:
+           progress: Callable[[Progress], None] | None = None, source: str | None = None) -> Survey:
     """Every head's corpus statistics (``Survey``); ``texts`` or a corpus file ``path``."""
     if (texts is None) == (path is None):
         raise BadInput("give the survey either texts or a corpus file, not both or neither")
@@ -93,7 +94,7 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
         raise BadInput(f"one window of {window:,} tokens would need {mib(est.peak)} at its peak; forwards may use at "
                        f"most {mib(engine.budget.total)} (ATTNSCOPE_FORWARD_BYTES): survey with a smaller max_tokens",
                        code="forward_too_big", params={"need": mib(est.peak), "limit": mib(engine.budget.total)})
-    source = Path(path).name if path is not None else None
+    source = source or (Path(path).name if path is not None else None)
     ident = file.corpus_id(path) if path is not None else None
     acc = Accumulator(lm.info.n_layers, lm.info.n_heads, top_k)
     if out is not None and resume and Path(out).exists():
@@ -131,6 +132,12 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
             del acts
             acc.tokens += len(part)
             done_tokens += len(part)
+            if progress is not None and offset + window < len(tokens):  # a long document: heard a window at a time
+                elapsed = time.perf_counter() - t0
+                left = len(doc.text.encode()) * (1 - (offset + window) / len(tokens))  # the document's bytes to go
+                progress(Progress(acc.documents, acc.sequences, acc.tokens,
+                                  None if not size else min(1.0, max(0.0, (doc.end - left) / size)),
+                                  done_tokens / elapsed if elapsed > 0 else 0.0))
         acc.documents += 1
         if progress is not None:
             elapsed = time.perf_counter() - t0
@@ -222,12 +229,17 @@ class SurveyJobs:
         """Survey ``corpus_file`` (moved into the job's folder) in the background."""
         lm = engine.model(model)
         _check(lm, max_tokens, top_k)
+        source = (name or corpus_file.name)[-200:]  # shown, never a path: the copy has a fixed name
+        suffix = ".jsonl" if source.lower().endswith((".jsonl", ".ndjson")) else ".txt"
         folder = Path(tempfile.mkdtemp(prefix="attnscope-survey-"))
-        source = name or corpus_file.name
-        corpus_path = folder / (Path(source).name or "corpus.txt")
-        shutil.move(str(corpus_file), corpus_path)
-        job = _Job(secrets.token_urlsafe(9), folder, lm.info.name, corpus_path.name)
-        self._add(job)
+        job = _Job(secrets.token_urlsafe(9), folder, lm.info.name, source)
+        try:
+            self._add(job)
+            corpus_path = folder / f"corpus{suffix}"
+            shutil.move(str(corpus_file), corpus_path)
+        except BaseException:
+            self._drop(job)
+            raise
 
         def heard(p: Progress) -> None:
             job.progress = p
@@ -236,8 +248,9 @@ class SurveyJobs:
 
         def work() -> None:
             try:
-                job.result = survey(engine, path=corpus_path, model=lm.info.name, max_tokens=max_tokens,
-                                    top_k=top_k, out=folder / "survey.safetensors", progress=heard)
+                job.result = dataclasses.replace(
+                    survey(engine, path=corpus_path, model=lm.info.name, max_tokens=max_tokens, top_k=top_k,
+                           out=folder / "survey.safetensors", progress=heard, source=source), source=source)
                 job.status = "done"
             except Stopped:
                 job.status = "stopped"
@@ -255,10 +268,19 @@ class SurveyJobs:
         """A survey file (``attnscope survey``'s, a download): read and kept as a finished job."""
         result = file.load_survey(survey_file)
         folder = Path(tempfile.mkdtemp(prefix="attnscope-survey-"))
-        shutil.move(str(survey_file), folder / "survey.safetensors")
         job = _Job(secrets.token_urlsafe(9), folder, result.model, result.source, status="done", result=result)
-        self._add(job)
+        try:
+            self._add(job)
+            shutil.move(str(survey_file), folder / "survey.safetensors")
+        except BaseException:
+            self._drop(job)
+            raise
         return job.status_of(True)
+
+    def _drop(self, job: _Job) -> None:
+        with self._lock:
+            self._jobs.pop(job.id, None)
+        shutil.rmtree(job.folder, ignore_errors=True)
 
     def _job(self, job_id: str) -> _Job:
         with self._lock:

@@ -49,14 +49,22 @@ def _lines(path: Path, f: BinaryIO) -> Iterator[tuple[int, str, int]]:
         except UnicodeDecodeError as err:
             raise _bad(path, f"line {number} is not UTF-8 (byte {err.start + 1} of the line); save the file as "
                              "UTF-8", line=number) from None
+        if number == 1:
+            text = text.removeprefix("\ufeff")  # a byte-order mark some editors write
         yield number, text.rstrip("\r\n"), read
 
 
 def is_jsonl(path: Path, head: bytes) -> bool:
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         return True
-    first = next((line.strip() for line in head.splitlines() if line.strip()), b"")
-    return first.startswith(b"{")
+    first = next((line.strip() for line in head.splitlines() if line.strip()), b"").removeprefix(b"\xef\xbb\xbf")
+    if not first.startswith(b"{"):
+        return False
+    try:  # a text whose first line opens a brace (code) is text unless that line is a JSON object with "text"
+        obj = json.loads(first)
+    except ValueError:
+        return len(first) >= SNIFF_BYTES - 1  # a first line longer than the sniff: judged by its opening brace
+    return isinstance(obj, dict) and "text" in obj
 
 
 def documents(path: str | Path, skip: int = 0) -> Iterator[Document]:

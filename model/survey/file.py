@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import heapq
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from attnscope.model.survey.stats import FIELDS, Accumulator, Example, Survey
 
 FORMAT = "attnscope-survey/1"
 MAX_FILE_BYTES = 1 << 30
+HEADER_BYTES = 60 << 20  # the JSON header (examples included): under is_survey's 64 MiB look
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +59,12 @@ def write(path: str | Path, acc: Accumulator, header: Header) -> Path:
     tensors = {"count": acc.count, "mean": acc.mean, "m2": acc.m2}
     if header.probe is not None:
         tensors["probe"] = torch.tensor(header.probe, dtype=torch.float64)
-    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata={"attnscope": json.dumps(meta)})
+    said = json.dumps(meta, ensure_ascii=False)
+    if len(said.encode()) > HEADER_BYTES:
+        raise BadInput(f"this survey's header would be {len(said.encode()):,} bytes, more than the "
+                       f"{HEADER_BYTES >> 20} MiB a survey file may hold: survey with a smaller top_k",
+                       params={"bytes": len(said.encode())})
+    data = save({k: v.contiguous() for k, v in tensors.items()}, metadata={"attnscope": said})
     tmp = out.with_name(out.name + ".part")
     tmp.write_bytes(data)
     os.replace(tmp, out)
@@ -79,7 +86,7 @@ def is_survey(data: bytes) -> bool:
         head = json.loads(data[8: 8 + size])
         said = json.loads(head.get("__metadata__", {}).get("attnscope", "{}"))
         return isinstance(said, dict) and said.get("format") == FORMAT
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, TypeError, RecursionError):
         return False
 
 
@@ -94,38 +101,80 @@ def read(path: str | Path) -> tuple[Accumulator, Header]:
     if not is_survey(data):
         raise _bad(p, f"its header does not say {FORMAT}")
     try:
-        tensors = load(data)
-        size = int.from_bytes(data[:8], "little")
-        meta = json.loads(json.loads(data[8: 8 + size])["__metadata__"]["attnscope"])
-        layers, heads, top_k = int(meta["n_layers"]), int(meta["n_heads"]), int(meta["top_k"])
-    except (SafetensorError, ValueError, KeyError, TypeError) as err:
-        raise _bad(p, f"its contents do not parse ({err})") from None
+        return _parsed(p, data)
+    except (SafetensorError, ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as err:
+        raise _bad(p, f"its contents do not parse ({type(err).__name__}: {err})") from None
+
+
+MAX_HEADS = 1 << 20  # layers x heads a survey file may claim
+MAX_TOP_K = 50
+
+
+def _count(value: Any, name: str, low: int, high: int) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise ValueError(f"{name} {value!r} is not an integer in {low}..{high}")
+    return value
+
+
+def _example(e: Any) -> Example:
+    if not isinstance(e, dict):
+        raise TypeError("an example is not an object")
+    ints = {n: _count(e[n], n, 0, 1 << 40) for n in ("document", "offset", "query", "key", "start", "key_start")}
+    weight = e["weight"]
+    if not isinstance(weight, int | float) or not math.isfinite(weight):
+        raise ValueError(f"an example's weight {weight!r} is not a finite number")
+    for n in ("tokens", "key_tokens"):
+        if not isinstance(e[n], list) or not all(isinstance(x, str) for x in e[n]):
+            raise TypeError(f"an example's {n} are not strings")
+    return Example(document=ints["document"], offset=ints["offset"], query=ints["query"], key=ints["key"],
+                   weight=float(weight), start=ints["start"], tokens=list(e["tokens"]), key_start=ints["key_start"],
+                   key_tokens=list(e["key_tokens"]))
+
+
+def _parsed(p: Path, data: bytes) -> tuple[Accumulator, Header]:
+    """The checks, in an order that allocates nothing a header merely claims before the tensors confirm it."""
+    size = int.from_bytes(data[:8], "little")
+    meta = json.loads(json.loads(data[8: 8 + size])["__metadata__"]["attnscope"])
+    if not isinstance(meta, dict):
+        raise TypeError("the survey header is not an object")
+    tensors = load(data)
+    layers = _count(meta["n_layers"], "n_layers", 1, MAX_HEADS)
+    heads = _count(meta["n_heads"], "n_heads", 1, MAX_HEADS // layers)
+    top_k = _count(meta["top_k"], "top_k", 1, MAX_TOP_K)
     if list(meta.get("fields", [])) != list(FIELDS):
         raise _bad(p, "its fields are not this version's")
-    acc = Accumulator(layers, heads, top_k)
+    shape = (len(FIELDS), layers, heads)
     for name in ("count", "mean", "m2"):
         t = tensors.get(name)
-        if t is None or tuple(t.shape) != tuple(acc.count.shape) or t.dtype != torch.float64:
+        if t is None or tuple(t.shape) != shape or t.dtype != torch.float64:
             raise _bad(p, f"its {name} tensor is missing or misshapen")
         if not bool(torch.isfinite(t).all()):
             raise _bad(p, f"its {name} tensor holds a non-finite number")
-        setattr(acc, name, t.clone())
-    acc.documents, acc.sequences, acc.tokens = int(meta["documents"]), int(meta["sequences"]), int(meta["tokens"])
-    examples = meta.get("examples", [])
-    if len(examples) != layers * heads:
-        raise _bad(p, "its examples do not cover every head")
-    try:
-        for i, listed in enumerate(examples):
-            for rank, e in enumerate(listed[:top_k]):
-                ex = Example(**{f.name: e[f.name] for f in dataclasses.fields(Example)})
-                acc.best[i].append((ex.weight, -rank, ex))
-    except (KeyError, TypeError) as err:
-        raise _bad(p, f"an example does not parse ({err})") from None
+    if bool((tensors["m2"] < 0).any()) or bool((tensors["count"] < 0).any()):
+        raise _bad(p, "its count or m2 tensor holds a negative number")
     probe = tensors.get("probe")
-    if probe is not None and tuple(probe.shape) != (layers, heads):
-        raise _bad(p, "its probe tensor is misshapen")
-    header = Header(model=str(meta["model"]), source=meta.get("source"), corpus=meta.get("corpus"),
-                    max_tokens=int(meta["max_tokens"]), complete=bool(meta["complete"]),
+    if probe is not None and (tuple(probe.shape) != (layers, heads) or not bool(torch.isfinite(probe).all())):
+        raise _bad(p, "its probe tensor is misshapen or not finite")
+    examples = meta.get("examples", [])
+    if not isinstance(examples, list) or len(examples) != layers * heads:
+        raise _bad(p, "its examples do not cover every head")
+    acc = Accumulator(layers, heads, top_k)
+    for name in ("count", "mean", "m2"):
+        setattr(acc, name, tensors[name].clone())
+    acc.documents = _count(meta["documents"], "documents", 0, 1 << 62)
+    acc.sequences = _count(meta["sequences"], "sequences", 0, 1 << 62)
+    acc.tokens = _count(meta["tokens"], "tokens", 0, 1 << 62)
+    for i, listed in enumerate(examples):
+        if not isinstance(listed, list):
+            raise TypeError("a head's examples are not a list")
+        for rank, e in enumerate(listed[:top_k]):
+            ex = _example(e)
+            acc.best[i].append((ex.weight, -rank, ex))
+    acc.reserve_ties(top_k)
+    source, corpus = meta.get("source"), meta.get("corpus")
+    header = Header(model=str(meta["model"]), source=None if source is None else str(source),
+                    corpus=None if corpus is None else str(corpus),
+                    max_tokens=_count(meta["max_tokens"], "max_tokens", 1, 1 << 40), complete=bool(meta["complete"]),
                     probe=None if probe is None else probe.tolist())
     for heap in acc.best:
         heapq.heapify(heap)

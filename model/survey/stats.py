@@ -144,6 +144,11 @@ class Accumulator:
         self.m2 += torch.where(seen, delta * (x - self.mean), 0.0)
         self.sequences += 1
 
+    def reserve_ties(self, count: int) -> None:
+        """Tie-breaks below -``count`` for what is offered from now on (a resumed survey's restored examples
+        hold 0..-(count - 1)): two heap items never tie, so an Example is never compared."""
+        self._serial = max(self._serial, count)
+
     def offer(self, layer: int, head: int, example: Example) -> None:
         heap = self.best[layer * self.n_heads + head]
         self._serial += 1

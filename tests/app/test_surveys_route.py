@@ -53,3 +53,11 @@ def test_hostile_corpora_and_unknown_ids(client: TestClient) -> None:
     assert r.status_code == 422 and "not a usable attnscope survey file" in r.json()["message"]
     r = client.post("/api/surveys?top_k=0", content=b"text")
     assert r.status_code == 422
+
+
+def test_a_name_is_shown_never_used_as_a_path(client: TestClient) -> None:
+    r = client.post("/api/surveys?name=../../etc/passwd.jsonl", content=b'{"text": "the cat sat on the mat"}\n')
+    assert r.status_code == 202, r.text
+    done = _wait(client, r.json()["id"])
+    assert done["status"] == "done", done
+    assert done["survey"]["source"] == "../../etc/passwd.jsonl"  # the name, as given: shown, not followed

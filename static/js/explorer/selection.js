@@ -12,16 +12,15 @@ import { report, showError } from "./errors.js";
 import { drawFocus, drawHead, drawNextSoon, readout } from "./draw.js";
 import { isLong, noteWheel, onRelayout, tiles } from "./zoom.js";
 
-export const grid = new HeadGrid($("#head-grid"), { onSelect: (layer, head) => selectHead(layer, head), onError: report, getTile, note: $("#grid-note") });
+export const grid = new HeadGrid($("#head-grid"), { onSelect: (layer, head) => selectHead(layer, head), onError: report, getTile, note: $("#grid-note"),
+  onSource: (source) => { $("#badge-src-prompt").hidden = source === "corpus"; $("#badge-src-corpus").hidden = source !== "corpus"; } });
 $("#grid-filter")?.addEventListener("change", (ev) => grid.setFilter(ev.target.value)); // badges and rules: the grid's filter
 export const tools = new Tools($("#tools"), { selectHead, error: showError, prompt: () => $("#prompt").value, setCorpus });
 
 // The head map's badges and labels from a corpus survey (the Corpus tab), or from the prompt again (null);
-// the badge legend says which.
+// the badge legend says which (the grid's onSource), for the runs of the survey's own model only.
 function setCorpus(corpus) {
   grid.setCorpus(corpus);
-  $("#badge-src-prompt").hidden = Boolean(corpus);
-  $("#badge-src-corpus").hidden = !corpus;
 }
 // "Why here?" under the heatmap: the selected cell's QK attribution, in the tools panel
 $("#why-here").addEventListener("click", () => {

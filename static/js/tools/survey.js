@@ -29,7 +29,7 @@ export function gridScores(survey) {
     heads: survey.heads.map((h) => ({ layer: h.layer, head: h.head, entropy: h.entropy.mean, prev_token: h.prev_token.mean,
       first_token: h.first_token.mean, max: h.max.mean, induction: h.induction.mean })),
     rows: Math.max(2, Math.round(survey.tokens / Math.max(1, survey.sequences))),
-    documents: survey.documents, tokens: survey.tokens,
+    documents: survey.documents, tokens: survey.tokens, model: survey.model, n_layers: survey.n_layers, n_heads: survey.n_heads,
   };
 }
 
@@ -123,10 +123,13 @@ export async function render(body, ctx) {
     { title: { text: plotlyText(t("sv.map_title", { field: t(`sv.f.${f}`), docs: s.documents })), font: { size: 12 } }, yaxis: { autorange: "reversed" } });
     mapChart.dataset.field = f;
     mapChart.dataset.heads = String(s.heads.length);
-    mapChart.on("plotly_click", (ev) => {
-      const pt = ev.points[0];
-      ctx.selectHead(pt.pointIndex[0], pt.pointIndex[1]);
-    });
+    if (!mapChart.dataset.wired) { // once: plotly keeps the chart's listeners across redraws
+      mapChart.dataset.wired = "1";
+      mapChart.on("plotly_click", (ev) => {
+        const pt = ev.points[0];
+        ctx.selectHead(pt.pointIndex[0], pt.pointIndex[1]);
+      });
+    }
   }
 
   function drawHead(s) {

@@ -134,8 +134,9 @@ function sortHeads(heads, key) {
 export class HeadGrid {
   // getTile(runId, spec, {signal}): the tiles' transport (api.js's getTile in the explorer); note: the
   // line under the grid that says what a rule leaves undrawn (sinks too common to badge)
-  constructor(container, { onSelect, onError = () => {}, getTile, note = null }) {
+  constructor(container, { onSelect, onError = () => {}, getTile, note = null, onSource = () => {} }) {
     this.container = container;
+    this.onSource = onSource;
     this.onSelect = onSelect;
     this.onError = onError;
     this.getTile = getTile;
@@ -152,16 +153,29 @@ export class HeadGrid {
   // The scores the grid labels, badges and sorts by: this prompt's (the run's), or a corpus survey's per-head
   // means (``setCorpus``: {heads, rows, documents, tokens}; rows: its mean window length, for the badge rules).
   scoresOf(run) {
-    return this.corpus ? this.corpus.heads : run.heads;
+    return this.corpusFor(run) ? this.corpus.heads : run.heads;
   }
 
   rowsOf(run) {
-    return this.corpus ? this.corpus.rows : run.tokens.length;
+    return this.corpusFor(run) ? this.corpus.rows : run.tokens.length;
+  }
+
+  // data-source says whose scores the grid shows; onSource (the badge legend) hears it
+  markSource(run) {
+    const source = this.corpusFor(run) ? "corpus" : "prompt";
+    this.container.dataset.source = source;
+    this.onSource(source);
+  }
+
+  // a survey speaks for a run of its own model only (another model's heads are other heads)
+  corpusFor(run) {
+    const c = this.corpus;
+    return Boolean(c && run && c.model === run.model && c.n_layers === run.n_layers && c.n_heads === run.n_heads);
   }
 
   setCorpus(corpus) {
     this.corpus = corpus;
-    this.container.dataset.source = corpus ? "corpus" : "prompt";
+    this.markSource(this.run);
     if (this.run) this.render(this.run, this.sortKey, this.selected, this.model);
   }
 
@@ -289,6 +303,7 @@ export class HeadGrid {
     this.container.style.gridTemplateColumns = "";
     this.canvases.clear();
     Object.assign(this, { run, sortKey, model });
+    this.markSource(run);
     this.selected = { layer: selected.layer, head: selected.head };
     const n = this.rowsOf(run);
     // grouped-query attention: query heads that share one K/V head stand together

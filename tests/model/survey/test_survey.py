@@ -204,3 +204,25 @@ def test_survey_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad.write_bytes(b"\x00" * 10)
     assert main(["survey", str(bad), "--quiet"]) == 1
     assert "looks binary" in capsys.readouterr().err
+
+
+def test_a_survey_file_that_claims_too_much_is_refused_before_anything_is_built(surveyed: Survey,
+                                                                                 tmp_path: Path) -> None:
+    from safetensors.torch import save
+
+    good = tmp_path / "good.survey"
+    scope_file = tmp_path / "made.survey"
+    from attnscope.model.survey.stats import Accumulator
+
+    acc = Accumulator(surveyed.n_layers, surveyed.n_heads, 2)
+    file.write(scope_file, acc, file.Header(model="m", source=None, corpus=None, max_tokens=8, complete=True,
+                                            probe=None))
+    assert file.read(scope_file)[0].n_layers == surveyed.n_layers
+    for claim in ({"n_layers": 100_000, "n_heads": 10_000}, {"n_layers": -1}, {"top_k": 10**9}, {"n_heads": "8"}):
+        meta = {"format": file.FORMAT, "model": "m", "source": None, "corpus": None, "max_tokens": 8, "top_k": 2,
+                "complete": True, "fields": list(FIELDS), "n_layers": 2, "n_heads": 2, "documents": 0,
+                "sequences": 0, "tokens": 0, "examples": [[], [], [], []], **claim}
+        tensors = {k: torch.zeros(len(FIELDS), 2, 2, dtype=torch.float64) for k in ("count", "mean", "m2")}
+        good.write_bytes(save(tensors, metadata={"attnscope": json.dumps(meta)}))
+        with pytest.raises(BadInput, match="not a usable attnscope survey file"):
+            file.read(good)
