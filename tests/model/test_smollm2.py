@@ -14,6 +14,7 @@ import torch
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.scores.analysis import INDUCTION_NEAR
 from attnscope.model.services.scope import Scope
+from tests.support.induction import key_side_over_induction_cells
 
 # ordinary words that SmolLM2's tokenizer keeps whole after a space
 WORDS = ["apple", "river", "stone", "music", "garden", "window", "yellow", "doctor", "silver", "island", "market",
@@ -146,17 +147,8 @@ def test_the_top_induction_heads_key_side_is_led_by_a_previous_token_head(scope:
     heads = run.heads()
     top = max(heads, key=lambda h: h.induction or 0.0)
     assert (top.induction or 0.0) > 0.5
-    ids = run.record.input_ids.tolist()
-    total: torch.Tensor | None = None
-    for i in range(len(ids) // 2 + 2, len(ids)):
-        earlier = [p for p in range(i - 1) if ids[p] == ids[i] and p + 1 < i]
-        if not earlier:
-            continue
-        cell = run.qk_attribution(top.layer, top.head, i, key=earlier[0] + 1)
-        assert abs(float(cell.error[0])) < 1e-4 * (1 + abs(float(cell.logit[0])))
-        total = cell.key_side[0] if total is None else total + cell.key_side[0]
-    assert total is not None
-    lead = cell.components[int(total.argmax())]
+    total, components, _cells = key_side_over_induction_cells(run, top.layer, top.head)
+    lead = components[int(total.argmax())]
     assert lead.kind == "head" and lead.layer is not None and lead.layer < top.layer
     score = next(h for h in heads if (h.layer, h.head) == (lead.layer, lead.head))
     assert (score.prev_token or 0.0) >= 0.5, (lead, score)

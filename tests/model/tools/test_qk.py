@@ -15,6 +15,7 @@ from attnscope.model.errors import BadInput
 from attnscope.model.tools import qk
 from tests.model.tools.test_interventions_families import _hooks, _run
 from tests.support.families import DECODERS, Family
+from tests.support.induction import key_side_over_induction_cells
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 THROUGH_INTERFACE = [f for f in DECODERS if f.model_type not in ("gpt_neo", "bloom")]
@@ -90,19 +91,9 @@ def test_the_bundled_induction_head_reads_a_previous_token_head_on_its_key_side(
     heads = run.heads()
     induction = max(heads, key=lambda h: h.induction or 0.0)
     assert (induction.induction or 0.0) > 0.3
-    ids = run.record.input_ids.tolist()
-    total: torch.Tensor | None = None
-    cells = 0
-    for i in range(len(ids) // 2 + 2, len(ids)):
-        earlier = [p for p in range(i - 1) if ids[p] == ids[i] and p + 1 < i]
-        if not earlier:
-            continue
-        cell = run.qk_attribution(induction.layer, induction.head, i, key=earlier[0] + 1)
-        assert abs(float(cell.error[0])) < 1e-4 * (1 + abs(float(cell.logit[0])))
-        total = cell.key_side[0] if total is None else total + cell.key_side[0]
-        cells += 1
-    assert total is not None and cells >= 5
-    top = cell.components[int(total.argmax())]
+    total, components, cells = key_side_over_induction_cells(run, induction.layer, induction.head)
+    assert cells >= 5
+    top = components[int(total.argmax())]
     assert top.kind == "head" and top.layer is not None and top.head is not None
     score = next(h for h in heads if (h.layer, h.head) == (top.layer, top.head))
     assert (score.prev_token or 0.0) >= 0.5, (top, score)
