@@ -288,6 +288,9 @@ def without_comment_lines(source: str) -> str:
     return COMMENT_LINE.sub("", source)
 
 
+# the explorer's views that need the server and its model (QK attribution, the corpus survey): imported when
+# first opened, and left out of an offline file, whose page says so when they are opened
+SERVER_ONLY = frozenset({"attnscope/js/tools/qk.js", "attnscope/js/tools/survey.js"})
 BARE = re.compile(r"""(?:\bfrom\s*|\bimport\s*\(\s*|\bimport\s+)["'](attnscope/[^"']+)["']""")
 
 
@@ -298,7 +301,7 @@ def explorer_modules(entry: str = "attnscope/js/main.js") -> dict[str, str]:
     todo = [entry]
     while todo:
         name = todo.pop()
-        if name not in out:
+        if name not in out and name not in SERVER_ONLY:
             out[name] = every[name]
             todo += BARE.findall(out[name])
     return dict(sorted(out.items()))

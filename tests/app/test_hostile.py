@@ -103,6 +103,13 @@ def _query_cases(run: str) -> list[str]:
     cases += [f"/api/runs/{run}/attribution?position={v}" for v in ("-1", "99", "x", "")]
     cases += [f"/api/runs/{run}/attribution?position=0&{k}={v}" for k in ("token", "token_b") for v in ("-1", "20480", str(10**7))]
     cases += ["/api/runs/nope/export", "/api/runs/nope/attribution?position=0"]
+    qk = f"/api/runs/{run}/qk-attribution"
+    cases += [f"{qk}?layer={v}&head=0&query=1" for v in ("-1", "99", "x", "")]
+    cases += [f"{qk}?layer=0&head={v}&query=1" for v in ("-1", "99", "h")]
+    cases += [f"{qk}?layer=0&head=0&query={v}" for v in ("-1", "99", str(2**40), "q")]
+    cases += [f"{qk}?layer=0&head=0&query=1&key={v}" for v in ("-1", "5", "99", "k")] + [f"{qk}?layer=0&head=0"]
+    cases += ["/api/runs/nope/qk-attribution?layer=0&head=0&query=0"]
+    cases += ["/api/surveys/nope", "/api/surveys/nope/file", "/api/surveys/%2e%2e%2fx", "/api/surveys/" + "x" * 4000]
     cases += [f"/api/runs/{run}/export?format={v}" for v in ("xml", "npz", "", "SAFETENSORS")]
     cases += [f"/api/models/tiny-gpt2/embedding?id={v}" for v in ("-1", "20480", str(2**40), "x", "")]
     cases += ["/api/models/%2Fetc%2Fpasswd/embedding?id=1", "/api/models/nope/anatomy", "/api/models/nope/positions",
@@ -131,7 +138,8 @@ def _check(r: Any, what: str) -> None:
 def _sent(run: str) -> set[tuple[str, str]]:
     """(method, path) of every request the corpus sends."""
     sent = {("POST", "/api/runs"), ("POST", "/api/generate"), ("POST", "/api/timing"), ("PUT", "/api/runs"),
-            ("DELETE", "/api/runs/x"), ("POST", "/api/runs/import")}
+            ("DELETE", "/api/runs/x"), ("POST", "/api/runs/import"), ("POST", "/api/surveys"),
+            ("POST", "/api/surveys/open"), ("POST", "/api/surveys/nope/stop")}
     sent |= {("GET", url.split("?")[0]) for url in _query_cases(run)}
     sent |= {("POST", path.format(run=run)) for path in POST_BODIES}
     return sent
@@ -167,6 +175,21 @@ def test_raw_bodies_as_run_files(raw: TestClient, i: int) -> None:
     r = raw.post("/api/runs/import", content=body, headers={"content-type": "application/octet-stream"})
     _check(r, f"import {body[:40]!r}")
     assert len(raw.app.state.engine.store) == before
+
+
+@pytest.mark.parametrize("i", range(len(_raw_bodies())))
+def test_raw_bodies_as_survey_files(raw: TestClient, i: int) -> None:
+    """Every raw body as a survey file to open: refused with a message, never a 5xx."""
+    body, _headers = _raw_bodies()[i]
+    _check(raw.post("/api/surveys/open", content=body, headers={"content-type": "application/octet-stream"}),
+           f"open survey {body[:40]!r}")
+
+
+def test_survey_starts_refuse_bad_parameters(raw: TestClient) -> None:
+    for query in ("top_k=0", "top_k=51", "top_k=x", "max_tokens=1", "max_tokens=" + str(2**40), "model=nope",
+                  "name=" + "n" * 300):
+        _check(raw.post(f"/api/surveys?{query}", content=b"the cat sat on the mat"), query)
+    _check(raw.post("/api/surveys/nope/stop"), "stop an unknown survey")
 
 
 @pytest.mark.parametrize("i", range(len(_raw_bodies())))

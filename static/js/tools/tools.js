@@ -11,8 +11,6 @@ import * as patching from "./patching.js";
 import * as lens from "./lens.js";
 import * as residual from "./residual.js";
 import * as compare from "./compare.js";
-import * as qk from "./qk.js";
-import * as survey from "./survey.js";
 
 const VIEWS = {
   attribution: { title: "Attribution", module: attribution, on: ["run", "pos"] },
@@ -21,8 +19,9 @@ const VIEWS = {
   lens: { title: "Logit lens", module: lens, on: ["run", "pos"] },
   residual: { title: "Residual", module: residual, on: ["run", "pos"] },
   compare: { title: "Compare a head", module: compare, on: ["run", "head"] },
-  qk: { title: "Why here?", module: qk, on: ["run", "pos", "head", "key"] },
-  survey: { title: "Corpus", module: survey, on: ["run", "head"] },
+  // views that need the server and its model, loaded when first opened (an offline HTML file leaves them out)
+  qk: { title: "Why here?", load: () => import("./qk.js"), on: ["run", "pos", "head", "key"] },
+  survey: { title: "Corpus", load: () => import("./survey.js"), on: ["run", "head"] },
 };
 // the URL parameters each view owns (kept in the shareable URL while it is open)
 const OWN = { attribution: ["token"], ablate: ["ablate", "mode"], patch: ["clean", "corrupted", "answer", "wrong"], compare: ["compare"], survey: ["field"] };
@@ -148,7 +147,17 @@ export class Tools {
     };
     this.body.replaceChildren(body);
     try {
-      await VIEWS[this.view].module.render(body, ctx);
+      const view = VIEWS[this.view];
+      let module = view.module;
+      if (!module) {
+        try {
+          module = view.module = await view.load();
+        } catch {
+          fail(t("err.offline_file")); // not in this file: an offline copy holds only what was saved
+          return;
+        }
+      }
+      await module.render(body, ctx);
     } catch (err) {
       fail(err);
     }
