@@ -197,25 +197,14 @@ def _analyze(args: argparse.Namespace) -> int:
     from attnscope.app.runjson import run_body
     from attnscope.app.settings import Settings
     from attnscope.model.errors import EngineError
-    from attnscope.model.load.models import load_model
-    from attnscope.model.load.sources import bare_name
-    from attnscope.model.runs.record import RunStore
-    from attnscope.model.services.engine import Engine
 
     settings = Settings()
-    name = args.model or settings.default_model
-    if name not in settings.models and (own := bare_name(name)) is not None:  # analyze --model smollm2-135m
-        settings = settings.model_copy(update={"models": {**settings.models, own: name}})
-        name = own
     try:
-        if name not in settings.models:
-            raise EngineError(f"unknown model {name!r}; configured models: {', '.join(settings.models)}")
         if args.top_k > settings.max_top_k:
             raise EngineError(f"--top-k {args.top_k} is more than the limit of {settings.max_top_k} "
                               "(ATTNSCOPE_MAX_TOP_K)")
-        lm = load_model(name, settings.models[name], settings.placement())
-        engine = Engine({name: lm}, name, RunStore(settings.run_store_bytes), settings.max_tokens,
-                  forward_bytes=settings.forward_bytes)
+        engine, name = _engine_for(args.model, settings)  # analyze --model smollm2-135m: a source by its name
+        lm = engine.model(name)
         result = engine.analyse(args.text, name, args.top_k)
         record = engine.wait_scores(result.run_id, None)  # a command prints every head score, complete
         out = run_body(result.run_id, record)
@@ -236,8 +225,9 @@ def _analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_for(name: str | None) -> tuple[Any, str]:
-    """(an Engine on the one model ``name`` names, its name): what ``analyze`` and ``survey`` load."""
+def _engine_for(name: str | None, settings: Any = None) -> tuple[Any, str]:
+    """(an Engine on the one model ``name`` names, its name): what ``analyze`` and ``survey`` load. ``name`` a
+    configured name, or a source served under its own name (a .gguf file, ollama:MODEL, smollm2-135m)."""
     from attnscope.app.settings import Settings
     from attnscope.model.errors import EngineError
     from attnscope.model.load.models import load_model
@@ -245,7 +235,7 @@ def _engine_for(name: str | None) -> tuple[Any, str]:
     from attnscope.model.runs.record import RunStore
     from attnscope.model.services.engine import Engine
 
-    settings = Settings()
+    settings = settings if settings is not None else Settings()
     chosen = name or settings.default_model
     if chosen not in settings.models and (own := bare_name(chosen)) is not None:
         settings = settings.model_copy(update={"models": {**settings.models, own: chosen}})

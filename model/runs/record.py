@@ -114,6 +114,12 @@ class RunRecord:
     def n_heads(self) -> int:
         return self.attention[0].n_heads
 
+    def check_position(self, position: int, name: str = "position") -> None:
+        """BadInput (position_out_of_range) unless this run has that position."""
+        if not 0 <= position < self.n:
+            raise BadInput(f"{name} {position} is out of range: this run has positions 0..{self.n - 1}",
+                           code="position_out_of_range", params={"name": name, "position": position, "max": self.n - 1})
+
     def check_layer_head(self, layer: int, head: int | None) -> None:
         """BadInput (layer_out_of_range, head_out_of_range) unless this run has that layer (and head)."""
         if not 0 <= layer < self.n_layers:

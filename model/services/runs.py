@@ -55,9 +55,7 @@ class Residual:
 
 
 def check_position(record: RunRecord, position: int, name: str = "position") -> None:
-    if not 0 <= position < record.n:
-        raise BadInput(f"{name} {position} is out of range: this run has positions 0..{record.n - 1}",
-                       code="position_out_of_range", params={"name": name, "position": position, "max": record.n - 1})
+    record.check_position(position, name)
 
 
 def heads(engine: Engine, *, run_id: str, wait: float | None = 0.0) -> Heads:

@@ -117,8 +117,16 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
             file.write(out, acc, file.Header(model=lm.info.name, source=source, corpus=ident, max_tokens=window,
                                              complete=complete, probe=probe_scores))
 
+    def tell(read: float) -> None:  # progress, ``read``: the file's bytes read (0 for a list of texts)
+        if progress is not None:
+            elapsed = time.perf_counter() - t0
+            progress(Progress(acc.documents, acc.sequences, acc.tokens,
+                              min(1.0, max(0.0, read / size)) if size else None,
+                              done_tokens / elapsed if elapsed > 0 else 0.0))
+
     for doc in _documents(texts, path, acc.documents):
         tokens = tokenize(lm.tokenizer, doc.text)
+        doc_bytes = len(doc.text.encode()) if progress is not None and len(tokens) > window else 0
         for offset in range(0, len(tokens), window):
             part = tokens[offset: offset + window]
             if len(part) < 2:
@@ -132,17 +140,10 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
             del acts
             acc.tokens += len(part)
             done_tokens += len(part)
-            if progress is not None and offset + window < len(tokens):  # a long document: heard a window at a time
-                elapsed = time.perf_counter() - t0
-                left = len(doc.text.encode()) * (1 - (offset + window) / len(tokens))  # the document's bytes to go
-                progress(Progress(acc.documents, acc.sequences, acc.tokens,
-                                  None if not size else min(1.0, max(0.0, (doc.end - left) / size)),
-                                  done_tokens / elapsed if elapsed > 0 else 0.0))
+            if offset + window < len(tokens):  # a long document: heard a window at a time
+                tell(doc.end - doc_bytes * (1 - (offset + window) / len(tokens)))  # less the document's bytes to go
         acc.documents += 1
-        if progress is not None:
-            elapsed = time.perf_counter() - t0
-            progress(Progress(acc.documents, acc.sequences, acc.tokens, doc.end / size if size else None,
-                              done_tokens / elapsed if elapsed > 0 else 0.0))
+        tell(doc.end)
         if out is not None and time.perf_counter() - last_write >= checkpoint_s:
             save(False)
             last_write = time.perf_counter()
@@ -233,13 +234,7 @@ class SurveyJobs:
         suffix = ".jsonl" if source.lower().endswith((".jsonl", ".ndjson")) else ".txt"
         folder = Path(tempfile.mkdtemp(prefix="attnscope-survey-"))
         job = _Job(secrets.token_urlsafe(9), folder, lm.info.name, source)
-        try:
-            self._add(job)
-            corpus_path = folder / f"corpus{suffix}"
-            shutil.move(str(corpus_file), corpus_path)
-        except BaseException:
-            self._drop(job)
-            raise
+        corpus_path = self._place(job, corpus_file, f"corpus{suffix}")
 
         def heard(p: Progress) -> None:
             job.progress = p
@@ -269,13 +264,17 @@ class SurveyJobs:
         result = file.load_survey(survey_file)
         folder = Path(tempfile.mkdtemp(prefix="attnscope-survey-"))
         job = _Job(secrets.token_urlsafe(9), folder, result.model, result.source, status="done", result=result)
+        self._place(job, survey_file, "survey.safetensors")
+        return job.status_of(True)
+
+    def _place(self, job: _Job, upload: Path, name: str) -> Path:
+        """The job kept, and its uploaded file moved into its folder as ``name``; neither, if either fails."""
         try:
             self._add(job)
-            shutil.move(str(survey_file), folder / "survey.safetensors")
+            return Path(shutil.move(str(upload), job.folder / name))
         except BaseException:
             self._drop(job)
             raise
-        return job.status_of(True)
 
     def _drop(self, job: _Job) -> None:
         with self._lock:

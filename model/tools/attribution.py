@@ -201,7 +201,7 @@ def check_token(lm: LoadedModel, token: int, name: str) -> None:
                        code="token_out_of_range", params={"name": name, "token": token, "max": lm.info.vocab_size - 1})
 
 
-def _attention_terms(lm: LoadedModel, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+def attention_terms(lm: LoadedModel, layer: int, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What each head, and the projection's bias, add to the residual stream at one position.
 
     z (H, d_head) -> ((H, d) float64, (d,) float64 or None). Sandwich families normalise the
@@ -251,7 +251,7 @@ def attribute(lm: LoadedModel, record: RunRecord, position: int, token: int,
         u, bias, logit = u - u_b, bias - bias_b, logit - float(full[token_b])
     terms = [Term("embed", None, None, float(frozen.linear(record.resid[0][position]) @ u))]
     for layer in range(n_layers):
-        heads, layer_bias = _attention_terms(lm, layer, zs[layer][position].cpu())
+        heads, layer_bias = attention_terms(lm, layer, zs[layer][position].cpu())
         values = frozen.linear(heads) @ u  # (H,)
         terms.extend(Term("head", layer, h, float(values[h])) for h in range(n_heads))
         if layer_bias is not None:

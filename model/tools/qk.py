@@ -41,7 +41,7 @@ from attnscope.model.errors import BadInput
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.results import Matrix, Vector
 from attnscope.model.runs.record import RunRecord
-from attnscope.model.tools.attribution import _attention_terms, norm_affine, norm_eps
+from attnscope.model.tools.attribution import attention_terms, norm_affine, norm_eps
 from attnscope.model.tools.intervene import (
     head_weights,
     hidden_arg,
@@ -185,9 +185,9 @@ def _trace(lm: LoadedModel, layer: int, ids: torch.Tensor) -> _Trace:
             lm.model(input_ids=ids[None].to(lm.input_device), use_cache=False)
     except _Stop:
         pass
-    hidden = hidden_arg(call["args"], call["kwargs"]).detach()
-    norm = next((m for m, out in outputs if out is hidden_arg(call["args"], call["kwargs"])), None)
-    return _Trace([z[i] for i in range(layer)], call["args"], call["kwargs"], hidden, norm, inner)
+    given = hidden_arg(call["args"], call["kwargs"])  # the tensor itself: the norm that made it is found by identity
+    norm = next((m for m, out in outputs if out is given), None)
+    return _Trace([z[i] for i in range(layer)], call["args"], call["kwargs"], given.detach(), norm, inner)
 
 
 @dataclass(frozen=True)
@@ -199,8 +199,8 @@ class RowNorm:
     shift: torch.Tensor  # (..., d) float64
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """x shaped like the scale -> the frozen norm's output (float64)."""
-        return self._centred(x.double()) * self.scale + self.shift
+        """x shaped like the scale (or broadcast to it) -> the frozen norm's output, in x's dtype and device."""
+        return self._centred(x) * self.scale.to(x) + self.shift.to(x)
 
     def transpose(self, g: torch.Tensor) -> torch.Tensor:
         """(m, d) covectors -> (m, d): through the linear part's transpose (centring is symmetric)."""
@@ -263,10 +263,7 @@ class _Layer:
 
         def frozen(norm: RowNorm) -> Any:
             def hook(_module: nn.Module, args: tuple[Any, ...], _output: Any) -> torch.Tensor:
-                x: torch.Tensor = args[0]
-                centred = x - x.mean(-1, keepdim=True) if norm.center else x
-                out: torch.Tensor = centred * norm.scale.to(x) + norm.shift.to(x)
-                return out
+                return norm.apply(args[0])
 
             return hook
 
@@ -330,7 +327,7 @@ def _components(lm: LoadedModel, record: RunRecord, layer: int, trace: _Trace, p
     for i in range(layer):
         z = trace.z[i][rows].cpu()  # (P, H, dh)
         if lm.spec.residual == "sandwich":  # the post-attention norm is frozen per position
-            parts = [_attention_terms(lm, i, z[p]) for p in range(len(rows))]
+            parts = [attention_terms(lm, i, z[p]) for p in range(len(rows))]
             heads = torch.stack([h for h, _ in parts]).float()
             bias = None if parts[0][1] is None else torch.stack([b for _, b in parts if b is not None]).float()
         else:
@@ -378,10 +375,9 @@ def _qk_attribution(lm: LoadedModel, record: RunRecord, layer: int, head: int, q
         raise _unsupported(lm, "its attention is read from the attention module's output, not through attnscope's "
                                "capture point")
     record.check_layer_head(layer, head)
-    for name, pos in (("query", query), ("key", key)):
-        if pos is not None and not 0 <= pos < record.n:
-            raise BadInput(f"{name} {pos} is out of range: this run has positions 0..{record.n - 1}",
-                           code="position_out_of_range", params={"name": name, "position": pos, "max": record.n - 1})
+    record.check_position(query, "query")
+    if key is not None:
+        record.check_position(key, "key")
     kept = record.attention[layer]
     seen = kept.visible(query, query + 1, 0, record.n)[0].cpu()  # (n,) bool
     if key is not None and not bool(seen[key]):

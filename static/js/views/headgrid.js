@@ -175,8 +175,8 @@ export class HeadGrid {
 
   setCorpus(corpus) {
     this.corpus = corpus;
-    this.markSource(this.run);
-    if (this.run) this.render(this.run, this.sortKey, this.selected, this.model);
+    if (this.run) this.render(this.run, this.sortKey, this.selected, this.model); // render marks the source
+    else this.markSource(null);
   }
 
   // More than 8 heads a layer: the explorer gives the grid's column more room (app.css). Called before
