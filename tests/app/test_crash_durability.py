@@ -98,8 +98,8 @@ def test_no_run_said_stored_is_lost_when_both_workers_are_killed(tiny_dirs: dict
                 assert made.status_code == 201
                 body = made.json()
                 answered.append(body["run_id"])
-                assert body["stored"] is False  # written in the background: the answer does not promise it
-                if i % 2 == 0:  # half are waited for: "stored" is the promise
+                # written in the background: the answer promises it only when the write already finished
+                if body["stored"] is True or i % 2 == 0:  # half are waited for: "stored" is the promise
                     got = fresh(url, f"/api/runs/{body['run_id']}/stored", wait=10).json()
                     assert got == {"run_id": body["run_id"], "stored": True, "directory": True}
                     said_stored.append(body["run_id"])

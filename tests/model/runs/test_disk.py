@@ -96,7 +96,18 @@ from pathlib import Path
 from attnscope.model.runs.disk import RunDir
 runs = RunDir.open(Path(sys.argv[1]), 1 << 30)
 size = int(sys.argv[2])
+stall_at = int(sys.argv[3])  # the put whose first write stops half way (0: never)
 i = 0
+if stall_at:
+    import os, time
+    real_write = os.write
+    def write(fd, view):
+        if i == stall_at:  # the kill lands here for certain: half of this file is written
+            real_write(fd, view[: len(view) // 2])
+            print("stalled", flush=True)
+            time.sleep(600)
+        return real_write(fd, view)
+    os.write = write
 print("ready", flush=True)
 while True:
     i += 1
@@ -112,10 +123,13 @@ def _whole(data: bytes, size: int) -> bool:
 def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -> None:
     size = 8 << 20
     leftovers = 0
-    for round_ in range(4):
-        proc = _python(WRITER, str(tmp_path), str(size))
+    for round_ in range(5):  # rounds 0-1 stall a write half way (first put, then a replacing put)
+        proc = _python(WRITER, str(tmp_path), str(size), str(round_ + 1 if round_ < 2 else 0))
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr
-        time.sleep(0.15 + 0.1 * round_)
+        if round_ < 2:
+            assert proc.stdout.readline().strip() == "stalled", proc.stderr
+        else:  # a kill wherever it lands
+            time.sleep(0.15 + 0.1 * round_)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         temps = [n for n in os.listdir(tmp_path) if n.startswith(TMP_PREFIX)]
@@ -128,7 +142,7 @@ def test_a_writer_killed_mid_write_leaves_nothing_half_written(tmp_path: Path) -
         assert not [n for n in os.listdir(tmp_path) if n.startswith(TMP_PREFIX)]
         data = reopened.get("victim")
         assert data is None or _whole(data, size)
-    assert leftovers >= 1  # some kill did land mid-write
+    assert leftovers >= 2  # the stalled rounds' kills did land mid-write
 
 
 CLAIMER = """
