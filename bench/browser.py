@@ -17,8 +17,15 @@ the longest blocking part of a long animation frame (the Long Animation Frames A
 names the scripts), the slowest round trip of a script call and of a real mouse click from
 Playwright, and the click's input-to-paint time inside the page (Event Timing).
 
+With --vs-analyse MODELS (issue 39's third target) it times, on each model and length, the
+API's analyse (POST /api/runs from a plain HTTP client) and the explorer's click → first heatmap
+side by side, alternating, with the page's own split: click → analyse response parsed, response →
+heatmap drawn. Target: click → heatmap ≤ the API's analyse + 0.3 s. Each measurement starts with
+the server idle (the last run's background scores and the page's thumbnails finished).
+
     python bench/browser.py --write BENCHMARKS.md
     python bench/browser.py --lengths 0 --generate 128 --write BENCHMARKS.md
+    python bench/browser.py --vs-analyse bundled,gpt2-small,smollm2 --lengths 256,1024 --repeats 3 --write BENCHMARKS.md
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import logging
 import os
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -256,6 +264,123 @@ def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
             "zoom_max_ms": max(zooms), "steps": len(steps), "exact_at_end": float(steps[-1]["exact"] == "1"), "lag_ms": lag}
 
 
+SETTLED = ("() => { const g = document.querySelector('[data-testid=head-grid]');"
+           " return !document.body.dataset.busy && (g.dataset.mode === 'overview' || g.dataset.thumbLayers === "
+           "String(document.querySelector('#layer-picker').options.length)) && "
+           "!document.querySelector('[data-testid=head-cell][data-pending=\"1\"]'); }")
+REQUESTS = "() => performance.getEntriesByType('resource').length"
+
+
+def settle(page: object) -> None:
+    """Until the page is idle: the heatmap drawn, every owed score in, the thumbnails fetched (in the
+    overview grid only those in view: hence also no new request for half a second)."""
+    page.wait_for_function(SETTLED, timeout=600_000)  # type: ignore[attr-defined]
+    seen = -1
+    while (now := page.evaluate(REQUESTS)) != seen:  # type: ignore[attr-defined]
+        seen = now
+        time.sleep(0.5)
+
+
+def served_model(key: str, tmp: Path) -> LoadedModel:
+    """The models --vs-analyse names: the bundled one, GPT2Config()'s shape (random weights) and SmolLM2."""
+    if key == "bundled":
+        return load_model("attnscope-tiny", "bundled:attnscope-tiny")
+    if key == "gpt2-small":
+        from bench.capture import gpt2_small_folder
+
+        return load_model("gpt2-small-random", str(gpt2_small_folder(tmp)))
+    if key == "smollm2":
+        from tests.support.real import load_smollm2
+
+        return load_smollm2()
+    raise SystemExit(f"--vs-analyse: unknown model {key!r} (bundled, gpt2-small, smollm2)")
+
+
+def api_analyse(url: str, text: str) -> float:
+    """POST /api/runs → its JSON parsed, in ms; then waits for the run's background scores (the server idle)."""
+    t0 = time.perf_counter()
+    made = httpx.post(f"{url}/api/runs", json={"text": text, "top_k": 10}, timeout=600)
+    made.raise_for_status()
+    run_id = made.json()["run_id"]
+    ms = 1e3 * (time.perf_counter() - t0)
+    while httpx.get(f"{url}/api/runs/{run_id}/heads", params={"wait": 30}, timeout=600).status_code == 202:
+        pass
+    return ms
+
+
+def vs_analyse(key: str, lengths: list[int], repeats: int, tmp: Path) -> list[dict[str, float | str]]:
+    """One model served alone: per length, ``repeats`` alternating pairs of the API's analyse and the
+    explorer's click → first heatmap (with the page's split at the analyse response). Medians."""
+    from playwright.sync_api import sync_playwright
+
+    lm = served_model(key, tmp)
+    name = lm.info.name
+    engine = make_engine({name: lm}, name, store_bytes=8 << 30, max_tokens=max(lengths))
+    rows: list[dict[str, float | str]] = []
+    with serve(create_app(Settings(models={}, default_model=name, max_body_bytes=1 << 24), engine)) as url, \
+            sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(url + "/")
+        settle(page)
+        for n in lengths:
+            if n > lm.info.max_positions:
+                log.info("%s: skipping n=%d (%d positions)", name, n, lm.info.max_positions)
+                continue
+            text = prompt_of(lm.tokenizer, n)
+            page.fill("[data-testid=prompt-input]", text)
+            api_analyse(url, text)  # warm-up: this length's first forward
+            apis, clicks, responses, draws = [], [], [], []
+            for _ in range(repeats):
+                apis.append(api_analyse(url, text))
+                got = page.evaluate(ANALYSE_TO_OVERVIEW)
+                clicks.append(got["click"])
+                responses.append(got["click"] - got["response"])
+                draws.append(got["response"])
+                settle(page)  # the grid's thumbnails and late scores
+            assert page.get_by_test_id("tokens").get_attribute("data-total") == str(n)
+            row: dict[str, float | str] = {
+                "model": name, "n": n, "api": statistics.median(apis), "click": statistics.median(clicks),
+                "response": statistics.median(responses), "draw": statistics.median(draws), "draw_max": max(draws),
+                "over": statistics.median(c - a for c, a in zip(clicks, apis, strict=True))}
+            log.info("%s n=%d: API analyse %s ms; click -> heatmap %s ms (response %s, drawn after it %s)", name, n,
+                     [round(x) for x in apis], [round(x) for x in clicks], [round(x) for x in responses],
+                     [round(x) for x in draws])
+            rows.append(row)
+        browser.close()
+    engine.close()
+    return rows
+
+
+def vs_analyse_table(rows: list[dict[str, float | str]]) -> str:
+    """The verdict reads the page's own split (response → heatmap drawn: what the page adds to the
+    analyse, measured in one run); the API's analyse beside it shows the page's request costs what a
+    plain client's does (the two are separate forwards, each as noisy as the machine)."""
+    table = ["| model | n tokens | API analyse (POST /api/runs), median | click Analyse → heatmap drawn, median | "
+             "click → analyse response in the page | **response → heatmap drawn** (target ≤ 300 ms), median (max) | "
+             "click → heatmap minus API analyse, median of pairs |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        mark = "met" if float(r["draw"]) <= 300 else "not met"
+        table.append(f"| {r['model']} | {r['n']:,} | {r['api']:,.0f} ms | {r['click']:,.0f} ms | {r['response']:,.0f} ms | "
+                     f"**{r['draw']:,.0f} ms** ({r['draw_max']:,.0f} ms; {mark}) | {float(r['over']):+,.0f} ms |")
+    return "\n".join(table)
+
+
+def vs_analyse_main(keys: list[str], lengths: list[int], repeats: int, write: Path | None) -> None:
+    import torch
+
+    torch.set_num_threads(2)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [r for key in keys for r in vs_analyse(key, lengths, repeats, Path(tmp))]
+    text = vs_analyse_table(rows)
+    sys.stdout.write(text + "\n")
+    if write:
+        write_section(write, "browser-vs-analyse", text,
+                      f"python bench/browser.py --vs-analyse {','.join(keys)} --lengths {','.join(map(str, lengths))} "
+                      f"--repeats {repeats} --write BENCHMARKS.md")
+
+
 def long_table(rows: list[dict[str, float]]) -> str:
     table = ["| n tokens | analyse response → first overview drawn, median | click Analyse → overview | "
              "zoom step → finer tile drawn, median (max) over a session to single cells | longest event-loop stall |",
@@ -303,7 +428,12 @@ def main() -> None:
     p.add_argument("--gen-repeats", type=int, default=3, help="API / browser pairs for --generate")
     p.add_argument("--long", default="", help="comma-separated lengths: time the tiled heatmap of the config-built "
                                                "long-context model instead (overview after the analyse response, zoom steps)")
+    p.add_argument("--vs-analyse", default="", help="comma-separated models (bundled, gpt2-small, smollm2): the API's "
+                                                     "analyse and click -> first heatmap side by side")
     args = p.parse_args()
+    if args.vs_analyse:
+        vs_analyse_main(args.vs_analyse.split(","), [int(x) for x in args.lengths.split(",")], args.repeats, args.write)
+        return
     if args.long:
         long_main([int(x) for x in args.long.split(",")], args.repeats, args.write)
         return

@@ -130,9 +130,108 @@ def measure_capture(lm: LoadedModel, folder: Path, texts: dict[int, str], repeat
     return rows
 
 
-def _bare(model: torch.nn.Module, ids: torch.Tensor) -> None:
+def side_by_side(lm: LoadedModel, arch: str, texts: dict[int, str], repeats: int) -> list[dict[str, Any]]:
+    """Issue 39's comparison on one model, alternated ``repeats`` times (a first round dropped), medians:
+    a plain SDPA forward (the physical limit), transformers' eager forward with ``output_attentions``,
+    attnscope's analyse → its response and analyse → every exact head score in, TransformerLens'
+    ``run_with_cache``. Each runs on its own copy of the same weights (TransformerLens wraps the modules
+    of the model it is given); after each analyse its background scores finish before the next step."""
+    import copy
+
+    from transformer_lens.model_bridge import TransformerBridge
+
+    from attnscope.model.runs.record import RunStore
+    from attnscope.model.services.engine import Engine
+
+    name = lm.info.name
+    engine = Engine({name: lm}, name, RunStore(16 << 30), max(texts))
+    sdpa = copy.deepcopy(lm.model).eval()
+    sdpa.set_attn_implementation("sdpa")
+    eager = copy.deepcopy(lm.model).eval()
+    eager.set_attn_implementation("eager")
+    tl_model = copy.deepcopy(eager)
+    bridge = TransformerBridge.boot_transformers(arch, hf_model=tl_model, tokenizer=lm.tokenizer)
+
+    def analyse(text: str, scores: bool) -> float:
+        """Seconds to the response (``scores``: to every exact score in); the server idle after it."""
+        t0 = time.perf_counter()
+        result = engine.analyse(text, name, 10)
+        answered = time.perf_counter() - t0
+        engine.wait_scores(result.run_id, None)  # the background sweep: finished before the next step
+        return time.perf_counter() - t0 if scores else answered
+
+    rows = []
+    for n, text in texts.items():
+        ids = torch.tensor(lm.tokenizer(text)["input_ids"])  # (n,)
+        assert ids.shape[0] == n
+        with torch.inference_mode():
+            ref = eager(input_ids=ids[None], output_attentions=True, use_cache=False).attentions[-1][0]  # (H, n, n)
+        _, tl_cache = bridge.run_with_cache(ids[None])
+        assert torch.allclose(tl_cache[act_name("pattern", lm.info.n_layers - 1)][0], ref, atol=1e-4)
+        del tl_cache, ref
+        steps = {
+            "sdpa": lambda ids=ids: _bare(sdpa, ids),
+            "eager_attentions": lambda ids=ids: _bare(eager, ids, output_attentions=True),
+            "analyse": lambda text=text: analyse(text, False),
+            "analyse_scores": lambda text=text: analyse(text, True),
+            "transformer_lens": lambda ids=ids: bridge.run_with_cache(ids[None]),
+        }
+        times: dict[str, list[float]] = {k: [] for k in steps}
+        for rep in range(repeats + 1):  # the first round warms up and is dropped
+            for key, fn in steps.items():
+                t = fn() if key.startswith("analyse") else timed(fn)
+                if rep:
+                    times[key].append(t)
+        row: dict[str, Any] = {"model": name, "n": n, **{f"{k}_ms": 1e3 * statistics.median(v) for k, v in times.items()}}
+        log.info("%s n=%d: %s", name, n, ", ".join(f"{k} {1e3 * statistics.median(v):.0f} ms" for k, v in times.items()))
+        rows.append(row)
+    engine.close()
+    return rows
+
+
+def side_by_side_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["Median ms of one run, each alternated with the others; in brackets the ratio to the plain SDPA "
+             "forward of the same model and prompt (the physical limit). 'analyse' is attnscope's "
+             "`engine.analyse` to its response (the capture, the scores that come with it, the next-token "
+             "top-k at every position); '+ exact scores' waits for every head's exact entropy, max, "
+             "previous-token, first-token and induction scores too.", "",
+             "| model | n | SDPA forward | transformers eager + output_attentions | attnscope analyse → response "
+             "| attnscope analyse + every exact score | TransformerLens run_with_cache |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["sdpa_ms"]
+        cell = lambda k, b=b, r=r: f"{r[k]:,.0f} ({r[k] / b:.2f}x)"  # noqa: E731
+        lines.append(f"| {r['model']} | {r['n']:,} | {b:,.0f} | {cell('eager_attentions_ms')} | **{cell('analyse_ms')}** "
+                     f"| **{cell('analyse_scores_ms')}** | {cell('transformer_lens_ms')} |")
+    return "\n".join(lines)
+
+
+def side_by_side_main(keys: list[str], lengths: list[int], repeats: int, tmp: Path, write: Path | None) -> None:
+    from attnscope.model.load.models import load_model
+
+    rows = []
+    for key in keys:
+        if key == "gpt2-small":
+            lm, arch = load_model("gpt2-small-random", str(gpt2_small_folder(tmp))), "gpt2"
+        elif key == "smollm2":
+            from tests.support.real import load_smollm2
+
+            lm, arch = load_smollm2(), "llama"
+        else:
+            raise SystemExit(f"--side-by-side: unknown model {key!r} (gpt2-small, smollm2)")
+        texts = {n: prompt_of(lm.tokenizer, n) for n in lengths if n <= lm.info.max_positions}
+        rows += side_by_side(lm, arch, texts, repeats)
+        del lm
+    text = side_by_side_table(rows)
+    sys.stdout.write(text + "\n")
+    if write:
+        write_section(write, "peers-capture", text,
+                      f"python bench/peers.py --side-by-side {','.join(keys)} --lengths {','.join(map(str, lengths))} "
+                      f"--repeats {repeats} --write BENCHMARKS.md")
+
+
+def _bare(model: torch.nn.Module, ids: torch.Tensor, output_attentions: bool = False) -> None:
     with torch.inference_mode():
-        model(input_ids=ids[None], use_cache=False)
+        model(input_ids=ids[None], use_cache=False, output_attentions=output_attentions)
 
 
 # ---- payload -----------------------------------------------------------------------------
@@ -280,9 +379,16 @@ def main() -> None:
     p.add_argument("--page-timeout", type=float, default=120.0)
     p.add_argument("--tmp", type=Path, default=Path("/tmp/attnscope-bench"))
     p.add_argument("--write", type=Path, default=None)
+    p.add_argument("--side-by-side", default="", help="comma-separated models (gpt2-small, smollm2): only issue 39's "
+                                                       "table (SDPA, eager attentions, analyse, + exact scores, TransformerLens)")
     args = p.parse_args()
     if args.setup:
         setup(args.setup)
+        return
+    if args.side_by_side:
+        torch.set_num_threads(2)
+        side_by_side_main(args.side_by_side.split(","), [int(x) for x in args.lengths.split(",")], args.repeats,
+                          args.tmp, args.write)
         return
     from fastapi.testclient import TestClient
 

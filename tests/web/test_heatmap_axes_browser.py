@@ -37,3 +37,21 @@ def test_axis_titles_clear_long_token_labels(page: object, base_url: str, lang: 
     assert got["x"]["labels"] > 5 and got["y"]["labels"] > 5
     assert got["x"]["hits"] == [] and got["y"]["hits"] == [], got
     shot(page, f"heatmap-long-labels-{lang}")
+
+
+# plotly's automargin finds the margins its labels need by drawing the chart a second time (half of a
+# 256-token heatmap's drawing): the explorer gives it margins measured from the labels, which it need
+# not grow (automargin stays on behind them)
+MARGINS = """() => { const d = document.querySelector('[data-testid=heatmap]');
+  return {asked: {l: d.layout.margin.l, t: d.layout.margin.t}, drawn: {l: d._fullLayout._size.l, t: d._fullLayout._size.t}}; }"""
+
+
+@pytest.mark.parametrize("text", [LONG, "我爱人工智能和国际理解。今天天气很好。", "supercalifragilisticexpialidocious "
+                                  "antidisestablishmentarianism & <b>internationalization</b>", "a b c"])
+def test_the_heatmap_is_given_the_margins_its_labels_need(page: object, base_url: str, text: str) -> None:
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    analyse(page, base_url, text)
+    got = page.evaluate(MARGINS)
+    assert got["drawn"] == got["asked"], got  # automargin grew nothing: one draw
+    assert got["asked"]["l"] < 200 and got["asked"]["t"] < 220, got  # and no room wasted
+    assert page.evaluate(OVERLAPS)["x"]["hits"] == []

@@ -26,6 +26,29 @@ export function ticks(tokens, lo = 0, hi = tokens.length - 1, max = MAX_TICKS) {
   return { tickvals: vals, ticktext: text };
 }
 
+// The margins the axes' labels and titles need, estimated from the labels' widths (the tick font,
+// measured on a canvas): plotly's automargin finds them too, but by drawing the whole chart a second
+// time (half of a 256-token heatmap's drawing). automargin stays on behind this estimate, for a
+// label it misjudges (a font not loaded yet). Fitted to plotly's own: left = the widest query label +
+// 32 px, top = the slanted key labels' height (60°) + 44 px; a few pixels to spare.
+const TICK_FONT = '12px "Open Sans", verdana, arial, sans-serif';
+let measurer = null;
+
+function widest(labels) {
+  measurer ??= document.createElement("canvas").getContext("2d");
+  if (!measurer) return 0;
+  measurer.font = TICK_FONT;
+  let w = 0;
+  for (const s of labels) w = Math.max(w, measurer.measureText(s).width);
+  return w;
+}
+
+export function labelMargins(xLabels, yLabels, angle = 60) {
+  const rad = (angle * Math.PI) / 180;
+  const slanted = widest(xLabels) * Math.sin(rad) + 14 * Math.cos(rad);
+  return { l: Math.max(90, Math.ceil(widest(yLabels) + 36)), t: Math.max(80, Math.ceil(slanted + 48)) };
+}
+
 // The masked future as one staircase polygon under the heatmap (masked cells are
 // null in z, so the hatching shows through only there).
 function maskTrace(n) {
@@ -64,6 +87,8 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
     z[i] = full;
   }
   const budget = tickBudget(div);
+  const xTicks = ticks(tokens, zk[0], zk[1], budget), yTicks = ticks(tokens, zq[0], zq[1], budget);
+  const room = labelMargins(xTicks.ticktext, yTicks.ticktext);
   div.dataset.peak = String(peak);
   div.dataset.faint = String(colour === "linear" && peak < FAINT);
   const heat = {
@@ -71,11 +96,11 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   };
   const traces = slice.causal && n > 1 ? [maskTrace(n), heat] : [heat];
   const layout = {
-    margin: { l: 90, r: 10, t: 80, b: title.includes("\n") ? 46 : 28 },
+    margin: { l: room.l, r: 10, t: room.t, b: title.includes("\n") ? 46 : 28 },
     title: { text: plotlyText(title).replace(/\n/g, "<br>"), font: { size: 12 }, y: 0.012, yanchor: "bottom" },
-    xaxis: { side: "top", tickangle: -60, ...ticks(tokens, zk[0], zk[1], budget), range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 }, automargin: true },
+    xaxis: { side: "top", tickangle: -60, ...xTicks, range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 }, automargin: true },
     // automargin: a long token's slanted label grows the margin instead of running through the axis title
-    yaxis: { ...ticks(tokens, zq[0], zq[1], budget), range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: t("heat.query") }, automargin: true },
+    yaxis: { ...yTicks, range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: t("heat.query") }, automargin: true },
     plot_bgcolor: "#ffffff",
     dragmode: "zoom",
     shapes: cell ? [cellShape(cell.q, cell.k)] : [],
