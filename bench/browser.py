@@ -315,7 +315,7 @@ def vs_analyse(key: str, lengths: list[int], repeats: int, tmp: Path) -> list[di
 
     lm = served_model(key, tmp)
     name = lm.info.name
-    engine = make_engine({name: lm}, name, store_bytes=8 << 30, max_tokens=max(lengths))
+    engine = make_engine({name: lm}, name, store_bytes=2 << 30, max_tokens=max(lengths))  # a few runs: a small store
     rows: list[dict[str, float | str]] = []
     with serve(create_app(Settings(models={}, default_model=name, max_body_bytes=1 << 24), engine)) as url, \
             sync_playwright() as pw:

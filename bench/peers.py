@@ -144,7 +144,7 @@ def side_by_side(lm: LoadedModel, arch: str, texts: dict[int, str], repeats: int
     from attnscope.model.services.engine import Engine
 
     name = lm.info.name
-    engine = Engine({name: lm}, name, RunStore(16 << 30), max(texts))
+    engine = Engine({name: lm}, name, RunStore(1 << 30), max(texts))  # LRU: one run at a time (TransformerLens needs the memory)
     sdpa = copy.deepcopy(lm.model).eval()
     sdpa.set_attn_implementation("sdpa")
     eager = copy.deepcopy(lm.model).eval()

@@ -58,12 +58,13 @@ def sweep_bytes(layer: LayerAttention) -> int:
 
 
 def layer_scores(kept: LayerAttention, ids: torch.Tensor, fields: frozenset[str], layer: int,
-                 pairs: InductionPairs | None = None) -> list[HeadScore]:
+                 pairs: InductionPairs | None = None, pause: Callable[[], None] | None = None) -> list[HeadScore]:
     """One layer's owed fields, exactly over every row: HeadScores whose other fields are meaningless.
-    ``pairs``: the run's induction pairs (found once for all its layers)."""
+    ``pairs``: the run's induction pairs (found once for all its layers); ``pause``: the worker's, called
+    between the layer's parts (``model.scores.live.complete``)."""
     acc = ScoreAccumulator(kept.n_heads, ids)
     acc.todo = set(fields)
-    complete(acc, kept, pairs)
+    complete(acc, kept, pairs, pause)
     return acc.finish(layer)
 
 
@@ -181,10 +182,10 @@ class ScoreWorker(JobThread[_Job]):
                     return
                 kept = record.attention[layer]
                 if self.budget is None:
-                    late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs)
+                    late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs, self.pause)
                 else:
                     with self.budget.reserve(sweep_bytes(kept)):
-                        late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs)
+                        late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs, self.pause)
         t1 = time.perf_counter()
         summary = record.summary
         done = dataclasses.replace(

@@ -91,26 +91,40 @@ class LiveScores:
                     i, self.pending.get(i, frozenset()))]
 
 
-def complete(acc: ScoreAccumulator, kept: LayerAttention, induction_pairs: pairs.InductionPairs | None = None) -> None:
+# A layer of at most this many weights (heads x n x n: 4 MiB of float32) is scored from its weights in one
+# block: below it the pair sums' many small steps cost more than the block (SmolLM2, 9 heads: 118 -> 85 ms
+# at 64 tokens, 265 -> 180 ms at 256 for its 30 layers; the pair sums win from 512 tokens on)
+DENSE_CELLS = 1 << 20
+
+
+def complete(acc: ScoreAccumulator, kept: LayerAttention, induction_pairs: pairs.InductionPairs | None = None,
+             pause: Callable[[], None] | None = None) -> None:
     """The scores a fused forward left, exactly: on a fused causal layer from Q, K and lse
     (``model.scores.pairs``: previous-token, first-token and induction from single dot products, entropy
-    and peak with one more pass of the fused kernel), else with one more pass over the visible cells.
-    ``induction_pairs``: the run's, if the caller has them (one run's layers share them)."""
+    and peak with one more pass of the fused kernel), else -- or for a layer of at most ``DENSE_CELLS``
+    weights -- with one more pass over the visible cells.
+    ``induction_pairs``: the run's, if the caller has them (one run's layers share them). ``pause`` (a
+    background sweep's) is called between the parts and blocks: a request waiting for the CPU (a tile a
+    person asked for) waits for a part, not for a whole layer."""
     if not acc.todo:
         return
-    if kept.fused_causal and kept.lse is not None:
+    wait = pause if pause is not None else (lambda: None)
+    if kept.fused_causal and kept.lse is not None and kept.n_heads * kept.n * kept.n > DENSE_CELLS:
         q, k, lse, todo = kept.q, kept.k, kept.lse, acc.todo
         sums: dict[str, torch.Tensor] = {}
         if todo & {"prev", "first"}:
             sums["prev"], sums["first"] = pairs.prev_first_sums(q, k, lse, scaling=kept.scaling, softcap=None)
         if "induction" in todo:
+            wait()
             found = induction_pairs if induction_pairs is not None else pairs.InductionPairs.of(acc.ids)
             sums["induction"] = pairs.induction_sums(q, k, lse, found, scaling=kept.scaling, softcap=None)
         if todo & {"entropy", "peak"}:
-            sums["entropy"], sums["peak"] = pairs.entropy_and_peak(q, k, lse, kept.scaling)
+            wait()
+            sums["entropy"], sums["peak"] = pairs.entropy_and_peak(q, k, lse, kept.scaling, pause=pause)
         acc.add_sums(**{field: value for field, value in sums.items() if field in todo})
         return
     for q0, _q1, weights, _visible in kept.blocks():
+        wait()
         acc.add(q0, weights)
     acc.todo.clear()
 

@@ -26,6 +26,7 @@ no per-key bias, and for the fused sweep no soft-cap. Other layers keep the bloc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -248,11 +249,13 @@ def row_max_logits(
     scaling: float,
     rows: int = 128,
     cols: int = 256,
+    pause: Callable[[], None] | None = None,
 ) -> torch.Tensor:
     """(H, n) float32: each causal row's largest logit q_i . k_j x scaling over j <= i (scaling > 0).
 
     Tiles of (Hkv, g x rows, cols) logits (256 KiB for 2 K/V heads of 2 queries each) stay in cache and
-    are written into one buffer; only the diagonal tile is masked."""
+    are written into one buffer; only the diagonal tile is masked. ``pause`` is called before each block
+    of rows (a background sweep yields there to a request)."""
     n_heads, n, dh = q.shape
     hkv = k.shape[0]
     g = n_heads // hkv
@@ -263,6 +266,8 @@ def row_max_logits(
     tile = torch.empty(hkv, g * rows, cols, dtype=torch.float32, device=dev)
     tile_max = torch.empty(hkv, g * rows, dtype=torch.float32, device=dev)
     for q0 in range(0, n, rows):
+        if pause is not None:
+            pause()
         q1 = min(n, q0 + rows)
         r = q1 - q0
         qs = q[:, q0:q1].float().reshape(hkv, g * r, dh)  # (Hkv, g r, dh)
@@ -286,14 +291,15 @@ def entropy_and_peak(
     k: torch.Tensor,  # (Hkv, n, dh)
     lse: torch.Tensor,  # (H, n)
     scaling: float,
+    pause: Callable[[], None] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(H,) float64 each: the row entropies and the rows' largest weights, summed over every row of a
     causal layer with plain dot-product logits (no soft-cap, no bias): exact, without a log per cell.
 
     H_i = lse_i - sum_j p_ij z_ij, and sum_j p_ij z_ij = scaling x q_i . (P K)_i: the fused kernel with
-    the keys as values gives P K."""
+    the keys as values gives P K. ``pause``: called between the passes and the row maxima's blocks."""
     pk, _ = flash_attention(q[None], k[None], k[None], scaling, True)  # (1, H, n, dh)
     mean_logit = (q * pk[0]).sum(-1).mul_(scaling)  # (H, n)
     entropy = (lse - mean_logit).double().sum(-1)
-    peak = (row_max_logits(q, k, scaling) - lse).exp().double().sum(-1)
+    peak = (row_max_logits(q, k, scaling, pause=pause) - lse).exp().double().sum(-1)
     return entropy.cpu(), peak.cpu()

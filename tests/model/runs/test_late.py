@@ -20,7 +20,7 @@ from attnscope.model.load.tokens import ids_tensor, tokenize
 from attnscope.model.runs import late as late_module
 from attnscope.model.runs.budget import estimate
 from attnscope.model.runs.late import STOPPED
-from attnscope.model.scores import analysis
+from attnscope.model.scores import analysis, live
 from attnscope.model.services.engine import Engine
 from tests.support.families import DECODERS, Family
 from tests.support.tiny import make_engine
@@ -72,9 +72,13 @@ def llama() -> Iterator[tuple[Engine, LoadedModel]]:
 PATHS = ("gpt2", "llama", "qwen2", "mistral", "gemma2", "bloom", "gpt_neo", "phi")
 
 
+@pytest.mark.parametrize("route", ["pair sums", "dense"])
 @pytest.mark.parametrize("family", [f for f in DECODERS if f.id in PATHS], ids=lambda f: f.id)
-def test_late_scores_equal_output_attentions(family: Family) -> None:
-    """What the analyse answers at once and what follows are the eager scores, on every attention path."""
+def test_late_scores_equal_output_attentions(family: Family, route: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the analyse answers at once and what follows are the eager scores, on every attention path, by
+    either route of a fused layer (``model.scores.live.complete``: the pair sums, or a small layer's weights)."""
+    if route == "pair sums":  # these runs' layers are small: the dense route's unless told otherwise
+        monkeypatch.setattr(live, "DENSE_CELLS", 0)
     lm = _lm(family)
     engine = make_engine({lm.info.name: lm}, lm.info.name)
     try:
@@ -208,3 +212,29 @@ def test_closing_the_engine_says_the_scores_will_not_come(llama: tuple[Engine, L
     pending = result.record.pending
     assert pending is not None and pending.done.is_set() and pending.error == STOPPED
     assert engine.wait_scores(result.run_id, 0).summary.scores_pending == ALL
+
+
+@pytest.mark.parametrize("route", ["pair sums", "dense"])
+def test_the_sweep_yields_inside_a_layer_not_only_between_layers(llama: tuple[Engine, LoadedModel], route: str,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tile request that arrives mid-sweep waits for a part of a layer (the induction sums, the P K pass,
+    a block of row maxima; a block of weights), not for the whole layer: the worker's pause is called
+    between them."""
+    engine, lm = llama
+    if route == "pair sums":  # this run's layers are small: the dense route's unless told otherwise
+        monkeypatch.setattr(live, "DENSE_CELLS", 0)
+    calls: list[str] = []
+    engine.scores.pause = lambda: calls.append(threading.current_thread().name)
+    result = engine.analyse(TEXT)
+    pending = result.record.summary.scores_pending
+    done = engine.wait_scores(result.run_id, WAIT).summary
+    assert pending and done.scores_pending == ()
+    n = len(result.record.summary.tokens)
+    row_blocks = -(-n // 128)  # model.scores.pairs.row_max_logits' default rows
+    # per layer: before it, then (pair sums) before the induction sums, before entropy's P K pass and before
+    # each block of rows, or (dense) before its one block of weights
+    assert len(calls) == lm.info.n_layers * (3 + row_blocks if route == "pair sums" else 2), len(calls)
+    assert set(calls) == {"attnscope-scores"}  # the worker's thread, never the request's
+    ids = ids_tensor(tokenize(lm.tokenizer, TEXT))
+    for got, ref in zip(done.heads, _reference(lm, ids), strict=True):  # the same exact scores
+        assert got.entropy == pytest.approx(ref.entropy, abs=1e-5) and got.max == pytest.approx(ref.max, abs=1e-5)
