@@ -87,7 +87,8 @@ ANALYSE_TO_OVERVIEW = """async () => {
   document.querySelector('[data-testid=analyze-button]').click();
   while ((div.dataset.drawnAt || '') === before || document.body.dataset.busy) await new Promise(r => setTimeout(r, 2));
   return {click: Number(div.dataset.drawnAt) - t0, response: Number(div.dataset.drawnAt) - Number(div.dataset.runAt),
-          rows: Number(div.dataset.tileRows), exact: div.dataset.exact, n: Number(div.dataset.n)};
+          rows: Number(div.dataset.tileRows), exact: div.dataset.exact, n: Number(div.dataset.n),
+          fetch: Number(div.dataset.tileFetchMs), draw: Number(div.dataset.tileDrawMs)};
 }"""
 
 ZOOM_STEPS = """async (n) => {
@@ -330,22 +331,24 @@ def vs_analyse(key: str, lengths: list[int], repeats: int, tmp: Path) -> list[di
             text = prompt_of(lm.tokenizer, n)
             page.fill("[data-testid=prompt-input]", text)
             api_analyse(url, text)  # warm-up: this length's first forward
-            apis, clicks, responses, draws = [], [], [], []
+            apis, clicks, responses, draws, tile_split = [], [], [], [], []
             for _ in range(repeats):
                 apis.append(api_analyse(url, text))
                 got = page.evaluate(ANALYSE_TO_OVERVIEW)
                 clicks.append(got["click"])
                 responses.append(got["click"] - got["response"])
                 draws.append(got["response"])
+                # a long run's overview tile: fetched, drawn (a short run draws its slice: no tile)
+                tile_split.append(tuple(round(x) if x == x else None for x in (got["fetch"], got["draw"])))
                 settle(page)  # the grid's thumbnails and late scores
             assert page.get_by_test_id("tokens").get_attribute("data-total") == str(n)
             row: dict[str, float | str] = {
                 "model": name, "n": n, "api": statistics.median(apis), "click": statistics.median(clicks),
                 "response": statistics.median(responses), "draw": statistics.median(draws), "draw_max": max(draws),
                 "over": statistics.median(c - a for c, a in zip(clicks, apis, strict=True))}
-            log.info("%s n=%d: API analyse %s ms; click -> heatmap %s ms (response %s, drawn after it %s)", name, n,
-                     [round(x) for x in apis], [round(x) for x in clicks], [round(x) for x in responses],
-                     [round(x) for x in draws])
+            log.info("%s n=%d: API analyse %s ms; click -> heatmap %s ms (response %s, drawn after it %s; overview "
+                     "tile fetched, drawn %s)", name, n, [round(x) for x in apis], [round(x) for x in clicks],
+                     [round(x) for x in responses], [round(x) for x in draws], tile_split)
             rows.append(row)
         browser.close()
     engine.close()
