@@ -51,7 +51,7 @@ from attnscope.app.main import create_app  # noqa: E402
 from attnscope.app.settings import Settings  # noqa: E402
 from attnscope.model.load.models import LoadedModel, load_model  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import publish, write_section  # noqa: E402
 from tests.support.browser import ARGS, CHROMIUM  # noqa: E402
 from tests.support.servers import serve  # noqa: E402
 from tests.support.tiny import make_engine  # noqa: E402
@@ -376,12 +376,9 @@ def vs_analyse_main(keys: list[str], lengths: list[int], repeats: int, write: Pa
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         rows = [r for key in keys for r in vs_analyse(key, lengths, repeats, Path(tmp))]
-    text = vs_analyse_table(rows)
-    sys.stdout.write(text + "\n")
-    if write:
-        write_section(write, "browser-vs-analyse", text,
-                      f"python bench/browser.py --vs-analyse {','.join(keys)} --lengths {','.join(map(str, lengths))} "
-                      f"--repeats {repeats} --write BENCHMARKS.md")
+    publish([vs_analyse_table(rows)], write, "browser-vs-analyse",
+            f"python bench/browser.py --vs-analyse {','.join(keys)} --lengths {','.join(map(str, lengths))} "
+            f"--repeats {repeats} --write BENCHMARKS.md")
 
 
 def long_table(rows: list[dict[str, float]]) -> str:

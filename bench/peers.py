@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 from attnscope.model.capture.names import act_name  # noqa: E402
 from attnscope.model.load.models import LoadedModel  # noqa: E402
 from bench.capture import gpt2_small_folder, prompt_of  # noqa: E402
-from bench.report import write_section  # noqa: E402
+from bench.report import publish, write_section  # noqa: E402
 
 log = logging.getLogger("bench.peers")
 # what BertViz's page asks the CDN for, and the npm package file that answers it
@@ -206,27 +206,22 @@ def side_by_side_table(rows: list[dict[str, Any]]) -> str:
 
 
 def side_by_side_main(keys: list[str], lengths: list[int], repeats: int, tmp: Path, write: Path | None) -> None:
-    from attnscope.model.load.models import load_model
+    from bench.browser import served_model  # the models --vs-analyse serves, loaded the same way
 
     rows = []
     for key in keys:
-        if key == "gpt2-small":
-            lm, arch = load_model("gpt2-small-random", str(gpt2_small_folder(tmp))), "gpt2"
-        elif key == "smollm2":
-            from tests.support.real import load_smollm2
-
-            lm, arch = load_smollm2(), "llama"
-        else:
-            raise SystemExit(f"--side-by-side: unknown model {key!r} (gpt2-small, smollm2)")
+        if key not in ARCHITECTURES:
+            raise SystemExit(f"--side-by-side: unknown model {key!r} ({', '.join(ARCHITECTURES)})")
+        lm = served_model(key, tmp)
         texts = {n: prompt_of(lm.tokenizer, n) for n in lengths if n <= lm.info.max_positions}
-        rows += side_by_side(lm, arch, texts, repeats)
+        rows += side_by_side(lm, ARCHITECTURES[key], texts, repeats)
         del lm
-    text = side_by_side_table(rows)
-    sys.stdout.write(text + "\n")
-    if write:
-        write_section(write, "peers-capture", text,
-                      f"python bench/peers.py --side-by-side {','.join(keys)} --lengths {','.join(map(str, lengths))} "
-                      f"--repeats {repeats} --write BENCHMARKS.md")
+    publish([side_by_side_table(rows)], write, "peers-capture",
+            f"python bench/peers.py --side-by-side {','.join(keys)} --lengths {','.join(map(str, lengths))} "
+            f"--repeats {repeats} --write BENCHMARKS.md")
+
+
+ARCHITECTURES = {"gpt2-small": "gpt2", "smollm2": "llama"}  # --side-by-side's models: TransformerLens' name for each
 
 
 def _bare(model: torch.nn.Module, ids: torch.Tensor, output_attentions: bool = False) -> None:
