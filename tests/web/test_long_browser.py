@@ -21,6 +21,7 @@ from attnscope.app.settings import Settings
 from attnscope.model.load.models import load_model
 from tests.support.browser import ConsoleWatch, shot
 from tests.support.tiny import BUNDLED, VOCAB, make_engine
+from tests.web.test_heatmap_axes_browser import OVERLAPS
 
 pytestmark = pytest.mark.browser
 log = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ def test_zoom_refines_to_labelled_single_cells(long_page: object) -> None:
     assert got["ticks"] == shown[mid - 12 : mid + 12] and got["yticks"] == shown[mid : mid + 24]
     assert got["x"] == [mid - 12.5, mid + 11.5]
     assert "Exact weights" in got["pool"]
+    labels = page.evaluate(OVERLAPS)  # the tokens on the axes have room: none runs through an axis title
+    assert labels["x"]["labels"] == 24 and labels["x"]["hits"] == [] and labels["y"]["hits"] == [], labels
     shot(page, "long-zoomed-1400")
 
 

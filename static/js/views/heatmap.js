@@ -29,9 +29,10 @@ export function ticks(tokens, lo = 0, hi = tokens.length - 1, max = MAX_TICKS) {
 // The margins the axes' labels and titles need, estimated from the labels' widths (the tick font,
 // measured on a canvas): plotly's automargin finds them too, but by drawing the whole chart a second
 // time (half of a 256-token heatmap's drawing). automargin stays on behind this estimate, for a
-// label it misjudges (a font not loaded yet). Fitted to plotly's own: left = the widest query label +
-// 32 px, top = the slanted key labels' height (60°) + 44 px; a few pixels to spare.
+// label it misjudges (a font not loaded yet). Fitted to plotly's own (left = the widest query label +
+// 32 px, top = the slanted key labels' height + 44 px), with 4 px to spare on each.
 const TICK_FONT = '12px "Open Sans", verdana, arial, sans-serif';
+export const KEY_TICK_ANGLE = 60; // the key labels' slant (plotly's tickangle: -60)
 let measurer = null;
 
 function widest(labels) {
@@ -43,8 +44,9 @@ function widest(labels) {
   return w;
 }
 
-export function labelMargins(xLabels, yLabels, angle = 60) {
-  const rad = (angle * Math.PI) / 180;
+// {l, t} for these key (x) and query (y) labels; at least the charts' defaults (90, 80).
+export function labelMargins(xLabels, yLabels) {
+  const rad = (KEY_TICK_ANGLE * Math.PI) / 180;
   const slanted = widest(xLabels) * Math.sin(rad) + 14 * Math.cos(rad);
   return { l: Math.max(90, Math.ceil(widest(yLabels) + 36)), t: Math.max(80, Math.ceil(slanted + 48)) };
 }
@@ -98,7 +100,7 @@ export function drawHeatmap(div, slice, tokens, { colour = "linear", title = "",
   const layout = {
     margin: { l: room.l, r: 10, t: room.t, b: title.includes("\n") ? 46 : 28 },
     title: { text: plotlyText(title).replace(/\n/g, "<br>"), font: { size: 12 }, y: 0.012, yanchor: "bottom" },
-    xaxis: { side: "top", tickangle: -60, ...xTicks, range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 }, automargin: true },
+    xaxis: { side: "top", tickangle: -KEY_TICK_ANGLE, ...xTicks, range: [zk[0] - 0.5, zk[1] + 0.5], showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 }, automargin: true },
     // automargin: a long token's slanted label grows the margin instead of running through the axis title
     yaxis: { ...yTicks, range: [zq[1] + 0.5, zq[0] - 0.5], showgrid: false, zeroline: false, title: { text: t("heat.query") }, automargin: true },
     plot_bgcolor: "#ffffff",

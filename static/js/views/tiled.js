@@ -5,7 +5,7 @@
 // after a newer zoom was asked for is dropped, and its request aborted.
 import { isAbort, plotlyText, showToken } from "../dom.js";
 import { FAINT, SCALE, maskColours, scaleFor } from "./colour.js";
-import { cellShape, tickBudget, ticks } from "./heatmap.js";
+import { KEY_TICK_ANGLE, cellShape, labelMargins, tickBudget, ticks } from "./heatmap.js";
 import { plotConfig } from "../plotconfig.js";
 import { t } from "../i18n.js";
 
@@ -153,12 +153,15 @@ export function drawTile(div, tile, tokens, { colour = "linear", cell = null, ti
   const heat = { type: "heatmap", z, x, y, zmin: 0, zmax: scale.zmax, colorscale: SCALE, hoverinfo: "none", xgap: 0, ygap: 0, colorbar: scale.colorbar };
   const x0 = x[0], x1 = x[x.length - 1], y0 = y[0], y1 = y[y.length - 1];
   const budget = tickBudget(div);
+  const xTicks = axisTicks(tokens, tile.kEdges, tile.exact, budget), yTicks = axisTicks(tokens, tile.qEdges, tile.exact, budget);
+  // single-token bins carry the tokens: room for them, as the short run's heatmap has (plotly's numbers: the defaults)
+  const room = labelMargins(xTicks.ticktext ?? [], yTicks.ticktext ?? []);
   const layout = {
-    margin: { l: 90, r: 10, t: 80, b: title.includes("\n") ? 46 : 28 },
+    margin: { l: room.l, r: 10, t: room.t, b: title.includes("\n") ? 46 : 28 },
     title: { text: plotlyText(title).replace(/\n/g, "<br>"), font: { size: 12 }, y: 0.012, yanchor: "bottom" },
-    xaxis: { side: "top", tickangle: -60, ...axisTicks(tokens, tile.kEdges, tile.exact, budget), range: [x0, x1], autorange: false,
+    xaxis: { side: "top", tickangle: -KEY_TICK_ANGLE, ...xTicks, range: [x0, x1], autorange: false,
              showgrid: false, zeroline: false, title: { text: t("heat.key"), standoff: 4 } },
-    yaxis: { ...axisTicks(tokens, tile.qEdges, tile.exact, budget), range: [y1, y0], autorange: false, showgrid: false,
+    yaxis: { ...yTicks, range: [y1, y0], autorange: false, showgrid: false,
              zeroline: false, title: { text: t("heat.query") } },
     plot_bgcolor: "#ffffff",
     dragmode: "zoom",
