@@ -107,6 +107,12 @@ ZOOM_STEPS = """async (n) => {
   return steps;
 }"""
 
+# the page idle: nothing busy, every owed head score in, the grid's thumbnails drawn (the overview grid of many
+# heads fetches only those in view)
+SETTLED = ("() => { const g = document.querySelector('[data-testid=head-grid]');"
+           " return !document.body.dataset.busy && (g.dataset.mode === 'overview' || g.dataset.thumbLayers === "
+           "String(document.querySelector('#layer-picker').options.length)) && "
+           "!document.querySelector('[data-testid=head-cell][data-pending=\"1\"]'); }")
 GEN_PROMPT = "The history of the city begins"
 
 PROBE = """() => { window.__lag = []; window.__done = false; let last = performance.now();
@@ -251,9 +257,7 @@ def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
         n = runs[-1]["n"]
         # the head grid's thumbnails and the late head scores load after the overview: let them finish
         # (sparsity is not waited for: above 2,048 tokens the explorer asks for it only when a sort needs it)
-        page.wait_for_function("() => document.querySelector('[data-testid=head-grid]').dataset.thumbLayers === "
-                               "String(document.querySelector('#layer-picker').options.length) && "
-                               "!document.querySelector('[data-testid=head-cell][data-pending=\"1\"]')", timeout=600_000)
+        page.wait_for_function(SETTLED, timeout=600_000)
         steps = page.evaluate(ZOOM_STEPS, n)
         lag = page.evaluate("() => { window.__done = true; return Math.max(0, ...window.__lag.map((x) => x[1])); }")
         browser.close()
@@ -265,10 +269,6 @@ def chromium_long(url: str, text: str, repeats: int = 3) -> dict[str, float]:
             "zoom_max_ms": max(zooms), "steps": len(steps), "exact_at_end": float(steps[-1]["exact"] == "1"), "lag_ms": lag}
 
 
-SETTLED = ("() => { const g = document.querySelector('[data-testid=head-grid]');"
-           " return !document.body.dataset.busy && (g.dataset.mode === 'overview' || g.dataset.thumbLayers === "
-           "String(document.querySelector('#layer-picker').options.length)) && "
-           "!document.querySelector('[data-testid=head-cell][data-pending=\"1\"]'); }")
 REQUESTS = "() => performance.getEntriesByType('resource').length"
 
 
