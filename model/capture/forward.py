@@ -143,10 +143,10 @@ def assemble(forwards: list[Captures], n_layers: int,
     layers = []
     for i in range(n_layers):
         recs = [f.records[i] for f in forwards]
-        q = torch.cat([r.q for r in recs], dim=1)  # (H, n, dh)
-        k = torch.cat([r.k for r in recs], dim=1)  # (Hkv, n, dh)
+        q = _joined([r.q for r in recs])  # (H, n, dh)
+        k = _joined([r.k for r in recs])  # (Hkv, n, dh)
         n = q.shape[1]
-        lse = None if any(r.lse is None for r in recs) else torch.cat([r.lse for r in recs if r.lse is not None], 1)
+        lse = None if any(r.lse is None for r in recs) else _joined([r.lse for r in recs if r.lse is not None])
         bias = recs[-1].bias
         if bias is not None and bias.shape[-1] != n:
             raise ValueError(f"layer {i}: an ALiBi bias over {bias.shape[-1]} keys for {n} positions")
@@ -155,6 +155,19 @@ def assemble(forwards: list[Captures], n_layers: int,
                                       bias=bias, mask=first.mask.whole(n), lse=lse,
                                       scores=scores(i) if scores is not None else None))
     return layers
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """Forwards' tensors joined along positions (dim 1). One forward's is kept as it is where it is compact
+    (``torch.cat`` would copy it: 90 copies for a 30-layer analyse, 38 ms at 1,024 tokens on SmolLM2), and
+    copied where it is a view into more (GPT-2's Q is a slice of its fused QKV projection: kept, the view
+    would hold all three)."""
+    if len(parts) > 1:
+        return torch.cat(parts, dim=1)
+    t = parts[0]
+    if t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size():
+        return t
+    return t.contiguous() if not t.is_contiguous() else t.clone()
 
 
 def _first(output: Any) -> torch.Tensor:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from attnscope.model.attention.interface import BLOCK_CELLS
 from attnscope.model.errors import TooLarge
 from attnscope.model.load.models import LoadedModel
+from attnscope.model.scores.analysis import BLOCK_BYTES, SLICE_BYTES, block_rows
 
 MIB = 1 << 20
 
@@ -78,7 +79,8 @@ def estimate(lm: LoadedModel, n: int, top_k: int) -> Estimate:
         attention += 3 * 4 * heads * n * n  # the family's own eager weights, one layer at a time
     if lm.spec.mask == "dense":
         attention += 4 * (heads + 1) * n * n + 2 * n * n  # the model's additive mask and what it is built from
-    logits = 3 * 4 * 64 * info.vocab_size  # predictions read 64 positions' logits at a time
+    # predictions: one block of logits, and a slice's temporaries (model.scores.analysis)
+    logits = 4 * info.vocab_size * min(n, block_rows(info.vocab_size, BLOCK_BYTES)) + 3 * SLICE_BYTES
     return Estimate(n=n, keep=keep, peak=keep + activations + attention + logits)
 
 

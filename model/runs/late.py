@@ -38,7 +38,7 @@ from attnscope.model.runs.jobthread import JobThread
 from attnscope.model.runs.record import PendingScores
 from attnscope.model.scores.analysis import SCORE_NAMES, HeadScore, ScoreAccumulator
 from attnscope.model.scores.live import complete
-from attnscope.model.scores.pairs import InductionPairs
+from attnscope.model.scores.pairs import DENSE_GROUP, InductionPairs
 
 if TYPE_CHECKING:
     from attnscope.model.runs.budget import MemoryBudget
@@ -51,10 +51,10 @@ STOPPED = "the server stopped before these scores were computed"
 def sweep_bytes(layer: LayerAttention) -> int:
     """The sweep's transient memory for one layer: the fused kernel's P K (H, n, dh) with its lse, the
     row statistics (a few (H, n) tensors), a tile or block of logits, and the run's induction pairs
-    (``InductionPairs``, found once per run and held through the sweep: 56 bytes a position, with the
-    sort's temporaries under 96)."""
+    (``InductionPairs``, found once per run and held through the sweep: 56 bytes a position and the sort's
+    temporaries under 96, with the squares of tokens of many copies at most 4 x ``DENSE_GROUP`` more)."""
     h, n, dh = layer.q.shape
-    return 4 * (h * n * (dh + 8) + 2 * BLOCK_CELLS) + 96 * n
+    return 4 * (h * n * (dh + 8) + 2 * BLOCK_CELLS) + (96 + 4 * DENSE_GROUP) * n
 
 
 def layer_scores(kept: LayerAttention, ids: torch.Tensor, fields: frozenset[str], layer: int,

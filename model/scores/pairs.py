@@ -11,8 +11,9 @@ p(i, j) = exp(z(i, j) - lse(i)), z the family's logit (q_i . k_j x scaling, soft
   once per run by sorting positions by token id (``InductionPairs``): tokens with few copies in one batched
   matmul over chunks of the sorted positions (O(n x C x d) with C = ``SMALL_GROUP``), a token with
   many (one repeated token makes n²/2 pairs) as the causal square of its own copies' queries x the
-  keys after its copies, through the fused kernel (its lse is the induction mass; soft-capped logits:
-  dense blocks a chunk of rows at a time), so memory stays O(n d) whatever the text;
+  keys after its copies and the copies themselves: a dense square up to ``DENSE_GROUP`` copies, above it
+  through the fused kernel (its lse is the induction mass; soft-capped logits: dense blocks a chunk of
+  rows at a time), so memory stays O(n d) whatever the text;
 * entropy and peak (the row's largest weight) need every visible cell: ``entropy_and_peak`` sweeps
   them once more, exactly, right after the forward. Entropy uses H_i = lse_i - sum_j p_ij z_ij and
   sum_j p_ij z_ij = scaling x q_i . (P K)_i, where P K is the fused kernel run with the keys as values
@@ -35,6 +36,11 @@ from attnscope.model.attention.interface import BLOCK_CELLS, flash_attention
 from attnscope.model.scores.analysis import INDUCTION_NEAR
 
 SMALL_GROUP = 16  # a token with at most this many copies is computed in the batched chunks
+# A token with at most this many copies has its pairs in a batch of squares (both sides in one product, one
+# matmul per size class); above it, through the fused kernel. SmolLM2 at 1,024 tokens (7 tokens of 19-82
+# copies, 30 layers): the fused kernel per token and side 155 ms, a square per token 88 ms, batched squares
+# see BENCHMARKS.md.
+DENSE_GROUP = 256
 
 
 def _logits(z: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
@@ -46,51 +52,78 @@ def _logits(z: torch.Tensor, scaling: float, softcap: float | None) -> torch.Ten
 
 
 @dataclass(frozen=True)
+class PairBatch:
+    """Query positions against key positions, laid out for one batched matmul: ``follows`` says which
+    cells are (query i, copy j) pairs; ``keys`` holds j + 1 (the target), ``copies`` j (the baseline)."""
+
+    queries: torch.Tensor  # (c, Q) long: query positions (padding: 0, never in a pair)
+    keys: torch.Tensor  # (c, W) long: key positions j + 1 (clamped to n - 1 where not a pair)
+    copies: torch.Tensor  # (c, W) long: the copies j themselves (clamped to 0 where not a pair)
+    follows: torch.Tensor  # (c, Q, W) bool
+
+    def pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(queries, keys) (P,) each: every pair listed."""
+        c, i, j = self.follows.nonzero(as_tuple=True)
+        return self.queries[c, i], self.keys[c, j]
+
+
+@dataclass(frozen=True)
 class InductionPairs:
     """Every (query i, key j + 1) with token j == token i and j + 1 < i - ``INDUCTION_NEAR``, laid out for
-    matmuls, with the copy j itself beside each (``copies``: the baseline the score subtracts).
+    matmuls, with the copy j itself beside each (the baseline the score subtracts).
 
     Positions are sorted by token (ascending inside each token). A token with at most
     ``SMALL_GROUP`` = C copies fills a run of at most C consecutive sorted positions, so its pairs
-    lie in one chunk of C queries against that chunk and the one before: ``queries`` (c, C) and
-    ``keys`` (c, 2C) index the positions (key j + 1 for copy j), ``follows`` (c, C, 2C) says which cells
-    are pairs; one batched matmul covers them all. A token with more copies (one repeated token makes
-    n²/2 pairs) is a ``groups`` entry: its own queries x keys, a block of rows at a time."""
+    lie in one chunk of C queries against that chunk and the one before: ``chunks`` (c, C) queries against
+    (c, 2C) keys. A token with up to ``DENSE_GROUP`` copies is a square of its copies against themselves,
+    the tokens of one size class (up to 32, 64, ... copies) padded to one batch in ``squares``. A token with
+    more (one repeated token makes n²/2 pairs) is a ``groups`` entry: its own queries x keys, a block of rows
+    at a time. Held: O(n x C) for the chunks, O(n x DENSE_GROUP) bytes at most for the squares."""
 
-    queries: torch.Tensor  # (c, C) long: query positions (padding: 0, never in a pair)
-    keys: torch.Tensor  # (c, 2C) long: key positions j + 1 (clamped to n - 1 where not a pair)
-    copies: torch.Tensor  # (c, 2C) long: the copies j themselves (clamped to 0 where not a pair)
-    follows: torch.Tensor  # (c, C, 2C) bool
-    groups: list[torch.Tensor]  # each (m,) long, ascending: the copies of a token with many
+    chunks: PairBatch
+    squares: list[PairBatch]
+    groups: list[torch.Tensor]  # each (m,) long, ascending: the copies of a token with more than DENSE_GROUP
 
     @staticmethod
     def of(ids: torch.Tensor) -> InductionPairs:
-        """From the run's token ids (n,): O(n log n) to sort, O(n x C) to hold."""
+        """From the run's token ids (n,): O(n log n) to sort."""
         ids = ids.cpu()
         c_size = SMALL_GROUP
+        last = max(0, len(ids) - 1)
         order = torch.sort(ids, stable=True).indices  # positions grouped by token, ascending inside each
         tokens = ids[order]
         _, counts = torch.unique_consecutive(tokens, return_counts=True)
         small = counts.repeat_interleave(counts) <= c_size  # (n,) in sorted order
         pos, tok = order[small], tokens[small]
-        chunks = -(-len(pos) // c_size)
-        pad = torch.full((chunks * c_size - len(pos),), -1, dtype=torch.long)
-        pos, tok = torch.cat([pos, pad]).view(chunks, c_size), torch.cat([tok, pad]).view(chunks, c_size)
+        n_chunks = -(-len(pos) // c_size)
+        pad = torch.full((n_chunks * c_size - len(pos),), -1, dtype=torch.long)
+        pos, tok = torch.cat([pos, pad]).view(n_chunks, c_size), torch.cat([tok, pad]).view(n_chunks, c_size)
         before = torch.full((1, c_size), -1, dtype=torch.long)
         kpos = torch.cat([torch.cat([before, pos])[:-1], pos], dim=1)  # (c, 2C): this chunk and the one before
         ktok = torch.cat([torch.cat([before, tok])[:-1], tok], dim=1)
         follows = ((tok[:, :, None] == ktok[:, None, :]) & (tok[:, :, None] >= 0)
                    & (kpos[:, None, :] + 1 + INDUCTION_NEAR < pos[:, :, None]))  # (c, C, 2C)
         used = follows.any(-1).any(-1)  # chunks holding a pair
+        chunks = PairBatch(queries=pos[used].clamp_min(0), keys=(kpos[used] + 1).clamp(0, last),
+                           copies=kpos[used].clamp_min(0), follows=follows[used])
         starts = torch.cumsum(counts, 0) - counts
-        groups = [order[int(s) : int(s) + int(c)] for s, c in zip(starts, counts, strict=True) if c > c_size]
-        return InductionPairs(queries=pos[used].clamp_min(0), keys=(kpos[used] + 1).clamp(0, max(0, len(ids) - 1)),
-                              copies=kpos[used].clamp_min(0), follows=follows[used], groups=groups)
+        many = [order[int(s) : int(s) + int(c)] for s, c in zip(starts, counts, strict=True) if c > c_size]
+        by_class: dict[int, list[torch.Tensor]] = {}
+        for g in many:
+            if len(g) <= DENSE_GROUP:
+                by_class.setdefault(1 << (len(g) - 1).bit_length(), []).append(g)
+        squares = [_square(gs, width, last) for width, gs in sorted(by_class.items())]
+        return InductionPairs(chunks=chunks, squares=squares, groups=[g for g in many if len(g) > DENSE_GROUP])
+
+    @property
+    def batches(self) -> list[PairBatch]:
+        """The chunks and the squares: every pair but the groups'."""
+        return [self.chunks, *self.squares]
 
     def pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(queries, keys) (P,) each: every pair listed (tests, small runs)."""
-        c, i, j = self.follows.nonzero(as_tuple=True)
-        qs, ks = [self.queries[c, i]], [self.keys[c, j]]
+        listed = [b.pairs() for b in self.batches]
+        qs, ks = [q for q, _ in listed], [k for _, k in listed]
         for g in self.groups:
             a, b = ((g[None, :] + 1 + INDUCTION_NEAR) < g[:, None]).nonzero(as_tuple=True)
             qs.append(g[a])
@@ -101,56 +134,74 @@ class InductionPairs:
     def count(self) -> int:
         """How many pairs there are in all."""
         dense = sum(int(((g[:, None] + 1 + INDUCTION_NEAR) < g[None, :]).sum()) for g in self.groups)
-        return int(self.follows.sum()) + dense
+        return sum(int(b.follows.sum()) for b in self.batches) + dense
+
+
+def _square(groups: list[torch.Tensor], width: int, last: int) -> PairBatch:
+    """Tokens' copies (each (m,) ascending, m <= width) against themselves, padded to ``width``: the pairs
+    (copy a, copy b) with pos[b] + 1 + INDUCTION_NEAR < pos[a]."""
+    pos = torch.full((len(groups), width), -1, dtype=torch.long)  # (G, M)
+    for row, g in enumerate(groups):
+        pos[row, : len(g)] = g
+    real = pos >= 0
+    follows = (pos[:, None, :] + 1 + INDUCTION_NEAR < pos[:, :, None]) & real[:, :, None] & real[:, None, :]
+    return PairBatch(queries=pos.clamp_min(0), keys=(pos + 1).clamp(0, last), copies=pos.clamp_min(0),
+                     follows=follows)
 
 
 def induction_sums(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, pairs: InductionPairs, *, scaling: float,
                    softcap: float | None, cells: int = BLOCK_CELLS) -> torch.Tensor:
     """(H,) float64: each head's induction evidence summed over every query: its attention on induction
     targets (j + 1 after an earlier copy j, outside the query's neighbourhood) minus its attention on
-    those copies j themselves (``model.scores.analysis`` says why). q (H, n, dh), k (Hkv, n, dh) and lse
-    (H, n) as ``_pair_mass`` takes them."""
-    target = _pair_mass(q, k, lse, pairs, 1, scaling=scaling, softcap=softcap, cells=cells)
-    return target - _pair_mass(q, k, lse, pairs, 0, scaling=scaling, softcap=softcap, cells=cells)
+    those copies j themselves (``model.scores.analysis`` says why). q (H, n, dh), k (Hkv, n, dh), lse (H, n).
+
+    Both sides of each pair come from one product: the tokens with few copies in batched chunks, a token
+    with up to ``DENSE_GROUP`` copies in a batch of squares, a token with more through the fused kernel."""
+    dev = q.device
+    total = torch.zeros(q.shape[0], dtype=torch.float64)
+    for batch in pairs.batches:
+        total += _batch_evidence(q, k, lse, batch, scaling, softcap, cells)
+    fused = softcap is None and q.device.type == "cpu" and q.dtype == k.dtype == torch.float32
+    if fused and pairs.groups:
+        groups = [g.to(dev) for g in pairs.groups]
+        return total + _groups_flash(q, k, lse, groups, scaling, 1) - _groups_flash(q, k, lse, groups, scaling, 0)
+    for positions in pairs.groups:  # a token with many copies: its queries x its keys, in blocks
+        total += _group_blocks(q, k, lse, positions.to(dev), scaling, softcap, cells)
+    return total
 
 
-def _pair_mass(
+
+def _batch_evidence(
     q: torch.Tensor,  # (H, n, dh)
     k: torch.Tensor,  # (Hkv, n, dh)
     lse: torch.Tensor,  # (H, n)
-    pairs: InductionPairs,
-    offset: int,
-    *,
+    batch: PairBatch,
     scaling: float,
     softcap: float | None,
     cells: int,
 ) -> torch.Tensor:
-    """(H,) float64: each head's attention on key j + offset over every (query i, copy j) pair, summed."""
+    """(H,) float64: each head's weight on key j + 1 minus its weight on copy j over the batch's pairs, one
+    matmul per step of its rows against the targets and the copies side by side."""
     dev = q.device
     n_heads, n, dh = q.shape
     hkv = k.shape[0]
     g = n_heads // hkv
     total = torch.zeros(hkv, g, dtype=torch.float64)
     lse_g = lse.reshape(hkv, g, n)
-    chunks, c_size = pairs.queries.shape[0], pairs.queries.shape[-1]
-    step = max(1, cells // max(1, n_heads * c_size * 2 * c_size))
-    key_pos = pairs.keys if offset == 1 else pairs.copies
-    for a in range(0, chunks, step):  # tokens with few copies: one batched matmul per step of chunks
-        qp, kp = pairs.queries[a : a + step].to(dev), key_pos[a : a + step].to(dev)
+    rows, width = batch.queries.shape[-1], batch.keys.shape[-1]
+    step = max(1, cells // max(1, n_heads * rows * 2 * width))
+    for a in range(0, batch.queries.shape[0], step):
+        qp = batch.queries[a : a + step].to(dev)
+        kp = torch.cat([batch.keys[a : a + step], batch.copies[a : a + step]], dim=1).to(dev)  # (c, 2W)
         c = qp.shape[0]
-        qs = q[:, qp.reshape(-1)].float().reshape(hkv, g, c, c_size, dh).transpose(1, 2)  # (Hkv, c, g, C, dh)
-        ks = k[:, kp.reshape(-1)].float().reshape(hkv, c, 1, 2 * c_size, dh)
-        z = _logits(torch.matmul(qs, ks.transpose(-1, -2)), scaling, softcap)  # (Hkv, c, g, C, 2C)
-        norm = lse_g[:, :, qp].transpose(1, 2)  # (Hkv, c, g, C)
-        w = (z - norm[..., None]).exp_().masked_fill_(~pairs.follows[a : a + step, None].to(dev), 0.0)
-        total += w.double().sum((1, 3, 4)).cpu()
-    total = total.view(n_heads)
-    fused = softcap is None and q.device.type == "cpu" and q.dtype == k.dtype == torch.float32
-    if fused and pairs.groups:
-        return total + _groups_flash(q, k, lse, [g.to(dev) for g in pairs.groups], scaling, offset)
-    for positions in pairs.groups:  # a token with many copies: its queries x its keys, in blocks
-        total += _group_blocks(q, k, lse, positions.to(dev), scaling, softcap, cells, offset)
-    return total
+        qs = q[:, qp.reshape(-1)].float().reshape(hkv, g, c, rows, dh).transpose(1, 2)  # (Hkv, c, g, Q, dh)
+        ks = k[:, kp.reshape(-1)].float().reshape(hkv, c, 1, 2 * width, dh)
+        z = _logits(torch.matmul(qs, ks.transpose(-1, -2)), scaling, softcap)  # (Hkv, c, g, Q, 2W)
+        norm = lse_g[:, :, qp].transpose(1, 2)  # (Hkv, c, g, Q)
+        follows = batch.follows[a : a + step, None].to(dev)  # (c, 1, Q, W)
+        w = (z - norm[..., None]).exp_().masked_fill_(~torch.cat([follows, follows], -1), 0.0)
+        total += (w[..., :width].double().sum((1, 3, 4)) - w[..., width:].double().sum((1, 3, 4))).cpu()
+    return total.view(n_heads)
 
 
 def _groups_flash(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, groups: list[torch.Tensor],
@@ -200,24 +251,29 @@ def _groups_flash(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, groups: l
 
 
 def _group_blocks(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, pos: torch.Tensor, scaling: float,
-                  softcap: float | None, cells: int, offset: int = 1) -> torch.Tensor:
-    """(H,) float64: one token's mass on the keys at ``offset`` from its earlier copies, as dense blocks of
-    its queries x those keys (soft-capped logits, other devices), a chunk of rows at a time."""
+                  softcap: float | None, cells: int) -> torch.Tensor:
+    """(H,) float64: one token's induction evidence, its mass on the keys after its earlier copies minus its
+    mass on those copies, as dense blocks of its queries x both sets of keys, a chunk of rows at a time."""
     n_heads, _n, dh = q.shape
     hkv = k.shape[0]
     groups = n_heads // hkv
     total = torch.zeros(n_heads, dtype=torch.float64)
     m = len(pos)
-    keys = k[:, pos[:-1] + offset].float()  # (Hkv, m - 1, dh): key j + offset of each copy j but the last
-    rows = max(1, cells // max(1, n_heads * m))
+    if m < 2:
+        return total
+    before = pos[:-1]  # each copy j but the last
+    # (Hkv, 2 (m - 1), dh): key j + 1 and copy j side by side, so the copies before a row are a prefix
+    keys = k[:, torch.stack([before + 1, before], dim=1).reshape(-1)].float()
+    rows = max(1, cells // max(1, 2 * n_heads * m))
     for a in range(1, m, rows):  # the first copy has no earlier one
         b = min(m, a + rows)
         qs = q[:, pos[a:b]].float().view(hkv, groups * (b - a), dh)  # (Hkv, g r, dh)
-        z = _logits(torch.matmul(qs, keys[:, : b - 1].transpose(-1, -2)), scaling, softcap)  # copies j < i
-        z = z.view(-1, b - a, b - 1)  # (H, r, b - 1)
+        z = _logits(torch.matmul(qs, keys[:, : 2 * (b - 1)].transpose(-1, -2)), scaling, softcap)  # copies j < i
+        z = z.view(n_heads, b - a, b - 1, 2)  # (H, r, b - 1, 2): target j + 1, copy j
         follows = (pos[None, : b - 1] + 1 + INDUCTION_NEAR) < pos[a:b, None]  # (r, b - 1): j + 1 not near i
-        w = (z - lse[:, pos[a:b], None]).exp_().masked_fill_(~follows, 0.0)
-        total += w.double().sum((-1, -2)).cpu()
+        w = (z - lse[:, pos[a:b], None, None]).exp_().masked_fill_(~follows[..., None], 0.0)
+        sums = w.double().sum((1, 2))  # (H, 2)
+        total += (sums[:, 0] - sums[:, 1]).cpu()
     return total
 
 

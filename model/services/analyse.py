@@ -71,14 +71,14 @@ class Analyser:
 
     def predictions(self, lm: LoadedModel, final_resid: torch.Tensor, ids: torch.Tensor,
                     top_k: int) -> list[PositionPrediction]:
-        """Every position's next-token candidates: the LM head over the kept final residual, 64 rows at
-        a time (the model's own logits, never all n x vocab at once). Caller holds ``lm.lock``."""
+        """Every position's next-token candidates: the LM head over the kept final residual, a block of
+        rows at a time (the model's own logits, never all n x vocab at once). Caller holds ``lm.lock``."""
         head = lm.lm_head()
         if head is None:
             return []
         with torch.inference_mode():
             preds = analysis.predictions_by_block(lambda a, b: head.logits(final_resid[a:b]), final_resid.shape[0],
-                                                  ids, top_k)
+                                                  ids, top_k, lm.info.vocab_size)
         return named_predictions(lm, preds)
 
     def store_run(self, lm: LoadedModel, text: str, tokens: list[Token], acts: Captures, heads: list[HeadScore],

@@ -77,14 +77,21 @@ def _block_induction(w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     return acc.induction
 
 
-@pytest.mark.parametrize("softcap", [None, 2.0])  # the fused kernel per token; soft-capped: dense blocks
-@pytest.mark.parametrize("case", ["mixed", "one repeated token", "no repeats"])
-def test_induction_over_pairs_equals_the_block_einsum(case: str, softcap: float | None) -> None:
+@pytest.mark.parametrize("dense_group", [0, 256])  # a token with many copies: the fused kernel, a dense square
+@pytest.mark.parametrize("softcap", [None, 2.0])  # soft-capped: dense blocks always
+@pytest.mark.parametrize("case", ["mixed", "three sizes", "one repeated token", "no repeats"])
+def test_induction_over_pairs_equals_the_block_einsum(case: str, softcap: float | None, dense_group: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pairs, "DENSE_GROUP", dense_group)
     n = 200
     if case == "mixed":  # tokens with a few copies (batched chunks) and two with many, some copies adjacent
         gen = torch.Generator().manual_seed(2)
         ids = torch.randint(0, 30, (n,), generator=gen)
         ids[::4], ids[1::9], ids[2::9] = 100, 101, 101
+    elif case == "three sizes":  # tokens of 20, 40 and 100 copies: three size classes of squares
+        ids = torch.arange(n)
+        ids[torch.randperm(n, generator=torch.Generator().manual_seed(4))[:160]] = torch.tensor(
+            [300] * 20 + [301] * 40 + [302] * 100)
     elif case == "one repeated token":  # n²/2 pairs: computed in bounded chunks
         ids = torch.full((n,), 7)
     else:
@@ -96,10 +103,16 @@ def test_induction_over_pairs_equals_the_block_einsum(case: str, softcap: float 
     assert found.count == int(follows.sum())
     got = pairs.induction_sums(q, k, lse, found, scaling=0.5, softcap=softcap, cells=H * 64 * 64)
     torch.testing.assert_close(got, _block_induction(w, ids), atol=1e-5, rtol=1e-6)
-    if case == "one repeated token":
-        assert found.groups and not len(found.queries)  # the dense-block path, not n²/2 pairs in chunks
+    if case == "one repeated token":  # not n²/2 pairs in chunks: one square, or the fused kernel's group
+        assert not len(found.chunks.queries)
+        assert (len(found.groups), len(found.squares)) == ((1, 0) if dense_group < n else (0, 1))
+    elif case == "mixed":  # two tokens of 50 and 44 copies: one size class of squares, or two groups
+        assert len(found.groups) == (2 if dense_group < 44 else 0)
+        assert len(found.squares) == (0 if dense_group < 44 else 1) and len(found.chunks.queries)
+    elif case == "three sizes":
+        assert [len(b.queries[0]) for b in found.squares] == ([] if dense_group < 20 else [32, 64, 128])
     else:
-        assert not found.groups or case == "mixed"
+        assert not found.groups and not found.squares
     assert sorted(zip(*(t.tolist() for t in found.pairs()), strict=True)) == sorted(
         (int(i), int(j) + 1) for i, j in follows.nonzero().tolist())
 
