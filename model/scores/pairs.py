@@ -38,8 +38,8 @@ from attnscope.model.scores.analysis import INDUCTION_NEAR
 SMALL_GROUP = 16  # a token with at most this many copies is computed in the batched chunks
 # A token with at most this many copies has its pairs in a batch of squares (both sides in one product, one
 # matmul per size class); above it, through the fused kernel. SmolLM2 at 1,024 tokens (7 tokens of 19-82
-# copies, 30 layers): the fused kernel per token and side 155 ms, a square per token 88 ms, batched squares
-# see BENCHMARKS.md.
+# copies, 30 layers): those tokens through the fused kernel, each side apart, 155 ms; a square per token, both
+# sides in one product, 88 ms; the whole induction sum 267 -> 172 ms with the batched squares.
 DENSE_GROUP = 256
 
 
