@@ -6,7 +6,7 @@ dot products, entropy and peak (a row's largest weight) from every visible cell 
 costs about as much as the forward itself, and even the dot products cost a third of the capture's own
 time at 1k tokens, so ``Engine.analyse`` answers without any of them (``run_with_cache(defer=True)``;
 a layer that took the block path has its scores complete): the run is stored with those fields None and named in
-``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in one background thread from
+``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in the background, a few layers at once, from
 what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as before
 (``model.scores.live.complete``), then swaps the completed summary into the stored run.
 
@@ -27,6 +27,7 @@ import logging
 import time
 import weakref
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ import torch
 
 from attnscope.model.attention.interface import BLOCK_CELLS
 from attnscope.model.attention.kept import LayerAttention
-from attnscope.model.runs.jobthread import JobThread
+from attnscope.model.runs.jobthread import BACKGROUND_THREADS, JobThread
 from attnscope.model.runs.record import PendingScores
 from attnscope.model.scores.analysis import SCORE_NAMES, HeadScore, ScoreAccumulator
 from attnscope.model.scores.live import complete
@@ -91,16 +92,21 @@ ELSEWHERE_S = 600.0  # the longest a worker waits for another to write a run's h
 
 
 class ScoreWorker(JobThread[_Job]):
-    """One background thread that computes the scores stored runs still owe, oldest run first.
+    """A background thread that computes the scores stored runs still owe, oldest run first, ``lanes``
+    layers of a run at once.
 
     ``pause`` (if set) is called between layers: the app passes the tile prefetch's wait for requests
     in flight, so a tile a person waits for does not share the CPU with a sweep."""
 
-    def __init__(self, store: RunStore, budget: MemoryBudget | None = None) -> None:
+    def __init__(self, store: RunStore, budget: MemoryBudget | None = None, lanes: int | None = None) -> None:
         super().__init__("attnscope-scores")
         self.store = store
         self.budget = budget
         self.pause: Callable[[], None] | None = None
+        # layers swept at once, each on a thread of one torch thread (``model.runs.jobthread`` says why not
+        # one thread of many): as many as the creator's torch threads, at most 8
+        self.lanes = lanes if lanes is not None else max(1, min(8, torch.get_num_threads()))
+        self._pool: ThreadPoolExecutor | None = None
 
     def submit(self, run_id: str, record: RunRecord) -> None:
         with self._cond:
@@ -123,6 +129,10 @@ class ScoreWorker(JobThread[_Job]):
                 record.pending.done.set()
         if thread is not None:
             thread.join(timeout=30)
+        with self._cond:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     def _run(self, job: _Job) -> None:
         record = job.record()
@@ -165,27 +175,45 @@ class ScoreWorker(JobThread[_Job]):
             log.info("run %s: head scores read from the file another worker wrote", run_id)
         return True
 
+    def _lanes(self) -> ThreadPoolExecutor:
+        with self._cond:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="attnscope-scores-lane",
+                                                initializer=torch.set_num_threads, initargs=(BACKGROUND_THREADS,))
+            return self._pool
+
     def _sweep(self, run_id: str, record: RunRecord, pending: PendingScores) -> None:
+        """Every owed layer, ``lanes`` at a time; stopped (closed, or the run left the store) between layers."""
         t0 = time.perf_counter()
-        late: dict[int, list[HeadScore]] = {}
         owes_induction = any("induction" in fields for fields in pending.fields.values())
         pairs = InductionPairs.of(record.input_ids) if owes_induction else None  # one sort for every layer
-        with torch.inference_mode():
-            for layer, fields in sorted(pending.fields.items()):
+        gone: list[int] = []
+
+        def layer(item: tuple[int, frozenset[str]]) -> list[HeadScore] | None:
+            i, fields = item
+            with torch.inference_mode():
                 if self.pause is not None:
                     self.pause()
                 if self._closed:
-                    pending.error = STOPPED
-                    return
+                    return None
                 if not self.store.holds(run_id, record):
-                    log.info("run %s left the store before its head scores were computed", run_id)
-                    return
-                kept = record.attention[layer]
+                    gone.append(i)
+                    return None
+                kept = record.attention[i]
                 if self.budget is None:
-                    late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs, self.pause)
-                else:
-                    with self.budget.reserve(sweep_bytes(kept)):
-                        late[layer] = layer_scores(kept, record.input_ids, fields, layer, pairs, self.pause)
+                    return layer_scores(kept, record.input_ids, fields, i, pairs, self.pause)
+                with self.budget.reserve(sweep_bytes(kept)):
+                    return layer_scores(kept, record.input_ids, fields, i, pairs, self.pause)
+
+        owed = sorted(pending.fields.items())
+        found = [layer(item) for item in owed] if self.lanes == 1 else list(self._lanes().map(layer, owed))
+        if self._closed:
+            pending.error = STOPPED
+            return
+        if gone:
+            log.info("run %s left the store before its head scores were computed", run_id)
+            return
+        late = {i: scores for (i, _), scores in zip(owed, found, strict=True) if scores is not None}
         t1 = time.perf_counter()
         summary = record.summary
         done = dataclasses.replace(

@@ -234,7 +234,7 @@ def test_the_sweep_yields_inside_a_layer_not_only_between_layers(llama: tuple[En
     # per layer: before it, then (pair sums) before the induction sums, before entropy's P K pass and before
     # each block of rows, or (dense) before its one block of weights
     assert len(calls) == lm.info.n_layers * (3 + row_blocks if route == "pair sums" else 2), len(calls)
-    assert set(calls) == {"attnscope-scores"}  # the worker's thread, never the request's
+    assert calls and all(c.startswith("attnscope-scores") for c in calls)  # the worker's threads, never the request's
     ids = ids_tensor(tokenize(lm.tokenizer, TEXT))
     for got, ref in zip(done.heads, _reference(lm, ids), strict=True):  # the same exact scores
         assert got.entropy == pytest.approx(ref.entropy, abs=1e-5) and got.max == pytest.approx(ref.max, abs=1e-5)
