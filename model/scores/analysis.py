@@ -233,9 +233,10 @@ def predictions(logits: torch.Tensor, ids: torch.Tensor, k: int) -> list[Predict
 
 # The LM head is applied to this many bytes of logits at a time: its weight is read once per block (SmolLM2's
 # 1,024 positions: 64-row blocks 327 ms of head, 682-row blocks (128 MiB) 224 ms; the next-token analysis
-# 494 -> 334 ms in all). Each block is then read in slices of at most SLICE_BYTES, whose temporaries stay
-# under glibc's 32 MiB mmap threshold and in cache (256-row slices of SmolLM2's 49,152 logits took 2-3x the
-# time of 64-row slices for the same reads).
+# 505 -> 394 ms in all, the 64-row code beside it in one process, medians of 6).
+# Each block is then read in slices of at most SLICE_BYTES, whose temporaries stay under glibc's 32 MiB mmap
+# threshold and in cache (256-row slices of SmolLM2's 49,152 logits took 2-3x the time of 64-row slices for the
+# same reads).
 BLOCK_BYTES = 128 << 20
 SLICE_BYTES = 8 << 20
 
