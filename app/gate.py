@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 from attnscope.app.errors import Busy
+from attnscope.model.runs.compute import Compute
+
+T = TypeVar("T")
 
 
 class Gate:
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.compute: Compute | None = None  # the app's compute thread, while it serves
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -26,3 +31,10 @@ class Gate:
         finally:
             with self._lock:
                 self._counts[model] -= 1
+
+    def run(self, model: str, fn: Callable[[], T]) -> T:
+        """``fn()``, admitted as ``enter(model)`` and run on the compute thread (``model.runs.compute`` says why):
+        the work of a request that runs a model."""
+        with self.enter(model):
+            compute = self.compute
+            return fn() if compute is None else compute.call(fn)

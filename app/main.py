@@ -22,6 +22,7 @@ from attnscope.app.settings import Settings
 from attnscope.model.load import sources
 from attnscope.model.load.models import load_model
 from attnscope.model.runs.budget import mib
+from attnscope.model.runs.compute import Compute, serving_threads
 from attnscope.model.runs.disk import RunDir
 from attnscope.model.runs.persist import RunFiles
 from attnscope.model.runs.record import RunStore
@@ -156,14 +157,22 @@ def create_app(settings: Settings | None = None, engine: Engine | None = None) -
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.worker_threads
-        built = app.state.engine = engine or build_engine(settings)
-        built.scores.pause = app.state.tiles.prefetch.wait_quiet  # late head scores yield to tile requests
-        yield
-        app.state.tiles.close()
-        app.state.surveys.close()
-        if engine is None:  # an engine handed in may serve another app after this one
-            built.close()
-        app.state.engine = None
+        # the model work on one thread of the process's torch threads, every other thread on one
+        # (model.runs.compute says why); the models load there too, so no other thread keeps a team
+        compute = app.state.gate.compute = Compute()
+        with serving_threads():
+            try:
+                built = app.state.engine = engine or compute.call(partial(build_engine, settings))
+                built.scores.pause = app.state.tiles.prefetch.wait_quiet  # late head scores yield to tile requests
+                yield
+                app.state.tiles.close()
+                app.state.surveys.close()
+                if engine is None:  # an engine handed in may serve another app after this one
+                    built.close()
+                app.state.engine = None
+            finally:
+                app.state.gate.compute = None
+                compute.close()
 
     app = FastAPI(title="attnscope", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
                   docs_url=None, redoc_url=None, responses=error_responses(settings))

@@ -40,9 +40,8 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
               token: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None,
               token_b: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None) -> Attribution:
     record = engine.run(run_id)
-    with gate.enter(record.model):
-        result = tools.attribute(engine, run_id=run_id, position=position, token=token, token_b=token_b)
-    return result
+    return gate.run(record.model, lambda: tools.attribute(engine, run_id=run_id, position=position, token=token,
+                                                          token_b=token_b))
 
 
 @router.get("/runs/{run_id}/qk-attribution", response_model=QKAttribution, responses=ERRORS,
@@ -59,9 +58,8 @@ def attribute(run_id: str, engine: EngineDep, gate: GateDep, position: Int,
 def qk_attribution(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, head: Int, query: Int,
                    key: Annotated[int | None, Query(ge=-(2**31), le=2**31)] = None) -> QKAttribution:
     record = engine.run(run_id)
-    with gate.enter(record.model):
-        result = tools.qk_attribution(engine, run_id=run_id, layer=layer, head=head, query=query, key=key)
-    return result
+    return gate.run(record.model, lambda: tools.qk_attribution(engine, run_id=run_id, layer=layer, head=head,
+                                                               query=query, key=key))
 
 
 @router.post("/runs/{run_id}/ablate", response_model=Ablation, responses=ERRORS,
@@ -70,10 +68,9 @@ def qk_attribution(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, he
                          "ablates layer 4 head 0, the bundled model's induction head.")
 def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -> Ablation:
     record = engine.run(run_id)
-    with gate.enter(record.model):
-        result = tools.ablate(engine, run_id=run_id, heads=[(layer, head) for layer, head in body.heads],
-                              mode=body.mode, top_k=body.top_k)
-    return result
+    heads = [(layer, head) for layer, head in body.heads]
+    return gate.run(record.model, lambda: tools.ablate(engine, run_id=run_id, heads=heads, mode=body.mode,
+                                                       top_k=body.top_k))
 
 
 @router.post("/runs/{run_id}/ablate/scan", response_model=Scan, responses=ERRORS,
@@ -83,9 +80,8 @@ def ablate(run_id: str, body: AblateRequest, engine: EngineDep, gate: GateDep) -
                          "positions.")
 def ablate_scan(run_id: str, body: ScanRequest, engine: EngineDep, gate: GateDep) -> Scan:
     record = engine.run(run_id)
-    with gate.enter(record.model):
-        result = tools.ablate_scan(engine, run_id=run_id, position=body.position, token=body.token, mode=body.mode)
-    return result
+    return gate.run(record.model, lambda: tools.ablate_scan(engine, run_id=run_id, position=body.position,
+                                                            token=body.token, mode=body.mode))
 
 
 @router.post("/patch", response_model=Patch, responses=ERRORS,
@@ -100,9 +96,9 @@ async def patch(body: PatchRequest, request: Request, engine: EngineDep, gate: G
     stop = threading.Event()  # set when the client goes away (the page's Cancel): the loop stops between forwards
 
     def work() -> Patch:
-        with gate.enter(lm.info.name):
-            return tools.patch(engine, model=lm.info.name, clean=body.clean, corrupted=body.corrupted,
-                               answer=body.answer, wrong=body.wrong, position=body.position, stop=stop)
+        return gate.run(lm.info.name, lambda: tools.patch(
+            engine, model=lm.info.name, clean=body.clean, corrupted=body.corrupted, answer=body.answer,
+            wrong=body.wrong, position=body.position, stop=stop))
 
     task = asyncio.ensure_future(run_in_threadpool(work))
     while not task.done():
@@ -123,6 +119,4 @@ async def patch(body: PatchRequest, request: Request, engine: EngineDep, gate: G
                         "patching it costs (patched rows, TFLOP, and seconds estimated on this server).")
 def patch_example(name: str, engine: EngineDep, gate: GateDep) -> PatchExample:
     lm = engine.model(name)
-    with gate.enter(lm.info.name):
-        result = tools.patch_example(engine, model=lm.info.name)
-    return result
+    return gate.run(lm.info.name, lambda: tools.patch_example(engine, model=lm.info.name))

@@ -29,18 +29,15 @@ Int = Annotated[int, Query(ge=-(2**31), le=2**31)]
 def contributions(run_id: str, engine: EngineDep, gate: GateDep, layer: Int, head: Int,
                   position: Int) -> Contributions:
     record = engine.run(run_id)
-    with gate.enter(record.model):
-        result = learn.contributions(engine, run_id=run_id, layer=layer, head=head, position=position)
-    return result
+    return gate.run(record.model, lambda: learn.contributions(engine, run_id=run_id, layer=layer, head=head,
+                                                              position=position))
 
 
 @router.get("/runs/{run_id}/contribution-gaps", response_model=ContributionGaps, responses=ERRORS,
             summary="Per head at one query: how far the attention weights are from what each source adds")
 def contribution_gaps(run_id: str, engine: EngineDep, gate: GateDep, position: Int) -> ContributionGaps:
     record = engine.run(run_id)
-    with gate.enter(record.model):
-        result = learn.contribution_gaps(engine, run_id=run_id, position=position)
-    return result
+    return gate.run(record.model, lambda: learn.contribution_gaps(engine, run_id=run_id, position=position))
 
 
 @router.get("/models/{name}/embedding", response_model=Neighbourhood, responses=ERRORS,

@@ -83,12 +83,12 @@ def _typed_json(content: bytes, status: int = 200) -> Response:
 def create_run(body: RunRequest, engine: EngineDep, gate: GateDep, settings: SettingsDep, tiles: TilesDep) -> Response:
     top_k = checked_top_k(body.top_k, settings)
     lm = engine.model(body.model)
-    with gate.enter(lm.info.name):
-        if body.messages is not None:
-            chat = [{"role": m.role, "content": m.content} for m in body.messages]
-            result = engine.analyse_chat(chat, lm.info.name, top_k)
-        else:
-            result = engine.analyse(body.text or "", lm.info.name, top_k, truncate=body.truncate)
+    if body.messages is not None:
+        chat = [{"role": m.role, "content": m.content} for m in body.messages]
+        result = gate.run(lm.info.name, lambda: engine.analyse_chat(chat, lm.info.name, top_k))
+    else:
+        result = gate.run(lm.info.name, lambda: engine.analyse(body.text or "", lm.info.name, top_k,
+                                                               truncate=body.truncate))
     runs.prefetch_overviews(tiles, run_id=result.run_id, record=result.record)  # a long run is drawn from tiles
     sent = len(body.text or "")
     cut = (TruncatedOut(tokens=result.record.n, chars=len(result.record.text), total_chars=sent)
@@ -313,8 +313,7 @@ def residual(run_id: str, engine: EngineDep) -> Residual:
 def logit_lens(run_id: str, engine: EngineDep, gate: GateDep,
                top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> Response:
     record = engine.run(run_id)
-    with gate.enter(record.model):
-        lens = runs.lens(engine, run_id=run_id, top_k=top_k)
+    lens = gate.run(record.model, lambda: runs.lens(engine, run_id=run_id, top_k=top_k))
     # (L + 1) x n x top-k candidates: serialised from the typed result, like a run
     return _typed_json(LENS_JSON.dump_json(lens))
 

@@ -19,18 +19,55 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Generic, TypeVar
 
 import torch
 
 J = TypeVar("J")
+T = TypeVar("T")
 
 BACKGROUND_THREADS = 1  # torch's intra-op threads in a job thread (the module's docstring says why)
+_COUNT = threading.Lock()  # one thread at a time changes the count new threads start with
+
+
+def _in_new_thread(task: Callable[[], T]) -> T:
+    """``task`` run on a thread of its own (one that has not run torch yet), its answer."""
+    out: list[T] = []
+    thread = threading.Thread(target=lambda: out.append(task()), name="attnscope-torch-count")
+    thread.start()
+    thread.join()
+    return out[0]
+
+
+def use_threads(count: int) -> None:
+    """This thread runs torch on ``count`` intra-op threads; threads that start torch later (requests, the
+    caller's) still start with the process's count."""
+    with _COUNT:
+        starting = _in_new_thread(torch.get_num_threads)  # what a thread that starts torch now gets
+        torch.set_num_threads(count)
+        torch.get_num_threads()  # this thread's count settled now (torch reads the starting count once, lazily)
+        _in_new_thread(lambda: torch.set_num_threads(starting))  # the starting count back; that thread's own is moot
+
+
+def use_background_threads() -> None:
+    """This thread runs torch on ``BACKGROUND_THREADS``; later threads keep the process's count."""
+    use_threads(BACKGROUND_THREADS)
+
+
+def set_starting_threads(count: int) -> int:
+    """The count every thread that starts torch from now on gets (threads that ran torch keep theirs); the
+    count they got before."""
+    with _COUNT:
+        before = _in_new_thread(torch.get_num_threads)
+        _in_new_thread(lambda: torch.set_num_threads(count))
+        return before
 
 
 class JobThread(Generic[J]):
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, threads: int = BACKGROUND_THREADS) -> None:
         self._name = name
+        self._threads = threads  # torch's intra-op threads on this job thread
         self._jobs: deque[J] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -66,7 +103,7 @@ class JobThread(Generic[J]):
             return self._cond.wait_for(lambda: not self._jobs and not self._running, timeout)
 
     def _work(self) -> None:
-        torch.set_num_threads(BACKGROUND_THREADS)  # this thread's own: the caller's threads keep theirs
+        use_threads(self._threads)
         while True:
             with self._cond:
                 self._running = False

@@ -35,7 +35,7 @@ import torch
 
 from attnscope.model.attention.interface import BLOCK_CELLS
 from attnscope.model.attention.kept import LayerAttention
-from attnscope.model.runs.jobthread import BACKGROUND_THREADS, JobThread
+from attnscope.model.runs.jobthread import JobThread, use_background_threads
 from attnscope.model.runs.record import PendingScores
 from attnscope.model.scores.analysis import SCORE_NAMES, HeadScore, ScoreAccumulator
 from attnscope.model.scores.live import complete
@@ -179,7 +179,7 @@ class ScoreWorker(JobThread[_Job]):
         with self._cond:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.lanes, thread_name_prefix="attnscope-scores-lane",
-                                                initializer=torch.set_num_threads, initargs=(BACKGROUND_THREADS,))
+                                                initializer=use_background_threads)
             return self._pool
 
     def _sweep(self, run_id: str, record: RunRecord, pending: PendingScores) -> None:
