@@ -97,8 +97,9 @@ def serving_threads() -> Iterator[None]:
     made before keeps its count); the count they got before comes back when the last server stops."""
     global _servers, _starting_before
     with _SERVING:
+        before = set_starting_threads(1)  # each app sets it: a count set meanwhile is put right
         if _servers == 0:
-            _starting_before = set_starting_threads(1)
+            _starting_before = before
             log.info("serving: model work on one compute thread, other threads run torch on 1 thread")
         _servers += 1
     try:

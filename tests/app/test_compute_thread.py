@@ -13,6 +13,7 @@ from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
 from attnscope.model.load.models import LoadedModel
 from attnscope.model.runs import tiles
+from attnscope.model.runs.jobthread import set_starting_threads
 from tests.support.tiny import make_engine
 
 
@@ -21,7 +22,8 @@ def test_the_forward_runs_on_the_compute_thread_and_a_tile_on_one_torch_thread(
     lm = tiny_models["llama"]
     engine = make_engine({"m": lm}, "m")
     main = torch.get_num_threads()
-    torch.set_num_threads(2)
+    starting = set_starting_threads(2)
+    torch.set_num_threads(2)  # this thread's (and, until the app serves, the starting count)
     forwards: list[tuple[str, int]] = []
     handle = lm.model.register_forward_pre_hook(
         lambda *_: forwards.append((threading.current_thread().name, torch.get_num_threads())))
@@ -48,6 +50,7 @@ def test_the_forward_runs_on_the_compute_thread_and_a_tile_on_one_torch_thread(
     finally:
         handle.remove()
         torch.set_num_threads(main)
+        set_starting_threads(starting)  # an app serving through the session keeps its starting count
         engine.close()
 
 
