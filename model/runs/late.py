@@ -50,8 +50,8 @@ STOPPED = "the server stopped before these scores were computed"
 
 
 def sweep_bytes(layer: LayerAttention) -> int:
-    """The sweep's transient memory for one layer: the fused kernel's P K (H, n, dh) with its lse, the
-    row statistics (a few (H, n) tensors), a tile or block of logits, and the run's induction pairs
+    """The sweep's transient memory for one layer, an upper bound: the keys transposed and the row statistics
+    (at most (H, n, dh) and a few (H, n) tensors), two tiles or a block of logits, and the run's induction pairs
     (``InductionPairs``, found once per run and held through the sweep: 56 bytes a position and the sort's
     temporaries under 96, with the squares of tokens of many copies at most 4 x ``DENSE_GROUP`` more)."""
     h, n, dh = layer.q.shape

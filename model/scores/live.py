@@ -101,7 +101,7 @@ def complete(acc: ScoreAccumulator, kept: LayerAttention, induction_pairs: pairs
              pause: Callable[[], None] | None = None) -> None:
     """The scores a fused forward left, exactly: on a fused causal layer from Q, K and lse
     (``model.scores.pairs``: previous-token, first-token and induction from single dot products, entropy
-    and peak with one more pass of the fused kernel), else -- or for a layer of at most ``DENSE_CELLS``
+    and peak in one tiled pass over the visible cells), else -- or for a layer of at most ``DENSE_CELLS``
     weights -- with one more pass over the visible cells.
     ``induction_pairs``: the run's, if the caller has them (one run's layers share them). ``pause`` (a
     background sweep's) is called between the parts and blocks: a request waiting for the CPU (a tile a

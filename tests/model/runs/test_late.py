@@ -20,7 +20,7 @@ from attnscope.model.load.tokens import ids_tensor, tokenize
 from attnscope.model.runs import late as late_module
 from attnscope.model.runs.budget import estimate
 from attnscope.model.runs.late import STOPPED
-from attnscope.model.scores import analysis, live
+from attnscope.model.scores import analysis, live, pairs
 from attnscope.model.services.engine import Engine
 from tests.support.families import DECODERS, Family
 from tests.support.tiny import make_engine
@@ -217,8 +217,8 @@ def test_closing_the_engine_says_the_scores_will_not_come(llama: tuple[Engine, L
 @pytest.mark.parametrize("route", ["pair sums", "dense"])
 def test_the_sweep_yields_inside_a_layer_not_only_between_layers(llama: tuple[Engine, LoadedModel], route: str,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    """A tile request that arrives mid-sweep waits for a part of a layer (the induction sums, the P K pass,
-    a block of row maxima; a block of weights), not for the whole layer: the worker's pause is called
+    """A tile request that arrives mid-sweep waits for a part of a layer (the induction sums, a block of rows
+    of the entropy and peak pass; a block of weights), not for the whole layer: the worker's pause is called
     between them."""
     engine, lm = llama
     if route == "pair sums":  # this run's layers are small: the dense route's unless told otherwise
@@ -230,9 +230,9 @@ def test_the_sweep_yields_inside_a_layer_not_only_between_layers(llama: tuple[En
     done = engine.wait_scores(result.run_id, WAIT).summary
     assert pending and done.scores_pending == ()
     n = len(result.record.summary.tokens)
-    row_blocks = -(-n // 128)  # model.scores.pairs.row_max_logits' default rows
-    # per layer: before it, then (pair sums) before the induction sums, before entropy's P K pass and before
-    # each block of rows, or (dense) before its one block of weights
+    row_blocks = -(-n // pairs.PAUSE_ROWS)  # entropy_and_peak pauses before each block of these rows
+    # per layer: before it, then (pair sums) before the induction sums, before entropy and peak's pass and
+    # before each block of its rows, or (dense) before its one block of weights
     assert len(calls) == lm.info.n_layers * (3 + row_blocks if route == "pair sums" else 2), len(calls)
     assert calls and all(c.startswith("attnscope-scores") for c in calls)  # the worker's threads, never the request's
     ids = ids_tensor(tokenize(lm.tokenizer, TEXT))

@@ -47,18 +47,22 @@ def test_fused_kernel_output_and_lse_equal_the_eager_maths() -> None:
     torch.testing.assert_close(out[0], w @ v.repeat_interleave(H // HKV, 0), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("n", [1, 2, 300])  # 300 rows: more than one tile of row_max_logits
-def test_entropy_and_peak_equal_xlogy_and_amax(n: int) -> None:
+@pytest.mark.parametrize("n", [1, 2, 300])  # 300 rows: more than one block of rows and of keys
+@pytest.mark.parametrize("tile", [(32, 512), (7, 14), (1, 1), (4, 8)])  # rows x keys: full, narrow, diagonal-only
+def test_entropy_and_peak_equal_xlogy_and_amax(n: int, tile: tuple[int, int]) -> None:
     q, k = qk(n)
     w, lse = dense(q, k, 0.5)
-    entropy, peak = pairs.entropy_and_peak(q, k, lse, 0.5)
+    entropy, peak = pairs.entropy_and_peak(q, k, lse, 0.5, rows=tile[0], keys=tile[1])
     torch.testing.assert_close(entropy, -torch.special.xlogy(w, w).sum((-1, -2)).double(), atol=1e-4 * n, rtol=1e-5)
     torch.testing.assert_close(peak, w.amax(-1).sum(-1).double(), atol=1e-5 * n, rtol=1e-5)
     assert (entropy > 0).all() or n == 1
-    z = logits(q, k, list(range(H)), H // HKV, 0, n, 0.5, None, None)
-    want_max = z.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf")).amax(-1)  # (H, n)
-    for rows, cols in ((7, 5), (128, 256), (512, 1)):  # tiles of every shape: full, narrow, diagonal
-        torch.testing.assert_close(pairs.row_max_logits(q, k, 0.5, rows, cols), want_max, atol=1e-5, rtol=0)
+
+
+def test_entropy_and_peak_refuse_keys_that_are_not_whole_row_blocks() -> None:
+    q, k = qk(10)
+    _w, lse = dense(q, k, 0.5)
+    with pytest.raises(ValueError, match="multiple of rows"):
+        pairs.entropy_and_peak(q, k, lse, 0.5, rows=4, keys=6)
 
 
 @pytest.mark.parametrize("softcap", [None, 2.0])
