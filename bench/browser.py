@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 from attnscope.app.main import create_app  # noqa: E402
 from attnscope.app.settings import Settings  # noqa: E402
 from attnscope.model.load.models import LoadedModel, load_model  # noqa: E402
+from attnscope.model.runs.jobthread import in_new_thread  # noqa: E402
 from bench.capture import prompt_of  # noqa: E402
 from bench.report import publish, write_section  # noqa: E402
 from tests.support.browser import ARGS, CHROMIUM  # noqa: E402
@@ -314,9 +315,11 @@ def vs_analyse(key: str, lengths: list[int], repeats: int, tmp: Path) -> list[di
     explorer's click → first heatmap (with the page's split at the analyse response). Medians."""
     from playwright.sync_api import sync_playwright
 
-    lm = served_model(key, tmp)
+    # loaded and built (the engine's probe forward) on a short-lived thread: the main thread keeps no OpenMP team
+    # beside the served app's compute thread (``model.runs.jobthread`` says why a second team slows both)
+    lm = in_new_thread(lambda: served_model(key, tmp))
     name = lm.info.name
-    engine = make_engine({name: lm}, name, store_bytes=2 << 30, max_tokens=max(lengths))  # a few runs: a small store
+    engine = in_new_thread(lambda: make_engine({name: lm}, name, store_bytes=2 << 30, max_tokens=max(lengths)))
     rows: list[dict[str, float | str]] = []
     with serve(create_app(Settings(models={}, default_model=name, max_body_bytes=1 << 24), engine)) as url, \
             sync_playwright() as pw:
@@ -393,7 +396,7 @@ def long_table(rows: list[dict[str, float]]) -> str:
 
 def chromium_for(key: str, lm: LoadedModel, text: str, repeats: int = 2) -> dict[str, float]:
     """bench/long.py's browser hook: serve ``lm`` alone and time the explorer on ``text``."""
-    engine = make_engine({key: lm}, key, store_bytes=8 << 30, max_tokens=lm.info.max_positions)
+    engine = in_new_thread(lambda: make_engine({key: lm}, key, store_bytes=8 << 30, max_tokens=lm.info.max_positions))
     settings = Settings(models={}, default_model=key, max_body_bytes=8 << 20)
     with serve(create_app(settings, engine)) as url:
         return chromium_long(url, text, repeats)
@@ -439,8 +442,8 @@ def main() -> None:
         return
     from playwright.sync_api import sync_playwright
 
-    lm = load_model("attnscope-tiny", "bundled:attnscope-tiny")
-    engine = make_engine({"attnscope-tiny": lm}, "attnscope-tiny", store_bytes=4 << 30)
+    lm = in_new_thread(lambda: load_model("attnscope-tiny", "bundled:attnscope-tiny"))  # as vs_analyse says
+    engine = in_new_thread(lambda: make_engine({"attnscope-tiny": lm}, "attnscope-tiny", store_bytes=4 << 30))
     rows = []
     with serve(create_app(Settings(models={}, default_model="attnscope-tiny", max_body_bytes=1 << 22), engine)) as url, \
             sync_playwright() as pw:

@@ -31,12 +31,25 @@ BACKGROUND_THREADS = 1  # torch's intra-op threads in a job thread (the module's
 _COUNT = threading.Lock()  # one thread at a time changes the count new threads start with
 
 
-def _in_new_thread(task: Callable[[], T]) -> T:
-    """``task`` run on a thread of its own (one that has not run torch yet), its answer."""
+def in_new_thread(task: Callable[[], T], name: str = "attnscope-torch-count") -> T:
+    """``task`` run on a thread of its own (one that has not run torch yet), its answer or its exception.
+
+    Also how a script keeps its main thread free of an OpenMP team: a model loaded and an engine built
+    (its probe forward) on a short-lived thread leave no team behind once that thread ends."""
     out: list[T] = []
-    thread = threading.Thread(target=lambda: out.append(task()), name="attnscope-torch-count")
+    failed: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            out.append(task())
+        except BaseException as err:  # noqa: BLE001 — handed to the caller, who raises it
+            failed.append(err)
+
+    thread = threading.Thread(target=target, name=name)
     thread.start()
     thread.join()
+    if failed:
+        raise failed[0]
     return out[0]
 
 
@@ -44,10 +57,10 @@ def use_threads(count: int) -> None:
     """This thread runs torch on ``count`` intra-op threads; threads that start torch later (requests, the
     caller's) still start with the process's count."""
     with _COUNT:
-        starting = _in_new_thread(torch.get_num_threads)  # what a thread that starts torch now gets
+        starting = in_new_thread(torch.get_num_threads)  # what a thread that starts torch now gets
         torch.set_num_threads(count)
         torch.get_num_threads()  # this thread's count settled now (torch reads the starting count once, lazily)
-        _in_new_thread(lambda: torch.set_num_threads(starting))  # the starting count back; that thread's own is moot
+        in_new_thread(lambda: torch.set_num_threads(starting))  # the starting count back; that thread's own is moot
 
 
 def use_background_threads() -> None:
@@ -59,8 +72,8 @@ def set_starting_threads(count: int) -> int:
     """The count every thread that starts torch from now on gets (threads that ran torch keep theirs); the
     count they got before."""
     with _COUNT:
-        before = _in_new_thread(torch.get_num_threads)
-        _in_new_thread(lambda: torch.set_num_threads(count))
+        before = in_new_thread(torch.get_num_threads)
+        in_new_thread(lambda: torch.set_num_threads(count))
         return before
 
 

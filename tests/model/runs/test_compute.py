@@ -5,28 +5,19 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Callable
 
 import pytest
 import torch
 
 from attnscope.model.runs.compute import Compute, serving_threads
-from attnscope.model.runs.jobthread import set_starting_threads
+from attnscope.model.runs.jobthread import in_new_thread, set_starting_threads
 
 WHO: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
 
 
-def _in_new_thread(task: Callable[[], int]) -> int:
-    out: list[int] = []
-    thread = threading.Thread(target=lambda: out.append(task()))
-    thread.start()
-    thread.join()
-    return out[0]
-
-
 @pytest.fixture
 def two_threads() -> object:
-    main, starting = torch.get_num_threads(), _in_new_thread(torch.get_num_threads)
+    main, starting = torch.get_num_threads(), in_new_thread(torch.get_num_threads)
     torch.set_num_threads(2)  # this thread's count, whatever the machine (it sets the starting count too)
     set_starting_threads(2)
     yield
@@ -111,12 +102,12 @@ def test_while_serving_other_threads_run_torch_on_one_thread_and_the_count_comes
     assert compute.threads == 2
     try:
         with serving_threads():
-            assert _in_new_thread(torch.get_num_threads) == 1  # a request thread, the prefetch, a survey
+            assert in_new_thread(torch.get_num_threads) == 1  # a request thread, the prefetch, a survey
             assert compute.call(torch.get_num_threads) == 2  # the model work keeps the process's count
             with serving_threads():  # a second app in the same process
-                assert _in_new_thread(torch.get_num_threads) == 1
-            assert _in_new_thread(torch.get_num_threads) == 1  # until the last one stops
+                assert in_new_thread(torch.get_num_threads) == 1
+            assert in_new_thread(torch.get_num_threads) == 1  # until the last one stops
             assert torch.get_num_threads() == 2  # a thread that ran torch before keeps its own
-        assert _in_new_thread(torch.get_num_threads) in (1, 2)  # 2 unless an app serves through the session
+        assert in_new_thread(torch.get_num_threads) in (1, 2)  # 2 unless an app serves through the session
     finally:
         compute.close()

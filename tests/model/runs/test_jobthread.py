@@ -6,15 +6,7 @@ import threading
 
 import torch
 
-from attnscope.model.runs.jobthread import BACKGROUND_THREADS, JobThread, use_background_threads
-
-
-def _count_in_new_thread() -> int:
-    out: list[int] = []
-    thread = threading.Thread(target=lambda: out.append(torch.get_num_threads()))
-    thread.start()
-    thread.join()
-    return out[0]
+from attnscope.model.runs.jobthread import BACKGROUND_THREADS, JobThread, in_new_thread, use_background_threads
 
 
 class _Counts(JobThread[str]):
@@ -37,13 +29,13 @@ def test_a_job_thread_runs_on_its_own_count_and_later_threads_keep_theirs() -> N
     main = torch.get_num_threads()
     try:
         torch.set_num_threads(2)  # a process of 2, whatever the machine: a count a job thread must not hand on
-        assert _count_in_new_thread() == 2
+        assert in_new_thread(torch.get_num_threads) == 2
         worker = _Counts()
         worker.put("a")
         assert worker.wait_idle(30)
         assert worker.seen == [BACKGROUND_THREADS]
         assert torch.get_num_threads() == 2  # the caller's own
-        assert _count_in_new_thread() == 2  # a thread started after the job thread: a request's, say
+        assert in_new_thread(torch.get_num_threads) == 2  # a thread started after the job thread: a request's, say
         worker.put("b")
         assert worker.wait_idle(30)
         assert worker.seen == [BACKGROUND_THREADS, BACKGROUND_THREADS]
@@ -68,6 +60,6 @@ def test_use_background_threads_on_a_plain_thread() -> None:
         thread.start()
         thread.join()
         assert seen == [BACKGROUND_THREADS, BACKGROUND_THREADS]
-        assert _count_in_new_thread() == 2
+        assert in_new_thread(torch.get_num_threads) == 2
     finally:
         torch.set_num_threads(main)
