@@ -36,5 +36,10 @@ class Gate:
         """``fn()``, admitted as ``enter(model)`` and run on the compute thread (``model.runs.compute`` says why):
         the work of a request that runs a model."""
         with self.enter(model):
-            compute = self.compute
-            return fn() if compute is None else compute.call(fn)
+            return self.on_compute(fn)
+
+    def on_compute(self, fn: Callable[[], T]) -> T:
+        """``fn()`` on the compute thread (inline where the app has none), for work already admitted: a
+        generation stream's steps, entered once for the whole stream."""
+        compute = self.compute
+        return fn() if compute is None else compute.call(fn)

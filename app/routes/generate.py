@@ -85,7 +85,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
             if await request.is_disconnected():
                 log.info("generation stopped (stop: client): the client went away after %d tokens", session.steps)
                 return
-            step = await run_in_threadpool(run.step)
+            step = await run_in_threadpool(gate.on_compute, run.step)  # the model's forward
             event = {"step": step.index, "id": step.id, "token": step.token, "text": step.text,
                      "special": step.special, "partial": step.partial, "prob": step.prob,
                      "model_prob": step.model_prob,
@@ -93,7 +93,7 @@ def generate(body: GenerateRequest, request: Request, engine: EngineDep, gate: G
             if (rows := run.new_rows()) is not None:
                 event["rows"] = rows
             yield sse("token", event)
-        finished = await run_in_threadpool(run.finish)
+        finished = await run_in_threadpool(gate.on_compute, run.finish)  # a recording's assembly
         if finished.run is not None:
             if (rows := run.new_rows()) is not None:
                 yield sse("rows", {"rows": rows})

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 from starlette.concurrency import run_in_threadpool
 
-from attnscope.app.deps import EngineDep, SurveysDep
+from attnscope.app.deps import EngineDep, GateDep, SurveysDep
 from attnscope.app.errors import ERRORS, ErrorOut
 from attnscope.app.upload import spooled
 from attnscope.model.services import files
@@ -29,14 +29,14 @@ BODY = {"requestBody": {"required": True, "content": {"application/octet-stream"
                          "GET /api/surveys/{id} follows it (progress, then the result). A binary file, invalid "
                          "UTF-8, an overlong line or a JSON line without `text` fails the survey with a message "
                          "naming the line.")
-async def start_survey(request: Request, engine: EngineDep, surveys: SurveysDep,
+async def start_survey(request: Request, engine: EngineDep, surveys: SurveysDep, gate: GateDep,
                        name: Annotated[str | None, Query(max_length=200)] = None,
                        model: Annotated[str | None, Query(max_length=200)] = None,
                        max_tokens: Annotated[int, Query(ge=2, le=1 << 20)] = 512,
                        top_k: Annotated[int, Query(ge=1, le=50)] = 5) -> SurveyStatus:
     async with spooled(request, files.spool_folder(engine)) as path:
         return await run_in_threadpool(surveys.start, engine, path, name=name, model=model, max_tokens=max_tokens,
-                                       top_k=top_k)
+                                       top_k=top_k, on_compute=gate.on_compute)  # its forwards on the compute thread
 
 
 @router.post("/surveys/open", status_code=201, response_model=SurveyStatus,

@@ -11,6 +11,7 @@ model and settings from that file. ``progress`` hears after every window.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import secrets
 import shutil
@@ -20,14 +21,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol, TypeVar
 
 import torch
 from pydantic import Field
 
 from attnscope.model.errors import BadInput, EngineError, SurveyNotFound
 from attnscope.model.load.models import LoadedModel
-from attnscope.model.load.tokens import tokenize
+from attnscope.model.load.tokens import Token, tokenize
 from attnscope.model.runs.budget import estimate, mib
 from attnscope.model.scores import probes
 from attnscope.model.scores.live import scored_run
@@ -78,11 +79,38 @@ def _check(lm: LoadedModel, max_tokens: int, top_k: int) -> int:
     return min(max_tokens, limit)
 
 
+T = TypeVar("T")
+
+
+class OnCompute(Protocol):
+    """Runs a call somewhere (a served app's compute thread) and returns its answer."""
+
+    def __call__(self, fn: Callable[[], T], /) -> T: ...
+
+
+def _inline(fn: Callable[[], T], /) -> T:
+    return fn()
+
+
+def _window(engine: Engine, lm: LoadedModel, peak: int, acc: Accumulator, part: list[Token], doc: int,
+            offset: int) -> None:
+    """One window's forward with every exact head score, added to ``acc``."""
+    ids = torch.tensor([t.id for t in part])
+    with engine.budget.reserve(peak), lm.lock:
+        acts, _scores, heads = scored_run(lm, ids, _nothing)
+        with torch.inference_mode():
+            acc.add(sequence_values(heads, acts.layers, lm.info.n_layers, lm.info.n_heads))
+            offer_examples(acc, acts, [t.text for t in part], doc, offset)
+
+
 def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Path | None = None,
            model: str | None = None, max_tokens: int = 512, top_k: int = 5, out: str | Path | None = None,
            resume: bool = False, checkpoint_s: float = 30.0, probe: bool = True,
-           progress: Callable[[Progress], None] | None = None, source: str | None = None) -> Survey:
-    """Every head's corpus statistics (``Survey``); ``texts`` or a corpus file ``path``."""
+           progress: Callable[[Progress], None] | None = None, source: str | None = None,
+           on_compute: OnCompute | None = None) -> Survey:
+    """Every head's corpus statistics (``Survey``); ``texts`` or a corpus file ``path``. ``on_compute`` runs each
+    window's forward (a served app's compute thread: ``model.runs.compute``); inline by default."""
+    run: OnCompute = on_compute if on_compute is not None else _inline
     if (texts is None) == (path is None):
         raise BadInput("give the survey either texts or a corpus file, not both or neither")
     if path is not None and not Path(path).is_file():
@@ -108,7 +136,7 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
         if header.complete:
             return file.load_survey(out)
         log.info("resuming the survey in %s after %d documents", out, acc.documents)
-    probe_scores = probes.induction(lm) if probe and lm.info.causal else None
+    probe_scores = run(lambda: probes.induction(lm)) if probe and lm.info.causal else None
     size = Path(path).stat().st_size if path is not None else 0
     t0, last_write, done_tokens = time.perf_counter(), time.perf_counter(), 0
 
@@ -131,13 +159,7 @@ def survey(engine: Engine, *, texts: Iterable[str] | None = None, path: str | Pa
             part = tokens[offset: offset + window]
             if len(part) < 2:
                 continue
-            ids = torch.tensor([t.id for t in part])
-            with engine.budget.reserve(est.peak), lm.lock:
-                acts, _scores, heads = scored_run(lm, ids, _nothing)
-                with torch.inference_mode():
-                    acc.add(sequence_values(heads, acts.layers, lm.info.n_layers, lm.info.n_heads))
-                    offer_examples(acc, acts, [t.text for t in part], doc.index, offset)
-            del acts
+            run(functools.partial(_window, engine, lm, est.peak, acc, part, doc.index, offset))
             acc.tokens += len(part)
             done_tokens += len(part)
             if offset + window < len(tokens):  # a long document: heard a window at a time
@@ -226,8 +248,8 @@ class SurveyJobs:
             self._jobs[job.id] = job
 
     def start(self, engine: Engine, corpus_file: Path, *, name: str | None, model: str | None, max_tokens: int,
-              top_k: int) -> SurveyStatus:
-        """Survey ``corpus_file`` (moved into the job's folder) in the background."""
+              top_k: int, on_compute: OnCompute | None = None) -> SurveyStatus:
+        """Survey ``corpus_file`` (moved into the job's folder) in the background; ``on_compute`` as ``survey``'s."""
         lm = engine.model(model)
         _check(lm, max_tokens, top_k)
         source = (name or corpus_file.name)[-200:]  # shown, never a path: the copy has a fixed name
@@ -245,7 +267,8 @@ class SurveyJobs:
             try:
                 job.result = dataclasses.replace(
                     survey(engine, path=corpus_path, model=lm.info.name, max_tokens=max_tokens, top_k=top_k,
-                           out=folder / "survey.safetensors", progress=heard, source=source), source=source)
+                           out=folder / "survey.safetensors", progress=heard, source=source,
+                           on_compute=on_compute), source=source)
                 job.status = "done"
             except Stopped:
                 job.status = "stopped"

@@ -4,6 +4,7 @@ every other thread it starts on one (``model.runs.compute`` says why)."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -44,7 +45,16 @@ def test_the_forward_runs_on_the_compute_thread_and_a_tile_on_one_torch_thread(
             tile = client.get(f"/api/runs/{run_id}/attention", params={"layer": 0, "head": 1, "size": 8, "format": "bin"})
             assert tile.status_code == 200, tile.text
             assert ablation_ok(client, run_id)
+            tools = len(forwards)
             assert {name for name, _ in forwards[1:]} == {"attnscope-compute"}  # the tools' forwards too
+            streamed = client.post("/api/generate", json={"text": "The cat", "max_new_tokens": 3})
+            assert streamed.status_code == 200 and "event: done" in streamed.text
+            assert len(forwards) >= tools + 3  # the prefill and the steps
+            assert {name for name, _ in forwards[tools:]} == {"attnscope-compute"}  # a generation's steps too
+            generated = len(forwards)
+            assert survey_done(client)
+            assert len(forwards) > generated  # the survey's probe and its windows
+            assert {name for name, _ in forwards[generated:]} == {"attnscope-compute"}
         assert drawn and {count for _, count in drawn} == {1}
         assert all(name != "attnscope-compute" for name, _ in drawn)
     finally:
@@ -56,3 +66,15 @@ def test_the_forward_runs_on_the_compute_thread_and_a_tile_on_one_torch_thread(
 
 def ablation_ok(client: TestClient, run_id: str) -> bool:
     return client.post(f"/api/runs/{run_id}/ablate", json={"heads": [[0, 1]]}).status_code == 200
+
+
+def survey_done(client: TestClient) -> bool:
+    started = client.post("/api/surveys", params={"max_tokens": 16},
+                          content=b"The cat sat on the mat.\n\nA dog ran in the park. The dog ran.")
+    assert started.status_code == 202, started.text
+    for _ in range(600):
+        status = client.get(f"/api/surveys/{started.json()['id']}").json()["status"]
+        if status != "running":
+            return bool(status == "done")
+        time.sleep(0.05)
+    return False
