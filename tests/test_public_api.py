@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LIBRARIES = ("torch", "transformers")
 COMPAT = ROOT / "model" / "compat.py"
 # every private name compat.py may touch, each named in its docstring with its reason and fallback
-ALLOWED_IN_COMPAT = {"_attn_implementation", "_scaled_dot_product_flash_attention_for_cpu"}
+ALLOWED_IN_COMPAT = {"_attn_implementation", "_scaled_dot_product_flash_attention_for_cpu",
+                     "_scaled_dot_product_efficient_attention"}
 
 
 def _private(name: str) -> bool:

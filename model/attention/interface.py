@@ -295,10 +295,11 @@ def flash_attention(
     """(output (B, H, q, dv), lse (B, H, q) float32) of plain dot-product attention, never the weights.
 
     Head h reads K/V head h // (H / Hkv), as ``repeat_interleave`` groups them; ``is_causal``: key j
-    visible to query i iff j <= i. The fused CPU kernel where this torch build has it and the head
-    sizes match (``model.compat``), else :func:`blocked_attention`: the same numbers from public ops."""
-    if (compat.fused_available() and query.device.type == "cpu" and value.shape[-1] == query.shape[-1]
-            and query.dtype == key.dtype == value.dtype and query.dtype in compat.fused_dtypes()):
+    visible to query i iff j <= i. The fused kernel where this torch build has one for the device and dtype
+    and the head sizes match (``model.compat``: the CPU's, CUDA's memory-efficient one), else
+    :func:`blocked_attention`: the same numbers from public ops."""
+    if (value.shape[-1] == query.shape[-1] and query.dtype == key.dtype == value.dtype
+            and compat.fused_on(query.device, query.dtype)):
         return compat.fused_attention(query, key, value, scaling, is_causal)
     return blocked_attention(query, key, value, scaling, is_causal)
 
@@ -388,12 +389,12 @@ def grab_qk(module: nn.Module, reader: Callable[[torch.Tensor, torch.Tensor], No
 def can_fuse(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: float | None) -> bool:
     """The fused kernel computes this layer as the eager code does: on the CPU in float32, bfloat16 or
     float16 where this build's kernel takes that dtype (``model.compat.fused_dtypes``; its products
-    accumulate in float32, as the eager code's float32 softmax does), no soft-cap, values as wide as the
-    keys (a soft-capped family, another device runs the block path), and this torch build has it
-    (``model.compat.fused_available``: else the block path, public ops only)."""
-    return (compat.fused_available() and query.device.type == "cpu" and softcap is None
-            and value.shape[-1] == query.shape[-1]
-            and query.dtype == key.dtype == value.dtype and query.dtype in compat.fused_dtypes())
+    accumulate in float32, as the eager code's float32 softmax does), on CUDA where the memory-efficient
+    kernel passed its check on that device and dtype (``model.compat.cuda_fused_ok``), no soft-cap, values
+    as wide as the keys (a soft-capped family, another device runs the block path), and this torch build
+    has it (``model.compat.fused_on``: else the block path, public ops only)."""
+    return (softcap is None and value.shape[-1] == query.shape[-1]
+            and query.dtype == key.dtype == value.dtype and compat.fused_on(query.device, query.dtype))
 
 
 def attnscope_attention(

@@ -63,10 +63,10 @@ class LayerAttention:
 
     @property
     def fused_causal(self) -> bool:
-        """Can the fused kernel sweep this layer: a causal mask over the whole run, logits q.k x scaling
-        (no soft-cap, no bias), float32 on the CPU."""
+        """Can the pair sums and the tiled entropy pass sweep this layer (``model.scores.pairs``, on any device):
+        a causal mask over the whole run, logits q.k x scaling (no soft-cap, no bias), kept in float32."""
         return (self.softcap is None and self.bias is None and self.scaling > 0 and self.q.dtype == torch.float32
-                and self.q.device.type == "cpu" and self.mask.fused_causal() is True)
+                and self.mask.fused_causal() is True)
 
     def visible(self, q0: int, q1: int, k0: int, k1: int) -> torch.Tensor:
         """(q1 - q0, k1 - k0) bool: which keys each of these queries may attend to."""

@@ -6,15 +6,19 @@ Run alone on a GPU machine:  .venv/bin/python -m pytest tests/model/test_gpu.py 
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from fastapi.testclient import TestClient
 
 from attnscope.app.main import create_app
 from attnscope.app.settings import Settings
+from attnscope.model import compat
 from attnscope.model.capture.forward import run_with_cache
 from attnscope.model.capture.names import act_name
 from attnscope.model.load.models import wrap_model
+from attnscope.model.scores.live import scored_run
 from tests.support.families import FAMILIES, Family
 from tests.support.tiny import make_engine
 from tests.support.tinytok import tiny_tokenizer
@@ -60,3 +64,26 @@ def test_endpoints_on_the_gpu(dtype: torch.dtype) -> None:
         assert r.status_code == 200 and "event: done" in r.text
         info = client.get("/api/models").json()["models"][0]
         assert info["device"].startswith("cuda") and info["dtype"] == str(dtype).removeprefix("torch.")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_fused_kernel_serves_cuda_and_its_scores_equal_the_block_paths(
+        dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The memory-efficient kernel passes its check on this card in every dtype, the capture takes it on
+    every layer, and the exact head scores from its Q, K and lse equal the block path's."""
+    assert compat.fused_on(torch.device("cuda"), dtype), "the fused CUDA kernel's check failed (see the log)"
+    family = next(f for f in FAMILIES if f.id == "llama")
+    model = family.build("eager").to(device="cuda", dtype=dtype)
+    lm = wrap_model("gpu-llama", model, tiny_tokenizer(), source="config")
+    ids = torch.randint(6, 256, (300,), generator=torch.Generator().manual_seed(2)).cuda()
+    with caplog.at_level(logging.INFO, logger="attnscope.model.capture.forward"), lm.lock:
+        _a, _s, fused = scored_run(lm, ids)
+    n = lm.info.n_layers
+    assert f"gpu-llama: attention through the fused kernel on {n} of {n} layers (cuda" in caplog.text
+    monkeypatch.setenv("ATTNSCOPE_FUSED", "0")  # the block path, public ops only
+    with lm.lock:
+        _a, _s, blocks = scored_run(lm, ids)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for got, want in zip(fused, blocks, strict=True):
+        for field in ("entropy", "max", "prev_token", "first_token", "induction"):
+            assert getattr(got, field) == pytest.approx(getattr(want, field), abs=tol), (got.layer, got.head, field)
