@@ -301,9 +301,9 @@ def prev_first_sums(
 
 
 # entropy_and_peak's tiles: 32 query rows of every head of a K/V group against 512 keys. On SmolLM2 at 1,024
-# tokens (30 layers, one torch thread) the pass took 438-537 ms where the fused kernel's P K pass and the tiled
-# row maxima it replaced took 994-1,075 ms together (`/tmp` probe, one run each); 64 x 256, 32 x 256 and
-# 32 x 1,024 were within 10 % of it, 128-row tiles slower (they leave the cache).
+# tokens (30 layers, one torch thread, 2-core AMD EPYC) the pass took 438-537 ms where the fused kernel's P K
+# pass and the tiled row maxima it replaced took 994-1,075 ms together; 64 x 256, 32 x 256 and 32 x 1,024 were
+# within 10 % of it, 128-row tiles slower (they leave the cache). BENCHMARKS.md's side-by-side has the ratios.
 TILE_ROWS = 32
 TILE_KEYS = 512
 PAUSE_ROWS = 128  # entropy_and_peak calls ``pause`` before each block of this many rows
