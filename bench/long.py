@@ -14,8 +14,8 @@ d_model 768, 1,024 positions) at 256 and 1,024. Per row:
 * analyse → response: the whole ``engine.analyse`` (tokenize, the capture forward, predictions at every
   position, keeping the run) until it returns — what a client waits for the response;
 * exact scores: every head score from the kept Q, K and lse -- previous-token, first-token and
-  induction from single dot products, entropy and peak from every visible cell again (entropy: the
-  fused kernel once more, keys as values; each row's largest weight: tiled Q K^T maxima) -- which runs
+  induction from single dot products, entropy and peak from every visible cell again (one tiled pass of
+  log-weights, ``model.scores.pairs.entropy_and_peak``) -- which runs
   *after* the response in the engine's background worker (``model/scores/late.py``;
   ``timing_ms["exact_scores"]`` of the completed run);
 * capture + exact / SDPA: both model passes against SDPA — the model work of every exact score;
@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None, browser: BrowserHook | None = None) -> l
             "response' is the whole engine.analyse until it returns: tokenize, the capture forward, next-token "
             "predictions at every position (top-10) and keeping the run. 'exact scores' is the sweep for every head "
             "score from the kept Q, K and lse: previous-token, first-token and induction from single dot products, "
-            "entropy and peak from every visible cell again (the fused kernel once more with the keys as values, "
-            "and tiled Q K^T row maxima): it runs after the response, in the engine's background worker; "
+            "entropy and peak from every visible cell again (one tiled pass of log-weights, each cell's one "
+            "product with the row's lse known): it runs after the response, in the engine's background worker; "
             "'capture + exact / SDPA' is the model work of every exact score against SDPA, and 'analyse → all "
             "scores' the time from the analyse's start until the last of them is in. "
             "'Chromium' (with --browser): the explorer in headless Chromium on the same prompt — from the analyse "

@@ -13,7 +13,7 @@ what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as
 Bytes: nothing is attached to the run. The completed head scores replace the pending ones, which the
 store counted when the run was added (``summary_bytes`` counts ~0.6 kB a head, a head's scores with
 their floats included), so a run never grows after it was counted. The sweep's own transient memory
-(the fused kernel's output, (H, n, dh), and the row maxima) is held in the engine's byte budget
+(the keys transposed, the row statistics and a tile of log-weights) is held in the engine's byte budget
 (``model.runs.budget.MemoryBudget``) while it runs, like a forward's.
 
 Runs evicted before their scores are computed are skipped (the worker holds them weakly and asks the
