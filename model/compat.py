@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import threading
 from typing import Any
 
 import torch
@@ -137,20 +138,55 @@ def check_fused(op: Any, device: torch.device, dtype: torch.dtype) -> str | None
     return None
 
 
-@functools.cache
+_CHECKED: dict[tuple[int, torch.dtype], bool] = {}  # (CUDA device, dtype) -> whether the kernel serves it
+_CHECKED_LOCK = threading.Lock()
+
+
 def cuda_fused_ok(index: int, dtype: torch.dtype) -> bool:
     """Whether the memory-efficient CUDA kernel serves CUDA device ``index`` in ``dtype``: it exists and
-    ``check_fused`` passed there (checked once per device and dtype; the log says which way)."""
+    ``check_fused`` passed there. Checked once per device and dtype (the log says which way), except that a
+    check that ran out of memory is tried again on the next call."""
+    with _CHECKED_LOCK:
+        known = _CHECKED.get((index, dtype))
+    if known is not None:
+        return known
     op = _cuda_op()
-    if op is None:
+    why = "this torch build has no such kernel" if op is None else check_fused(op, torch.device("cuda", index), dtype)
+    if why is not None and "out of memory" in why:
+        log.warning("the fused CUDA attention could not be checked on cuda:%d in %s (%s): the block path serves "
+                    "until a check succeeds", index, dtype, why)
         return False
-    why = check_fused(op, torch.device("cuda", index), dtype)
+    with _CHECKED_LOCK:
+        if (index, dtype) in _CHECKED:  # another thread checked meanwhile
+            return _CHECKED[(index, dtype)]
+        _CHECKED[(index, dtype)] = why is None
     if why is not None:
         log.warning("the fused CUDA attention does not serve cuda:%d in %s (%s): the block path does", index,
                     dtype, why)
-        return False
-    log.info("the fused CUDA attention serves cuda:%d in %s", index, dtype)
-    return True
+    else:
+        log.info("the fused CUDA attention serves cuda:%d in %s", index, dtype)
+    return why is None
+
+
+def forget_checks() -> None:
+    """Check every CUDA device and dtype again on their next use (tests)."""
+    with _CHECKED_LOCK:
+        _CHECKED.clear()
+
+
+def refused(query: torch.Tensor, err: RuntimeError) -> None:
+    """A call the checked kernel still refused (CUDA's: a head size or layout the check's input did not have):
+    logged once per device, dtype and head size; the caller takes the block path."""
+    key = (str(query.device), query.dtype, int(query.shape[-1]))
+    with _CHECKED_LOCK:
+        if key in _REFUSED:
+            return
+        _REFUSED.add(key)
+    log.warning("the fused attention refused %s %s with head size %d (%s): the block path serves it",
+                key[0], key[1], key[2], err)
+
+
+_REFUSED: set[tuple[str, torch.dtype, int]] = set()
 
 
 @functools.cache

@@ -1,13 +1,13 @@
 """Head scores a run still owes, computed exactly after the analyse has answered.
 
-A forward through the fused kernel (``model.capture``) keeps Q, K and each row's lse; every head score
-follows from them exactly (``model.scores.pairs``): previous-token, first-token and induction from single
-dot products, entropy and peak (a row's largest weight) from every visible cell once more. That sweep
-costs a fifth to a quarter of the forward on SmolLM2 at 1k-2k tokens and about attention's share of it
-again at long context (BENCHMARKS.md), so ``Engine.analyse`` answers without any of them (``run_with_cache(defer=True)``;
-a layer that took the block path has its scores complete): the run is stored with those fields None and named in
-``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in the background, a few layers at once, from
-what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as before
+A forward through the fused kernel (``model.capture``) keeps Q, K and each row's lse; every head score follows
+from them exactly (``model.scores.pairs``): previous-token, first-token and induction from single dot
+products, entropy and peak (a row's largest weight) from every visible cell once more. That sweep costs a
+fifth to a quarter of the forward on SmolLM2 at 1k-2k tokens and about attention's share of it again at long
+context (BENCHMARKS.md), so ``Engine.analyse`` answers without any of them (``run_with_cache(defer=True)``; a
+layer that took the block path has its scores complete): the run is stored with those fields None and named in
+``RunSummary.scores_pending``, and :class:`ScoreWorker` computes them in the background, a few layers at once,
+from what the run keeps (Q, K, lse: ``LayerAttention``), with the same exact maths as before
 (``model.scores.live.complete``), then swaps the completed summary into the stored run.
 
 Bytes: nothing is attached to the run. The completed head scores replace the pending ones, which the

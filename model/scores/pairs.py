@@ -160,7 +160,7 @@ def induction_sums(q: torch.Tensor, k: torch.Tensor, lse: torch.Tensor, pairs: I
     total = torch.zeros(q.shape[0], dtype=torch.float64)
     for batch in pairs.batches:
         total += _batch_evidence(q, k, lse, batch, scaling, softcap, cells)
-    fused = softcap is None and q.dtype == k.dtype and compat.fused_on(q.device, q.dtype)
+    fused = softcap is None and q.dtype == k.dtype == torch.float32 and compat.fused_on(q.device, q.dtype)
     if fused and pairs.groups:
         groups = [g.to(dev) for g in pairs.groups]
         return total + _groups_flash(q, k, lse, groups, scaling, 1) - _groups_flash(q, k, lse, groups, scaling, 0)

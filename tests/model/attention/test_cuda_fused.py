@@ -72,7 +72,7 @@ def test_a_kernel_that_strays_raises_or_misshapes_is_refused_with_the_reason(op:
 
 def test_cuda_is_served_only_where_the_check_passed(monkeypatch: pytest.MonkeyPatch,
                                                     caplog: pytest.LogCaptureFixture) -> None:
-    compat.cuda_fused_ok.cache_clear()
+    compat.forget_checks()
     monkeypatch.setattr(compat, "check_fused", lambda op, device, dtype: "it strays from the reference by 1")
     monkeypatch.setattr(compat, "_cuda_op", lambda: kernel())
     try:
@@ -82,17 +82,17 @@ def test_cuda_is_served_only_where_the_check_passed(monkeypatch: pytest.MonkeyPa
         said = [r.getMessage() for r in caplog.records]
         assert said == ["the fused CUDA attention does not serve cuda:0 in torch.bfloat16 (it strays from the "
                         "reference by 1): the block path does"]
-        compat.cuda_fused_ok.cache_clear()
+        compat.forget_checks()
         monkeypatch.setattr(compat, "check_fused", lambda op, device, dtype: None)
         assert compat.fused_on(torch.device("cuda"), torch.float32)  # no index: device 0
         monkeypatch.setenv("ATTNSCOPE_FUSED", "0")
         assert not compat.fused_on(torch.device("cuda", 0), torch.float32)  # turned off, whatever the check
         monkeypatch.delenv("ATTNSCOPE_FUSED")
-        compat.cuda_fused_ok.cache_clear()
+        compat.forget_checks()
         monkeypatch.setattr(compat, "_cuda_op", lambda: None)  # a build without the kernel
         assert not compat.fused_on(torch.device("cuda", 0), torch.float32)
     finally:
-        compat.cuda_fused_ok.cache_clear()
+        compat.forget_checks()
 
 
 def test_the_cpu_answer_is_the_cpu_kernels_and_other_devices_take_the_block_path(
@@ -103,3 +103,37 @@ def test_the_cpu_answer_is_the_cpu_kernels_and_other_devices_take_the_block_path
     assert not compat.fused_on(torch.device("meta"), torch.float32)
     monkeypatch.setenv("ATTNSCOPE_FUSED", "0")
     assert not compat.fused_on(torch.device("cpu"), torch.float32)
+
+
+def test_a_check_that_ran_out_of_memory_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    answers = iter(["the kernel raised OutOfMemoryError: CUDA out of memory", None])
+    monkeypatch.setattr(compat, "check_fused", lambda op, device, dtype: next(answers))
+    monkeypatch.setattr(compat, "_cuda_op", lambda: kernel())
+    compat.forget_checks()
+    try:
+        assert not compat.cuda_fused_ok(0, torch.float16)  # not remembered
+        assert compat.cuda_fused_ok(0, torch.float16)  # checked again, and this time it passed
+        assert compat.cuda_fused_ok(0, torch.float16)  # remembered: the iterator has no third answer
+    finally:
+        compat.forget_checks()
+
+
+def test_a_call_the_kernel_refuses_takes_the_block_path_and_is_logged_once(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from attnscope.model.attention import interface
+
+    def refuse(*_args: Any) -> Any:
+        raise RuntimeError("invalid configuration argument")
+
+    monkeypatch.setattr(compat, "fused_on", lambda device, dtype: True)
+    monkeypatch.setattr(compat, "fused_attention", refuse)
+    q, k, v = torch.randn(1, 4, 9, 8), torch.randn(1, 2, 9, 8), torch.randn(1, 2, 9, 8)
+    with caplog.at_level(logging.WARNING, logger="attnscope.model.compat"):
+        out, lse = interface.flash_attention(q, k, v, 0.5, True)
+        interface.flash_attention(q, k, v, 0.5, True)
+    want_out, want_lse = compat._reference(q, k, v, 0.5, True)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=0)
+    said = [r.getMessage() for r in caplog.records]
+    assert said == ["the fused attention refused cpu torch.float32 with head size 8 (invalid configuration argument): "
+                    "the block path serves it"]
