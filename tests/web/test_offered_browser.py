@@ -3,6 +3,7 @@ analyses with it like any other; in Chinese too."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,6 +31,7 @@ def offered_url(tiny_dirs: dict[str, Path]) -> Iterator[str]:
 
 @pytest.mark.parametrize("lang", ["en", "zh"])
 def test_picking_an_offered_model_loads_it_and_analyses_with_it(page: object, offered_url: str, lang: str) -> None:
+    requests = in_flight(page)
     page.goto(f"{offered_url}/?lang={lang}")
     page.wait_for_function("() => document.querySelector('[data-testid=heatmap]').dataset.drawnAt"
                            " && !document.body.dataset.busy", timeout=60_000)  # the example, analysed on load
@@ -51,3 +53,25 @@ def test_picking_an_offered_model_loads_it_and_analyses_with_it(page: object, of
                            " && !document.body.dataset.busy", timeout=60_000)
     page.wait_for_function("() => !document.querySelector('[data-testid=head-cell][data-pending=\"1\"]')",
                            timeout=60_000)  # the late head scores in, before the page closes
+    # and the requests the page makes after them (the grid's other layers, the focus charts) answered: the server
+    # stops before the page, so one still on its way would be refused (a console error at teardown)
+    quiet_network(page, requests)
+
+
+def in_flight(page: object) -> set[object]:
+    """The page's requests not yet answered, kept up to date from now on."""
+    pending: set[object] = set()
+    page.on("request", lambda r: pending.add(r))
+    page.on("requestfinished", lambda r: pending.discard(r))
+    page.on("requestfailed", lambda r: pending.discard(r))
+    return pending
+
+
+def quiet_network(page: object, pending: set[object], quiet_ms: int = 500, timeout_s: float = 30.0) -> None:
+    """Until no request of the page has been on its way for ``quiet_ms`` (Playwright's "networkidle" load
+    state is reached once, at load, and answers at once after that)."""
+    deadline, quiet = time.monotonic() + timeout_s, 0
+    while quiet < quiet_ms:
+        assert time.monotonic() < deadline, f"requests still on their way: {[r.url for r in pending]}"
+        page.wait_for_timeout(50)
+        quiet = quiet + 50 if not pending else 0
