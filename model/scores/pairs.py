@@ -339,8 +339,9 @@ def entropy_and_peak(
     entropy = torch.zeros(hkv, g, n, dtype=torch.float32, device=dev)  # -sum_j p_ij l_ij so far
     best = torch.full((hkv, g, n), _HIDDEN, dtype=torch.float32, device=dev)  # max_j l_ij so far
     future = torch.full((rows, rows), _HIDDEN, dtype=torch.float32, device=dev).triu(1)  # (r, r): key after query
-    tile = torch.empty(hkv, g * rows, keys, dtype=torch.float32, device=dev)
-    weights = torch.empty_like(tile)
+    # flat buffers: a tile of any width is a contiguous view of their first cells (no allocation per tile)
+    tile_buf = torch.empty(hkv * g * rows * keys, dtype=torch.float32, device=dev)
+    weight_buf = torch.empty_like(tile_buf)
     for q0 in range(0, n, rows):
         if pause is not None and q0 % PAUSE_ROWS < rows:
             pause()
@@ -352,12 +353,12 @@ def entropy_and_peak(
         for c0 in range(0, q1, keys):
             c1 = min(q1, c0 + keys)
             w = c1 - c0
-            full = r == rows and w == keys
-            s = tile[:, : g * r, :w] if full else torch.empty(hkv, g * r, w, dtype=torch.float32, device=dev)
+            cells = hkv * g * r * w
+            s = tile_buf[:cells].view(hkv, g * r, w)
             torch.baddbmm(bias, qs, kt[:, :, c0:c1], alpha=scaling, out=s)  # (Hkv, g r, w) log-weights
             if c1 > q0:  # the diagonal tile (its last r keys are the rows' own): keys after a query hidden
                 s.view(hkv, g, r, w)[..., q0 - c0 :].add_(future[:r, :r])
             torch.maximum(m, s.amax(-1).view(hkv, g, r), out=m)
-            p = torch.exp(s, out=weights[:, : g * r, :w]) if full else s.exp()
+            p = torch.exp(s, out=weight_buf[:cells].view(hkv, g * r, w))
             h.sub_(p.mul_(s).sum(-1).view(hkv, g, r))
     return entropy.view(n_heads, n).double().sum(-1).cpu(), best.view(n_heads, n).exp().double().sum(-1).cpu()
