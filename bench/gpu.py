@@ -18,7 +18,7 @@ step alternated with the others (``--repeats``, medians, a first round dropped),
   (``torch.cuda.max_memory_allocated``, reset before it) beside the weights' own bytes.
 
 The card's name, torch's and transformers' versions head the table. Nothing here is asserted by the tests
-(tests/bench/test_gpu_smoke.py runs ``--smoke`` on the CPU so that the script is known to run).
+(tests/test_gpu_bench.py runs ``--smoke`` on the CPU so that the script is known to run).
 """
 
 from __future__ import annotations

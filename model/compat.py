@@ -65,22 +65,25 @@ def _cuda_op() -> Any:
     return _aten(_CUDA_OP)
 
 
+def _switched_off() -> bool:
+    """ATTNSCOPE_FUSED=0: every fused path off (read each call, so a test or an operator can turn it off
+    without a restart)."""
+    return os.environ.get("ATTNSCOPE_FUSED", "1") == "0"
+
+
 def fused_available() -> bool:
-    """Whether the fused CPU kernel with log-sum-exp may run: it exists, and ATTNSCOPE_FUSED is not "0"
-    (read each call, so a test or an operator can turn it off without a restart)."""
-    return os.environ.get("ATTNSCOPE_FUSED", "1") != "0" and _fused_op() is not None
+    """Whether the fused CPU kernel with log-sum-exp may run: it exists, and it is not switched off."""
+    return not _switched_off() and _fused_op() is not None
 
 
 def fused_on(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether ``fused_attention`` serves tensors of this device and dtype: the CPU kernel where this build's
     takes the dtype (``fused_dtypes``), the CUDA kernel where its check on this device passed
     (``cuda_fused_ok``); never with ATTNSCOPE_FUSED=0."""
-    if os.environ.get("ATTNSCOPE_FUSED", "1") == "0":
-        return False
     if device.type == "cpu":
-        return _fused_op() is not None and dtype in fused_dtypes()
+        return fused_available() and dtype in fused_dtypes()
     if device.type == "cuda":
-        return cuda_fused_ok(device.index if device.index is not None else 0, dtype)
+        return not _switched_off() and cuda_fused_ok(device.index if device.index is not None else 0, dtype)
     return False
 
 
@@ -139,7 +142,8 @@ def check_fused(op: Any, device: torch.device, dtype: torch.dtype) -> str | None
 
 
 _CHECKED: dict[tuple[int, torch.dtype], bool] = {}  # (CUDA device, dtype) -> whether the kernel serves it
-_CHECKED_LOCK = threading.Lock()
+_REFUSED: set[tuple[str, torch.dtype, int]] = set()  # (device, dtype, head size) a call was refused for, logged
+_CHECKED_LOCK = threading.Lock()  # guards both
 
 
 def cuda_fused_ok(index: int, dtype: torch.dtype) -> bool:
@@ -184,9 +188,6 @@ def refused(query: torch.Tensor, err: RuntimeError) -> None:
         _REFUSED.add(key)
     log.warning("the fused attention refused %s %s with head size %d (%s): the block path serves it",
                 key[0], key[1], key[2], err)
-
-
-_REFUSED: set[tuple[str, torch.dtype, int]] = set()
 
 
 @functools.cache
